@@ -1,0 +1,322 @@
+/*
+ * fusedattn — fused scaled-dot-product attention, forward and backward.
+ *
+ * This header is the C API and the one source of truth for what fusedattn computes.
+ *
+ * ---------------------------------------------------------------------------------------------
+ * What is computed (every backend computes exactly this; the reference backend is its oracle)
+ * ---------------------------------------------------------------------------------------------
+ * For each sequence b, query head h (kv head hk = h / (heads_q / heads_kv)), query position i and
+ * key position j (positions count from 0 inside the sequence):
+ *
+ *   s = attn_scale * (q[b,i,h,:] . k[b,j,hk,:] + pre_bias[b,h,i,j])        pre_bias: PRE_SCALE only
+ *   s = softcap * tanh(s / softcap)                                         when softcap > 0
+ *   s = s + post_bias[b,h,i,j]                                              POST_SCALE only
+ *   s = s - alibi_slope[h] * |i + sk - sq - j|                              ALIBI only
+ *
+ * where sq, sk are the sequence's own lengths (max_seqlen_q/kv unless a padding mask or THD gives
+ * per-sequence lengths from cu_seqlens). Key j is visible to query i when j < sk, i < sq and
+ *
+ *   j <= d + right  and  j >= d - left,     d = i                  (CAUSAL, PADDING_CAUSAL: top-left)
+ *                                           d = i + sk - sq        (every other mask: bottom-right)
+ *   left  = window_left  (or unbounded when -1)
+ *   right = 0 for causal masks, else window_right (or unbounded when -1)
+ *
+ * The softmax over the visible keys is
+ *   VANILLA:        p_j = exp(s_j) / sum_j' exp(s_j')
+ *   OFF_BY_ONE:     p_j = exp(s_j) / (1 + sum_j' exp(s_j'))              (an extra logit fixed at 0)
+ *   LEARNABLE_SINK: p_j = exp(s_j) / (exp(sink[h]) + sum_j' exp(s_j'))   (a learnable logit per head)
+ * and LSE = log(denominator) (natural log, float32). Dropout keeps p_j with probability 1 - dropout
+ * and scales kept values by 1 / (1 - dropout); o[b,i,h,:] = sum_j p'_j v[b,j,hk,:].
+ *
+ * A query row with no visible key has O = 0, LSE = -inf and contributes nothing to any gradient.
+ * max_logit[h] is the largest visible s (after bias and softcap) over all sequences and rows of
+ * head h; -inf if head h sees no key at all.
+ *
+ * Dropout mask: Philox4x32-10 with key (lo32(seed), hi32(seed)) and counter
+ *   (j / 4, row, lo32(offset), hi32(offset)),  row = (b * heads_q + h) * max_seqlen_q + i,
+ * gives four 32-bit words; element j uses word j % 4 (call it u). The element is kept when
+ *   u >= threshold,  threshold = min(floor(dropout * 2^32), 2^32 - 1).
+ * (b is the sequence index also for THD; i and j are positions inside the sequence.) Every backend
+ * that implements dropout this way reproduces the reference's mask bit for bit.
+ *
+ * ---------------------------------------------------------------------------------------------
+ * Tensors
+ * ---------------------------------------------------------------------------------------------
+ * Every tensor is a pointer, a dtype, a shape and strides in elements; nothing is assumed
+ * contiguous. Shapes by format (s = max_seqlen_q or max_seqlen_kv, d = head_dim_qk or head_dim_v):
+ *   BSHD [batch, s, heads, d]    SBHD [s, batch, heads, d]    BHSD [batch, heads, s, d]
+ *   THD  [total_tokens, heads, d]  (packed variable length: needs cu_seqlens; sequence b's tokens
+ *        start at seq_offsets[b] if given, else at cu_seqlens[b])
+ * Other tensors:
+ *   lse        float32, [batch, heads_q, max_seqlen_q]; for THD also [total_q_tokens, heads_q]
+ *   bias/dbias [bias_batch, bias_heads, max_seqlen_q, max_seqlen_kv], bias_batch in {1, batch},
+ *              bias_heads in {1, heads_q}; dtype = qkv_dtype or float32; dbias same as bias.
+ *   alibi_slopes, sink_logits, dsink, max_logit: float32 [heads_q]
+ *   cu_seqlens_q/kv, seq_offsets_q/kv: int32 [batch + 1]
+ * Padding masks on BSHD/SBHD/BHSD take per-sequence lengths from cu_seqlens_q/kv (length of
+ * sequence b = cu[b+1] - cu[b]). THD always has per-sequence lengths; on THD the masks NONE and
+ * PADDING mean the same, as do CAUSAL and PADDING_CAUSAL, and the two BOTTOM_RIGHT forms.
+ * Query rows past a sequence's length (padding in BSHD/SBHD/BHSD, or in a [batch, heads, sq] LSE)
+ * are fully masked rows: O = 0, LSE = -inf, dQ = 0; key rows past it get dK = dV = 0. In packed
+ * THD tensors only the tokens of sequences are written; tokens outside every sequence are left
+ * untouched.
+ * Lengths above max_seqlen are an error on the reference backend; GPU backends clamp them (no
+ * out-of-bounds access, results for that sequence undefined), since they cannot read device memory
+ * on the host without a synchronization.
+ *
+ * Where tensors live: config.device says it. CUDA: device memory (or memory the device can read);
+ * the reference backend then copies to the host and back. CPU: host memory, only the reference
+ * backend runs. AUTO: CUDA when a CUDA device is present, else CPU.
+ *
+ * ---------------------------------------------------------------------------------------------
+ * Errors
+ * ---------------------------------------------------------------------------------------------
+ * Every entry point returns a status. A readable message naming the field and the value that is
+ * wrong is written to the caller's buffer (msg, msg_len; may be NULL/0, always NUL-terminated and
+ * truncated to fit). Invalid input never writes outputs.
+ */
+#ifndef FUSEDATTN_FUSEDATTN_H
+#define FUSEDATTN_FUSEDATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define FUSEDATTN_API __declspec(dllexport)
+#else
+#define FUSEDATTN_API __attribute__((visibility("default")))
+#endif
+
+#define FUSEDATTN_VERSION_MAJOR 0
+#define FUSEDATTN_VERSION_MINOR 1
+#define FUSEDATTN_VERSION_PATCH 0
+/* MAJOR * 10000 + MINOR * 100 + PATCH */
+#define FUSEDATTN_VERSION \
+  (FUSEDATTN_VERSION_MAJOR * 10000 + FUSEDATTN_VERSION_MINOR * 100 + FUSEDATTN_VERSION_PATCH)
+
+typedef enum fusedattn_status {
+  FUSEDATTN_SUCCESS = 0,
+  FUSEDATTN_ERROR_INVALID_ARGUMENT = 1, /* the config or a tensor is wrong */
+  FUSEDATTN_ERROR_NOT_SUPPORTED = 2,    /* valid, but no (or not the forced) backend can run it */
+  FUSEDATTN_ERROR_WORKSPACE = 3,        /* workspace missing or smaller than asked for */
+  FUSEDATTN_ERROR_CUDA = 4,             /* a CUDA call failed */
+  FUSEDATTN_ERROR_CUDNN = 5,            /* a cuDNN call failed */
+  FUSEDATTN_ERROR_OUT_OF_MEMORY = 6,
+  FUSEDATTN_ERROR_INTERNAL = 7
+} fusedattn_status;
+
+typedef enum fusedattn_dtype {
+  FUSEDATTN_DTYPE_FLOAT32 = 0,
+  FUSEDATTN_DTYPE_FLOAT16 = 1,
+  FUSEDATTN_DTYPE_BFLOAT16 = 2,
+  FUSEDATTN_DTYPE_FP8_E4M3 = 3, /* reserved: rejected as not supported */
+  FUSEDATTN_DTYPE_FP8_E5M2 = 4, /* reserved: rejected as not supported */
+  FUSEDATTN_DTYPE_INT32 = 5     /* index tensors (cu_seqlens, seq_offsets) */
+} fusedattn_dtype;
+
+typedef enum fusedattn_format {
+  FUSEDATTN_FORMAT_BSHD = 0,
+  FUSEDATTN_FORMAT_SBHD = 1,
+  FUSEDATTN_FORMAT_BHSD = 2,
+  FUSEDATTN_FORMAT_THD = 3
+} fusedattn_format;
+
+typedef enum fusedattn_mask {
+  FUSEDATTN_MASK_NONE = 0,
+  FUSEDATTN_MASK_PADDING = 1,
+  FUSEDATTN_MASK_CAUSAL = 2,
+  FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT = 3,
+  FUSEDATTN_MASK_PADDING_CAUSAL = 4,
+  FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT = 5
+} fusedattn_mask;
+
+typedef enum fusedattn_bias {
+  FUSEDATTN_BIAS_NONE = 0,
+  FUSEDATTN_BIAS_PRE_SCALE = 1,
+  FUSEDATTN_BIAS_POST_SCALE = 2,
+  FUSEDATTN_BIAS_ALIBI = 3
+} fusedattn_bias;
+
+typedef enum fusedattn_softmax {
+  FUSEDATTN_SOFTMAX_VANILLA = 0,
+  FUSEDATTN_SOFTMAX_OFF_BY_ONE = 1,
+  FUSEDATTN_SOFTMAX_LEARNABLE_SINK = 2
+} fusedattn_softmax;
+
+typedef enum fusedattn_backend {
+  FUSEDATTN_BACKEND_AUTO = 0,
+  FUSEDATTN_BACKEND_REFERENCE = 1,
+  FUSEDATTN_BACKEND_CUDNN = 2,
+  FUSEDATTN_BACKEND_FLASH = 3,
+  FUSEDATTN_BACKEND_SMALL_SEQ = 4
+} fusedattn_backend;
+#define FUSEDATTN_BACKEND_COUNT 5
+
+typedef enum fusedattn_device {
+  FUSEDATTN_DEVICE_AUTO = 0, /* CUDA when a device is present, else CPU */
+  FUSEDATTN_DEVICE_CPU = 1,
+  FUSEDATTN_DEVICE_CUDA = 2
+} fusedattn_device;
+
+/* The problem: everything that decides which backend can run it and how. No pointers. */
+typedef struct fusedattn_config {
+  size_t struct_size; /* sizeof(fusedattn_config) as the caller compiled it */
+
+  int32_t is_training; /* forward saves LSE and the backend must also support the backward */
+  int64_t batch;
+  int64_t heads_q;
+  int64_t heads_kv; /* divides heads_q (GQA/MQA) */
+  int64_t max_seqlen_q;
+  int64_t max_seqlen_kv;
+  int64_t head_dim_qk;
+  int64_t head_dim_v;
+
+  fusedattn_dtype qkv_dtype; /* q, k, v and dq, dk, dv */
+  fusedattn_dtype o_dtype;   /* o and do */
+
+  fusedattn_format q_format;
+  fusedattn_format kv_format;
+  fusedattn_format o_format;
+  fusedattn_format do_format;
+  fusedattn_format dqkv_format;
+
+  fusedattn_mask mask;
+  int64_t window_left;  /* -1: unbounded */
+  int64_t window_right; /* -1: unbounded; causal masks need -1 or 0 */
+
+  fusedattn_bias bias_type;
+  int64_t bias_batch; /* PRE/POST_SCALE: 1 or batch */
+  int64_t bias_heads; /* PRE/POST_SCALE: 1 or heads_q */
+  int32_t bias_requires_grad; /* backward writes dbias */
+
+  fusedattn_softmax softmax_type;
+  double attn_scale; /* 0: 1/sqrt(head_dim_qk) */
+  double softcap;    /* 0: off */
+  double dropout;    /* probability of dropping, in [0, 1) */
+
+  int32_t deterministic;    /* the backward gives bit-identical results run to run */
+  int32_t return_lse;       /* forward writes lse (needed by the backward; implied by is_training) */
+  int32_t return_max_logit; /* forward writes max_logit */
+
+  fusedattn_backend backend; /* AUTO, or force one (also env FUSEDATTN_BACKEND=name) */
+  fusedattn_device device;
+} fusedattn_config;
+
+#define FUSEDATTN_CONFIG_INIT                                                                   \
+  {                                                                                             \
+    sizeof(fusedattn_config), /*is_training*/ 0, /*batch*/ 0, /*heads_q*/ 0, /*heads_kv*/ 0,    \
+        /*max_seqlen_q*/ 0, /*max_seqlen_kv*/ 0, /*head_dim_qk*/ 0, /*head_dim_v*/ 0,           \
+        FUSEDATTN_DTYPE_BFLOAT16, FUSEDATTN_DTYPE_BFLOAT16, FUSEDATTN_FORMAT_BSHD,              \
+        FUSEDATTN_FORMAT_BSHD, FUSEDATTN_FORMAT_BSHD, FUSEDATTN_FORMAT_BSHD,                    \
+        FUSEDATTN_FORMAT_BSHD, FUSEDATTN_MASK_NONE, /*window_left*/ -1, /*window_right*/ -1,    \
+        FUSEDATTN_BIAS_NONE, /*bias_batch*/ 1, /*bias_heads*/ 1, /*bias_requires_grad*/ 0,      \
+        FUSEDATTN_SOFTMAX_VANILLA, /*attn_scale*/ 0.0, /*softcap*/ 0.0, /*dropout*/ 0.0,        \
+        /*deterministic*/ 0, /*return_lse*/ 0, /*return_max_logit*/ 0, FUSEDATTN_BACKEND_AUTO, \
+        FUSEDATTN_DEVICE_AUTO                                                                   \
+  }
+
+#define FUSEDATTN_MAX_DIMS 4
+
+typedef struct fusedattn_tensor {
+  void* data; /* NULL: absent */
+  fusedattn_dtype dtype;
+  int32_t ndim;
+  int64_t shape[FUSEDATTN_MAX_DIMS];
+  int64_t strides[FUSEDATTN_MAX_DIMS]; /* in elements */
+} fusedattn_tensor;
+
+typedef struct fusedattn_fwd_args {
+  size_t struct_size;
+  fusedattn_tensor q, k, v;
+  fusedattn_tensor o;            /* output */
+  fusedattn_tensor lse;          /* output when return_lse or is_training */
+  fusedattn_tensor max_logit;    /* output when return_max_logit */
+  fusedattn_tensor bias;         /* PRE/POST_SCALE */
+  fusedattn_tensor alibi_slopes; /* ALIBI */
+  fusedattn_tensor sink_logits;  /* LEARNABLE_SINK */
+  fusedattn_tensor cu_seqlens_q, cu_seqlens_kv; /* THD and padding masks */
+  fusedattn_tensor seq_offsets_q, seq_offsets_kv; /* THD, optional */
+  uint64_t dropout_seed;
+  uint64_t dropout_offset;
+} fusedattn_fwd_args;
+
+typedef struct fusedattn_bwd_args {
+  size_t struct_size;
+  fusedattn_tensor q, k, v, o, lse;
+  fusedattn_tensor d_o;
+  fusedattn_tensor bias, alibi_slopes, sink_logits;
+  fusedattn_tensor cu_seqlens_q, cu_seqlens_kv;
+  fusedattn_tensor seq_offsets_q, seq_offsets_kv;
+  uint64_t dropout_seed;
+  uint64_t dropout_offset;
+  fusedattn_tensor dq, dk, dv; /* outputs */
+  fusedattn_tensor dbias;      /* output when bias_requires_grad */
+  fusedattn_tensor dsink;      /* output for LEARNABLE_SINK */
+} fusedattn_bwd_args;
+
+/* Zero-filled args with struct_size set. */
+FUSEDATTN_API fusedattn_fwd_args fusedattn_fwd_args_init(void);
+FUSEDATTN_API fusedattn_bwd_args fusedattn_bwd_args_init(void);
+
+/* Which backend runs this problem. On success *backend is set and msg holds the diagnostic
+ * (the chosen backend and why each one before it refused); on FUSEDATTN_ERROR_NOT_SUPPORTED
+ * msg names every backend with its reason. */
+FUSEDATTN_API fusedattn_status fusedattn_get_backend(const fusedattn_config* config,
+                                                     fusedattn_backend* backend, char* msg,
+                                                     size_t msg_len);
+
+FUSEDATTN_API fusedattn_status fusedattn_fwd_workspace_size(const fusedattn_config* config,
+                                                            size_t* bytes, char* msg,
+                                                            size_t msg_len);
+FUSEDATTN_API fusedattn_status fusedattn_bwd_workspace_size(const fusedattn_config* config,
+                                                            size_t* bytes, char* msg,
+                                                            size_t msg_len);
+
+/* stream: a cudaStream_t (NULL: the default stream); ignored on the CPU. The workspace lives where
+ * the tensors live and must hold at least the size asked for. */
+FUSEDATTN_API fusedattn_status fusedattn_fwd(const fusedattn_config* config,
+                                             const fusedattn_fwd_args* args, void* workspace,
+                                             size_t workspace_bytes, void* stream, char* msg,
+                                             size_t msg_len);
+FUSEDATTN_API fusedattn_status fusedattn_bwd(const fusedattn_config* config,
+                                             const fusedattn_bwd_args* args, void* workspace,
+                                             size_t workspace_bytes, void* stream, char* msg,
+                                             size_t msg_len);
+
+FUSEDATTN_API const char* fusedattn_status_string(fusedattn_status status);
+FUSEDATTN_API const char* fusedattn_backend_name(fusedattn_backend backend);
+/* Parses "auto", "reference", "cudnn", "flash", "small_seq". */
+FUSEDATTN_API fusedattn_status fusedattn_backend_from_name(const char* name,
+                                                           fusedattn_backend* backend);
+
+/* Whether a backend is compiled in, and (for GPU backends) whether a device is usable. The reason
+ * when it is not is written to msg. */
+FUSEDATTN_API int fusedattn_backend_available(fusedattn_backend backend, char* msg,
+                                              size_t msg_len);
+
+FUSEDATTN_API int fusedattn_version(void);
+FUSEDATTN_API const char* fusedattn_version_string(void);
+/* cuDNN version the library runs against (cudnnGetVersion), 0 if built without cuDNN. */
+FUSEDATTN_API int64_t fusedattn_cudnn_version(void);
+
+/* Counters of a backend's plan / kernel cache (zero for backends without one). */
+typedef struct fusedattn_cache_stats {
+  uint64_t hits;
+  uint64_t misses;
+  uint64_t evictions;
+  uint64_t entries;
+  uint64_t capacity;
+} fusedattn_cache_stats;
+FUSEDATTN_API fusedattn_status fusedattn_get_cache_stats(fusedattn_backend backend,
+                                                         fusedattn_cache_stats* stats);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FUSEDATTN_FUSEDATTN_H */

@@ -1,0 +1,234 @@
+// The C entry points: argument checking, error text, dispatch to the selected backend.
+#include <cstring>
+#include <exception>
+#include <new>
+#include <string>
+
+#include "common/cuda_util.h"
+#ifdef FUSEDATTN_WITH_CUDNN
+#include <cudnn.h>
+#endif
+#include "fusedattn/fusedattn.h"
+#include "problem/problem.h"
+#include "select/select.h"
+
+using namespace fusedattn;
+
+namespace {
+
+// Copies a message into the caller's buffer, NUL-terminated and truncated to fit.
+void WriteMessage(char* msg, size_t msg_len, const std::string& text) {
+  if (msg == nullptr || msg_len == 0) return;
+  size_t n = text.size() < msg_len - 1 ? text.size() : msg_len - 1;
+  std::memcpy(msg, text.data(), n);
+  msg[n] = '\0';
+}
+
+fusedattn_status Finish(const Status& status, char* msg, size_t msg_len) {
+  WriteMessage(msg, msg_len, status.message());
+  return status.code();
+}
+
+// Runs body, turning exceptions into statuses: no exception crosses the C boundary.
+template <typename Body>
+fusedattn_status Guarded(char* msg, size_t msg_len, Body&& body) {
+  try {
+    return Finish(body(), msg, msg_len);
+  } catch (const std::bad_alloc&) {
+    return Finish(Status(FUSEDATTN_ERROR_OUT_OF_MEMORY, "out of host memory"), msg, msg_len);
+  } catch (const std::exception& e) {
+    return Finish(InternalError("internal error: %s", e.what()), msg, msg_len);
+  } catch (...) {
+    return Finish(InternalError("internal error: unknown exception"), msg, msg_len);
+  }
+}
+
+Status Prepare(const fusedattn_config* config, bool need_backward, Problem* problem,
+               Backend** backend, std::string* diagnostic) {
+  FUSEDATTN_RETURN_IF_ERROR(MakeProblem(config, HasCudaDevice(), problem));
+  return SelectBackend(*problem, need_backward, backend, diagnostic);
+}
+
+Status CheckWorkspace(const char* direction, size_t needed, void* workspace, size_t bytes) {
+  if (needed == 0) return Status::Ok();
+  if (workspace == nullptr || bytes < needed)
+    return Status(FUSEDATTN_ERROR_WORKSPACE,
+                  Format("%s workspace: %llu bytes given at %p but %llu are needed (ask "
+                         "fusedattn_%s_workspace_size)",
+                         direction, (unsigned long long)bytes, workspace,
+                         (unsigned long long)needed, direction));
+  return Status::Ok();
+}
+
+}  // namespace
+
+extern "C" {
+
+fusedattn_fwd_args fusedattn_fwd_args_init(void) {
+  fusedattn_fwd_args args;
+  std::memset(&args, 0, sizeof args);
+  args.struct_size = sizeof args;
+  return args;
+}
+
+fusedattn_bwd_args fusedattn_bwd_args_init(void) {
+  fusedattn_bwd_args args;
+  std::memset(&args, 0, sizeof args);
+  args.struct_size = sizeof args;
+  return args;
+}
+
+fusedattn_status fusedattn_get_backend(const fusedattn_config* config, fusedattn_backend* backend,
+                                       char* msg, size_t msg_len) {
+  return Guarded(msg, msg_len, [&]() -> Status {
+    if (backend == nullptr) return InvalidArgument("backend (the output pointer) is NULL");
+    Problem problem;
+    Backend* chosen = nullptr;
+    std::string diagnostic;
+    Status s = Prepare(config, false, &problem, &chosen, &diagnostic);
+    if (!s.ok()) return s;
+    *backend = chosen->id();
+    return Status(FUSEDATTN_SUCCESS, diagnostic);
+  });
+}
+
+fusedattn_status fusedattn_fwd_workspace_size(const fusedattn_config* config, size_t* bytes,
+                                              char* msg, size_t msg_len) {
+  return Guarded(msg, msg_len, [&]() -> Status {
+    if (bytes == nullptr) return InvalidArgument("bytes (the output pointer) is NULL");
+    Problem problem;
+    Backend* chosen = nullptr;
+    FUSEDATTN_RETURN_IF_ERROR(Prepare(config, false, &problem, &chosen, nullptr));
+    return chosen->fwd_workspace_size(problem, bytes);
+  });
+}
+
+fusedattn_status fusedattn_bwd_workspace_size(const fusedattn_config* config, size_t* bytes,
+                                              char* msg, size_t msg_len) {
+  return Guarded(msg, msg_len, [&]() -> Status {
+    if (bytes == nullptr) return InvalidArgument("bytes (the output pointer) is NULL");
+    Problem problem;
+    Backend* chosen = nullptr;
+    FUSEDATTN_RETURN_IF_ERROR(Prepare(config, true, &problem, &chosen, nullptr));
+    return chosen->bwd_workspace_size(problem, bytes);
+  });
+}
+
+fusedattn_status fusedattn_fwd(const fusedattn_config* config, const fusedattn_fwd_args* args,
+                               void* workspace, size_t workspace_bytes, void* stream, char* msg,
+                               size_t msg_len) {
+  return Guarded(msg, msg_len, [&]() -> Status {
+    Problem problem;
+    FUSEDATTN_RETURN_IF_ERROR(MakeProblem(config, HasCudaDevice(), &problem));
+    FwdTensors tensors;
+    FUSEDATTN_RETURN_IF_ERROR(MakeFwdTensors(problem, args, &tensors));
+    Backend* backend = nullptr;
+    FUSEDATTN_RETURN_IF_ERROR(SelectBackend(problem, false, &backend, nullptr));
+    size_t needed = 0;
+    FUSEDATTN_RETURN_IF_ERROR(backend->fwd_workspace_size(problem, &needed));
+    FUSEDATTN_RETURN_IF_ERROR(CheckWorkspace("fwd", needed, workspace, workspace_bytes));
+    return backend->forward(problem, tensors, workspace, workspace_bytes, stream);
+  });
+}
+
+fusedattn_status fusedattn_bwd(const fusedattn_config* config, const fusedattn_bwd_args* args,
+                               void* workspace, size_t workspace_bytes, void* stream, char* msg,
+                               size_t msg_len) {
+  return Guarded(msg, msg_len, [&]() -> Status {
+    Problem problem;
+    FUSEDATTN_RETURN_IF_ERROR(MakeProblem(config, HasCudaDevice(), &problem));
+    BwdTensors tensors;
+    FUSEDATTN_RETURN_IF_ERROR(MakeBwdTensors(problem, args, &tensors));
+    Backend* backend = nullptr;
+    FUSEDATTN_RETURN_IF_ERROR(SelectBackend(problem, true, &backend, nullptr));
+    size_t needed = 0;
+    FUSEDATTN_RETURN_IF_ERROR(backend->bwd_workspace_size(problem, &needed));
+    FUSEDATTN_RETURN_IF_ERROR(CheckWorkspace("bwd", needed, workspace, workspace_bytes));
+    return backend->backward(problem, tensors, workspace, workspace_bytes, stream);
+  });
+}
+
+const char* fusedattn_status_string(fusedattn_status status) {
+  switch (status) {
+    case FUSEDATTN_SUCCESS: return "success";
+    case FUSEDATTN_ERROR_INVALID_ARGUMENT: return "invalid argument";
+    case FUSEDATTN_ERROR_NOT_SUPPORTED: return "not supported";
+    case FUSEDATTN_ERROR_WORKSPACE: return "workspace too small";
+    case FUSEDATTN_ERROR_CUDA: return "CUDA error";
+    case FUSEDATTN_ERROR_CUDNN: return "cuDNN error";
+    case FUSEDATTN_ERROR_OUT_OF_MEMORY: return "out of memory";
+    case FUSEDATTN_ERROR_INTERNAL: return "internal error";
+  }
+  return "unknown status";
+}
+
+const char* fusedattn_backend_name(fusedattn_backend backend) {
+  switch (backend) {
+    case FUSEDATTN_BACKEND_AUTO: return "auto";
+    case FUSEDATTN_BACKEND_REFERENCE: return "reference";
+    case FUSEDATTN_BACKEND_CUDNN: return "cudnn";
+    case FUSEDATTN_BACKEND_FLASH: return "flash";
+    case FUSEDATTN_BACKEND_SMALL_SEQ: return "small_seq";
+  }
+  return "unknown";
+}
+
+fusedattn_status fusedattn_backend_from_name(const char* name, fusedattn_backend* backend) {
+  if (name == nullptr || backend == nullptr) return FUSEDATTN_ERROR_INVALID_ARGUMENT;
+  for (int i = 0; i < FUSEDATTN_BACKEND_COUNT; ++i) {
+    auto id = static_cast<fusedattn_backend>(i);
+    if (std::strcmp(name, fusedattn_backend_name(id)) == 0) {
+      *backend = id;
+      return FUSEDATTN_SUCCESS;
+    }
+  }
+  return FUSEDATTN_ERROR_INVALID_ARGUMENT;
+}
+
+int fusedattn_backend_available(fusedattn_backend backend, char* msg, size_t msg_len) {
+  try {
+    if (backend == FUSEDATTN_BACKEND_AUTO) {
+      WriteMessage(msg, msg_len, "auto picks among the available backends");
+      return 1;
+    }
+    Backend* b = FindBackend(backend);
+    if (b == nullptr) {
+      WriteMessage(msg, msg_len, Format("%d is not a fusedattn_backend", static_cast<int>(backend)));
+      return 0;
+    }
+    Status s = b->available();
+    WriteMessage(msg, msg_len, s.ok() ? "available" : s.message());
+    return s.ok() ? 1 : 0;
+  } catch (...) {
+    WriteMessage(msg, msg_len, "internal error");
+    return 0;
+  }
+}
+
+int fusedattn_version(void) { return FUSEDATTN_VERSION; }
+
+const char* fusedattn_version_string(void) {
+#define FUSEDATTN_STR2(x) #x
+#define FUSEDATTN_STR(x) FUSEDATTN_STR2(x)
+  return FUSEDATTN_STR(FUSEDATTN_VERSION_MAJOR) "." FUSEDATTN_STR(
+      FUSEDATTN_VERSION_MINOR) "." FUSEDATTN_STR(FUSEDATTN_VERSION_PATCH);
+}
+
+int64_t fusedattn_cudnn_version(void) {
+#ifdef FUSEDATTN_WITH_CUDNN
+  return static_cast<int64_t>(cudnnGetVersion());
+#else
+  return 0;
+#endif
+}
+
+fusedattn_status fusedattn_get_cache_stats(fusedattn_backend backend,
+                                           fusedattn_cache_stats* stats) {
+  if (stats == nullptr) return FUSEDATTN_ERROR_INVALID_ARGUMENT;
+  Backend* b = FindBackend(backend);
+  if (b == nullptr) return FUSEDATTN_ERROR_INVALID_ARGUMENT;
+  *stats = b->cache_stats();
+  return FUSEDATTN_SUCCESS;
+}
+
+}  // extern "C"

@@ -1,0 +1,514 @@
+// The CPU reference backend: the oracle of every other backend and the default without a GPU.
+//
+// It computes exactly the formulas of fusedattn.h in double precision, one query row at a time,
+// for every feature. Inputs in device memory are copied to the host first and outputs copied back
+// (read-modify-write, so elements the reference does not define stay untouched). It is slow by
+// design: O(b * h * sq * skv * d) with no tiling, easy to read and to trust.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "common/cuda_util.h"
+#include "common/dtype.h"
+#include "common/philox.h"
+#include "select/backend.h"
+
+namespace fusedattn {
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// Number of elements a strided tensor spans from its first element.
+int64_t SpanElements(const TensorView& t, int64_t batch, int64_t heads, int64_t seq, int64_t dim,
+                     bool thd) {
+  int64_t span = 1;
+  if (thd) {
+    span += (t.num_tokens - 1) * t.stride_s;
+  } else {
+    span += (batch - 1) * t.stride_b + (seq - 1) * t.stride_s;
+  }
+  span += (heads - 1) * t.stride_h + (dim - 1) * t.stride_d;
+  return span;
+}
+
+// Host access to one tensor: the caller's pointer on the CPU, a host copy for CUDA tensors.
+class HostBuffer {
+ public:
+  Status Attach(const void* data, size_t bytes, Device device, void* stream, bool read) {
+    device_ = device;
+    user_ = const_cast<void*>(data);
+    bytes_ = bytes;
+    stream_ = stream;
+    if (device == Device::kCpu || data == nullptr) {
+      host_ = user_;
+      return Status::Ok();
+    }
+    copy_.resize(bytes);
+    host_ = copy_.data();
+    if (read) return CopyToHost(host_, data, bytes, stream);
+    return Status::Ok();
+  }
+  // Writes the host copy back to the device (no-op on the CPU).
+  Status Flush() {
+    if (device_ == Device::kCpu || user_ == nullptr) return Status::Ok();
+    return CopyToDevice(user_, host_, bytes_, stream_);
+  }
+  void* host() const { return host_; }
+
+ private:
+  Device device_ = Device::kCpu;
+  void* user_ = nullptr;
+  void* host_ = nullptr;
+  size_t bytes_ = 0;
+  void* stream_ = nullptr;
+  std::vector<unsigned char> copy_;
+};
+
+Status AttachView(const TensorView& t, int64_t batch, int64_t heads, int64_t seq, int64_t dim,
+                  bool thd, Device device, void* stream, bool read, HostBuffer* buffer) {
+  if (!t.present()) return Status::Ok();
+  int64_t span = SpanElements(t, batch, heads, seq, dim, thd);
+  return buffer->Attach(t.data, static_cast<size_t>(span) * DtypeSize(t.dtype), device, stream,
+                        read);
+}
+
+Status AttachVector(const void* data, int64_t length, int64_t stride, size_t element_bytes,
+                    Device device, void* stream, bool read, HostBuffer* buffer) {
+  if (data == nullptr) return Status::Ok();
+  size_t bytes = static_cast<size_t>((length - 1) * stride + 1) * element_bytes;
+  return buffer->Attach(data, bytes, device, stream, read);
+}
+
+// Per-sequence lengths and THD token starts, read (and checked) on the host.
+struct Sequences {
+  std::vector<int64_t> len_q, len_kv, start_q, start_kv;
+};
+
+Status ReadIndexArray(const int32_t* data, int64_t count, Device device, void* stream,
+                      std::vector<int32_t>* out) {
+  out->assign(static_cast<size_t>(count), 0);
+  if (device == Device::kCpu) {
+    std::memcpy(out->data(), data, static_cast<size_t>(count) * sizeof(int32_t));
+    return Status::Ok();
+  }
+  return CopyToHost(out->data(), data, static_cast<size_t>(count) * sizeof(int32_t), stream);
+}
+
+template <typename Tensors>
+Status ReadSequences(const Problem& p, const Tensors& t, void* stream, Sequences* seq) {
+  const auto& c = p.config;
+  const int64_t batch = c.batch;
+  seq->len_q.assign(batch, c.max_seqlen_q);
+  seq->len_kv.assign(batch, c.max_seqlen_kv);
+  seq->start_q.assign(batch, 0);
+  seq->start_kv.assign(batch, 0);
+  if (!p.padding) return Status::Ok();
+  std::vector<int32_t> cu_q, cu_kv, off_q, off_kv;
+  FUSEDATTN_RETURN_IF_ERROR(ReadIndexArray(t.cu_seqlens_q, batch + 1, p.device, stream, &cu_q));
+  FUSEDATTN_RETURN_IF_ERROR(ReadIndexArray(t.cu_seqlens_kv, batch + 1, p.device, stream, &cu_kv));
+  if (t.seq_offsets_q)
+    FUSEDATTN_RETURN_IF_ERROR(
+        ReadIndexArray(t.seq_offsets_q, batch + 1, p.device, stream, &off_q));
+  if (t.seq_offsets_kv)
+    FUSEDATTN_RETURN_IF_ERROR(
+        ReadIndexArray(t.seq_offsets_kv, batch + 1, p.device, stream, &off_kv));
+  for (int64_t b = 0; b < batch; ++b) {
+    int64_t lq = int64_t{cu_q[b + 1]} - cu_q[b];
+    int64_t lkv = int64_t{cu_kv[b + 1]} - cu_kv[b];
+    if (lq < 0 || lq > c.max_seqlen_q)
+      return InvalidArgument(
+          "cu_seqlens_q[%lld..%lld] = %d..%d gives sequence %lld length %lld, outside [0, "
+          "max_seqlen_q = %lld]",
+          (long long)b, (long long)b + 1, cu_q[b], cu_q[b + 1], (long long)b, (long long)lq,
+          (long long)c.max_seqlen_q);
+    if (lkv < 0 || lkv > c.max_seqlen_kv)
+      return InvalidArgument(
+          "cu_seqlens_kv[%lld..%lld] = %d..%d gives sequence %lld length %lld, outside [0, "
+          "max_seqlen_kv = %lld]",
+          (long long)b, (long long)b + 1, cu_kv[b], cu_kv[b + 1], (long long)b, (long long)lkv,
+          (long long)c.max_seqlen_kv);
+    seq->len_q[b] = lq;
+    seq->len_kv[b] = lkv;
+    if (p.thd) {
+      int64_t sq = t.seq_offsets_q ? off_q[b] : cu_q[b];
+      int64_t skv = t.seq_offsets_kv ? off_kv[b] : cu_kv[b];
+      if (sq < 0 || sq + lq > t.q.num_tokens)
+        return InvalidArgument(
+            "%s[%lld] = %lld with length %lld runs past the %lld tokens of q",
+            t.seq_offsets_q ? "seq_offsets_q" : "cu_seqlens_q", (long long)b, (long long)sq,
+            (long long)lq, (long long)t.q.num_tokens);
+      if (skv < 0 || skv + lkv > t.k.num_tokens)
+        return InvalidArgument(
+            "%s[%lld] = %lld with length %lld runs past the %lld tokens of k",
+            t.seq_offsets_kv ? "seq_offsets_kv" : "cu_seqlens_kv", (long long)b, (long long)skv,
+            (long long)lkv, (long long)t.k.num_tokens);
+      seq->start_q[b] = sq;
+      seq->start_kv[b] = skv;
+    }
+  }
+  return Status::Ok();
+}
+
+// Element offset of (b, h, i, x) in a view; start is the sequence's THD token start (else 0).
+inline int64_t At(const TensorView& t, int64_t b, int64_t h, int64_t i, int64_t x,
+                  int64_t start) {
+  return b * t.stride_b + (start + i) * t.stride_s + h * t.stride_h + x * t.stride_d;
+}
+
+// A row of a view as doubles.
+void LoadRow(const TensorView& t, const void* host, int64_t b, int64_t h, int64_t i,
+             int64_t start, int64_t dim, double* out) {
+  for (int64_t x = 0; x < dim; ++x) out[x] = LoadAsDouble(host, t.dtype, At(t, b, h, i, x, start));
+}
+
+// The score pipeline of one (b, h, i, j) before masking, and its derivative ds_final/dt where
+// t = scale * (q.k + pre_bias) (for the backward).
+struct ScoreParams {
+  double scale = 1, softcap = 0;
+  fusedattn_bias bias_type = FUSEDATTN_BIAS_NONE;
+  const void* bias = nullptr;
+  BiasView bias_view;
+  const float* alibi = nullptr;
+  int64_t alibi_stride = 1;
+};
+
+double BiasAt(const ScoreParams& sp, int64_t b, int64_t h, int64_t i, int64_t j) {
+  const BiasView& v = sp.bias_view;
+  return LoadAsDouble(sp.bias, v.dtype, b * v.stride_b + h * v.stride_h + i * v.stride_q +
+                                            j * v.stride_kv);
+}
+
+double Score(const ScoreParams& sp, double qk, int64_t b, int64_t h, int64_t i, int64_t j,
+             int64_t len_q, int64_t len_kv, double* dfinal_dt) {
+  double pre = sp.bias_type == FUSEDATTN_BIAS_PRE_SCALE ? BiasAt(sp, b, h, i, j) : 0.0;
+  double t = sp.scale * (qk + pre);
+  double s = t, derivative = 1.0;
+  if (sp.softcap > 0) {
+    double th = std::tanh(t / sp.softcap);
+    s = sp.softcap * th;
+    derivative = 1.0 - th * th;
+  }
+  if (sp.bias_type == FUSEDATTN_BIAS_POST_SCALE) s += BiasAt(sp, b, h, i, j);
+  if (sp.bias_type == FUSEDATTN_BIAS_ALIBI)
+    s -= static_cast<double>(sp.alibi[h * sp.alibi_stride]) *
+         std::fabs(static_cast<double>(i + len_kv - len_q - j));
+  if (dfinal_dt) *dfinal_dt = derivative;
+  return s;
+}
+
+// The extra logit of the softmax denominator: none (-inf), 0 (off-by-one) or the head's sink.
+double ExtraLogit(const Problem& p, const float* sinks, int64_t sink_stride, int64_t h) {
+  switch (p.config.softmax_type) {
+    case FUSEDATTN_SOFTMAX_OFF_BY_ONE: return 0.0;
+    case FUSEDATTN_SOFTMAX_LEARNABLE_SINK: return sinks[h * sink_stride];
+    default: return kNegInf;
+  }
+}
+
+class ReferenceBackendImpl final : public Backend {
+ public:
+  fusedattn_backend id() const override { return FUSEDATTN_BACKEND_REFERENCE; }
+  const char* name() const override { return "reference"; }
+  Status available() const override { return Status::Ok(); }
+  Status check(const Problem& problem) override {
+    if (problem.device == Device::kCuda && !HasCudaDevice())
+      return NotSupported("CUDA tensors but no CUDA device to copy them from");
+    return Status::Ok();
+  }
+  Status fwd_workspace_size(const Problem&, size_t* bytes) override {
+    *bytes = 0;
+    return Status::Ok();
+  }
+  Status bwd_workspace_size(const Problem&, size_t* bytes) override {
+    *bytes = 0;
+    return Status::Ok();
+  }
+  Status forward(const Problem& p, const FwdTensors& t, void*, size_t, void* stream) override;
+  Status backward(const Problem& p, const BwdTensors& t, void*, size_t, void* stream) override;
+};
+
+Status ReferenceBackendImpl::forward(const Problem& p, const FwdTensors& t, void*, size_t,
+                                     void* stream) {
+  const auto& c = p.config;
+  const int64_t B = c.batch, HQ = c.heads_q, HKV = c.heads_kv, SQ = c.max_seqlen_q,
+                SKV = c.max_seqlen_kv, DQK = c.head_dim_qk, DV = c.head_dim_v;
+  const Device dev = p.device;
+  Sequences seq;
+  FUSEDATTN_RETURN_IF_ERROR(ReadSequences(p, t, stream, &seq));
+
+  HostBuffer q, k, v, o, lse, bias, alibi, sinks, max_logit;
+  FUSEDATTN_RETURN_IF_ERROR(AttachView(t.q, B, HQ, SQ, DQK, p.thd, dev, stream, true, &q));
+  FUSEDATTN_RETURN_IF_ERROR(AttachView(t.k, B, HKV, SKV, DQK, p.thd, dev, stream, true, &k));
+  FUSEDATTN_RETURN_IF_ERROR(AttachView(t.v, B, HKV, SKV, DV, p.thd, dev, stream, true, &v));
+  FUSEDATTN_RETURN_IF_ERROR(AttachView(t.o, B, HQ, SQ, DV, p.thd, dev, stream, true, &o));
+  if (t.lse.present())
+    FUSEDATTN_RETURN_IF_ERROR(
+        AttachView(t.lse, B, HQ, SQ, 1, t.lse_packed, dev, stream, true, &lse));
+  if (t.bias.present()) {
+    const BiasView& bv = t.bias;
+    int64_t span = 1 + (c.bias_batch - 1) * bv.stride_b + (c.bias_heads - 1) * bv.stride_h +
+                   (SQ - 1) * bv.stride_q + (SKV - 1) * bv.stride_kv;
+    FUSEDATTN_RETURN_IF_ERROR(
+        bias.Attach(bv.data, span * DtypeSize(bv.dtype), dev, stream, true));
+  }
+  FUSEDATTN_RETURN_IF_ERROR(
+      AttachVector(t.alibi_slopes, HQ, t.alibi_stride, 4, dev, stream, true, &alibi));
+  FUSEDATTN_RETURN_IF_ERROR(
+      AttachVector(t.sink_logits, HQ, t.sink_stride, 4, dev, stream, true, &sinks));
+  FUSEDATTN_RETURN_IF_ERROR(
+      AttachVector(t.max_logit, HQ, t.max_logit_stride, 4, dev, stream, true, &max_logit));
+
+  ScoreParams sp;
+  sp.scale = p.scale();
+  sp.softcap = c.softcap;
+  sp.bias_type = c.bias_type;
+  sp.bias = bias.host();
+  sp.bias_view = t.bias;
+  sp.alibi = static_cast<const float*>(alibi.host());
+  sp.alibi_stride = t.alibi_stride;
+  const float* sink_host = static_cast<const float*>(sinks.host());
+  const uint32_t threshold = DropoutRow::Threshold(c.dropout);
+  const double keep_scale = 1.0 / (1.0 - c.dropout);
+  const int64_t group = p.group_size();
+
+  std::vector<double> max_logits(HQ, kNegInf);
+  std::vector<double> qrow(DQK), krow(DQK), vrow(DV), scores(SKV), out(DV);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t lq = seq.len_q[b], lkv = seq.len_kv[b];
+    // Rows that exist in the output tensors: all of max_seqlen_q, or only the sequence in THD.
+    const int64_t rows = p.thd ? lq : SQ;
+    for (int64_t h = 0; h < HQ; ++h) {
+      const int64_t hk = h / group;
+      const double extra = ExtraLogit(p, sink_host, t.sink_stride, h);
+      for (int64_t i = 0; i < rows; ++i) {
+        int64_t lo = 0, hi = 0;
+        p.visible_keys(i, lq, lkv, &lo, &hi);
+        std::fill(out.begin(), out.end(), 0.0);
+        double row_lse = kNegInf;
+        if (lo < hi) {
+          LoadRow(t.q, q.host(), b, h, i, seq.start_q[b], DQK, qrow.data());
+          double m = kNegInf;
+          for (int64_t j = lo; j < hi; ++j) {
+            LoadRow(t.k, k.host(), b, hk, j, seq.start_kv[b], DQK, krow.data());
+            double qk = 0;
+            for (int64_t x = 0; x < DQK; ++x) qk += qrow[x] * krow[x];
+            scores[j] = Score(sp, qk, b, h, i, j, lq, lkv, nullptr);
+            m = std::max(m, scores[j]);
+          }
+          max_logits[h] = std::max(max_logits[h], m);
+          double mm = std::max(m, extra);
+          double sum = std::exp(extra - mm);  // 0 for vanilla (extra = -inf)
+          for (int64_t j = lo; j < hi; ++j) sum += std::exp(scores[j] - mm);
+          row_lse = mm + std::log(sum);
+          DropoutRow drop{};
+          if (c.dropout > 0)
+            drop = MakeDropoutRow(t.dropout_seed, t.dropout_offset, threshold, b, h, i, HQ, SQ);
+          for (int64_t j = lo; j < hi; ++j) {
+            double prob = std::exp(scores[j] - row_lse);
+            if (c.dropout > 0) prob = drop.Keep(j) ? prob * keep_scale : 0.0;
+            if (prob == 0.0) continue;
+            LoadRow(t.v, v.host(), b, hk, j, seq.start_kv[b], DV, vrow.data());
+            for (int64_t x = 0; x < DV; ++x) out[x] += prob * vrow[x];
+          }
+        }
+        for (int64_t x = 0; x < DV; ++x)
+          StoreFromDouble(o.host(), t.o.dtype, At(t.o, b, h, i, x, seq.start_q[b]), out[x]);
+        if (t.lse.present()) {
+          int64_t start = t.lse_packed ? seq.start_q[b] : 0;
+          StoreFromDouble(lse.host(), FUSEDATTN_DTYPE_FLOAT32,
+                          b * t.lse.stride_b + (start + i) * t.lse.stride_s + h * t.lse.stride_h,
+                          row_lse);
+        }
+      }
+      // LSE in [batch, heads, max_seqlen_q] for THD: the rows past the sequence are -inf.
+      if (t.lse.present() && p.thd && !t.lse_packed)
+        for (int64_t i = lq; i < SQ; ++i)
+          StoreFromDouble(lse.host(), FUSEDATTN_DTYPE_FLOAT32,
+                          b * t.lse.stride_b + i * t.lse.stride_s + h * t.lse.stride_h, kNegInf);
+    }
+  }
+  if (t.max_logit)
+    for (int64_t h = 0; h < HQ; ++h)
+      static_cast<float*>(max_logit.host())[h * t.max_logit_stride] =
+          static_cast<float>(max_logits[h]);
+
+  FUSEDATTN_RETURN_IF_ERROR(o.Flush());
+  FUSEDATTN_RETURN_IF_ERROR(lse.Flush());
+  FUSEDATTN_RETURN_IF_ERROR(max_logit.Flush());
+  return Status::Ok();
+}
+
+Status ReferenceBackendImpl::backward(const Problem& p, const BwdTensors& t, void*, size_t,
+                                      void* stream) {
+  const auto& c = p.config;
+  const int64_t B = c.batch, HQ = c.heads_q, HKV = c.heads_kv, SQ = c.max_seqlen_q,
+                SKV = c.max_seqlen_kv, DQK = c.head_dim_qk, DV = c.head_dim_v;
+  const Device dev = p.device;
+  Sequences seq;
+  FUSEDATTN_RETURN_IF_ERROR(ReadSequences(p, t, stream, &seq));
+
+  HostBuffer q, k, v, o, d_o, lse, bias, alibi, sinks, dq, dk, dv, dbias, dsink;
+  FUSEDATTN_RETURN_IF_ERROR(AttachView(t.q, B, HQ, SQ, DQK, p.thd, dev, stream, true, &q));
+  FUSEDATTN_RETURN_IF_ERROR(AttachView(t.k, B, HKV, SKV, DQK, p.thd, dev, stream, true, &k));
+  FUSEDATTN_RETURN_IF_ERROR(AttachView(t.v, B, HKV, SKV, DV, p.thd, dev, stream, true, &v));
+  FUSEDATTN_RETURN_IF_ERROR(AttachView(t.o, B, HQ, SQ, DV, p.thd, dev, stream, true, &o));
+  FUSEDATTN_RETURN_IF_ERROR(AttachView(t.d_o, B, HQ, SQ, DV, p.thd, dev, stream, true, &d_o));
+  FUSEDATTN_RETURN_IF_ERROR(
+      AttachView(t.lse, B, HQ, SQ, 1, t.lse_packed, dev, stream, true, &lse));
+  FUSEDATTN_RETURN_IF_ERROR(AttachView(t.dq, B, HQ, SQ, DQK, p.thd, dev, stream, true, &dq));
+  FUSEDATTN_RETURN_IF_ERROR(AttachView(t.dk, B, HKV, SKV, DQK, p.thd, dev, stream, true, &dk));
+  FUSEDATTN_RETURN_IF_ERROR(AttachView(t.dv, B, HKV, SKV, DV, p.thd, dev, stream, true, &dv));
+  auto bias_span = [&](const BiasView& bv) {
+    return 1 + (c.bias_batch - 1) * bv.stride_b + (c.bias_heads - 1) * bv.stride_h +
+           (SQ - 1) * bv.stride_q + (SKV - 1) * bv.stride_kv;
+  };
+  if (t.bias.present())
+    FUSEDATTN_RETURN_IF_ERROR(bias.Attach(
+        t.bias.data, bias_span(t.bias) * DtypeSize(t.bias.dtype), dev, stream, true));
+  // dbias broadcast axes keep their real strides (validation leaves them), so compute its span
+  // from the tensor's own strides.
+  if (t.dbias.present())
+    FUSEDATTN_RETURN_IF_ERROR(dbias.Attach(
+        t.dbias.data, bias_span(t.dbias) * DtypeSize(t.dbias.dtype), dev, stream, true));
+  FUSEDATTN_RETURN_IF_ERROR(
+      AttachVector(t.alibi_slopes, HQ, t.alibi_stride, 4, dev, stream, true, &alibi));
+  FUSEDATTN_RETURN_IF_ERROR(
+      AttachVector(t.sink_logits, HQ, t.sink_stride, 4, dev, stream, true, &sinks));
+  FUSEDATTN_RETURN_IF_ERROR(
+      AttachVector(t.dsink, HQ, t.dsink_stride, 4, dev, stream, true, &dsink));
+
+  ScoreParams sp;
+  sp.scale = p.scale();
+  sp.softcap = c.softcap;
+  sp.bias_type = c.bias_type;
+  sp.bias = bias.host();
+  sp.bias_view = t.bias;
+  sp.alibi = static_cast<const float*>(alibi.host());
+  sp.alibi_stride = t.alibi_stride;
+  const float* sink_host = static_cast<const float*>(sinks.host());
+  const uint32_t threshold = DropoutRow::Threshold(c.dropout);
+  const double keep_scale = 1.0 / (1.0 - c.dropout);
+  const int64_t group = p.group_size();
+
+  // Accumulators in double, in logical [b][h][s][x] order.
+  std::vector<double> gq(static_cast<size_t>(B * HQ * SQ * DQK), 0.0);
+  std::vector<double> gk(static_cast<size_t>(B * HKV * SKV * DQK), 0.0);
+  std::vector<double> gv(static_cast<size_t>(B * HKV * SKV * DV), 0.0);
+  std::vector<double> gbias(t.dbias.present() ? static_cast<size_t>(c.bias_batch * c.bias_heads *
+                                                                    SQ * SKV)
+                                              : 0,
+                            0.0);
+  std::vector<double> gsink(HQ, 0.0);
+
+  std::vector<double> qrow(DQK), krow(DQK), vrow(DV), orow(DV), dorow(DV), scores(SKV),
+      derivs(SKV);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t lq = seq.len_q[b], lkv = seq.len_kv[b];
+    for (int64_t h = 0; h < HQ; ++h) {
+      const int64_t hk = h / group;
+      const double extra = ExtraLogit(p, sink_host, t.sink_stride, h);
+      for (int64_t i = 0; i < lq; ++i) {
+        int64_t lo = 0, hi = 0;
+        p.visible_keys(i, lq, lkv, &lo, &hi);
+        if (lo >= hi) continue;  // fully masked row: no gradient
+        int64_t lse_start = t.lse_packed ? seq.start_q[b] : 0;
+        double row_lse = LoadAsDouble(lse.host(), FUSEDATTN_DTYPE_FLOAT32,
+                                      b * t.lse.stride_b + (lse_start + i) * t.lse.stride_s +
+                                          h * t.lse.stride_h);
+        if (!std::isfinite(row_lse)) continue;
+        LoadRow(t.q, q.host(), b, h, i, seq.start_q[b], DQK, qrow.data());
+        LoadRow(t.o, o.host(), b, h, i, seq.start_q[b], DV, orow.data());
+        LoadRow(t.d_o, d_o.host(), b, h, i, seq.start_q[b], DV, dorow.data());
+        double delta = 0;  // D = dO . O
+        for (int64_t x = 0; x < DV; ++x) delta += dorow[x] * orow[x];
+        if (c.softmax_type != FUSEDATTN_SOFTMAX_VANILLA)
+          gsink[h] -= std::exp(extra - row_lse) * delta;
+        DropoutRow drop{};
+        if (c.dropout > 0)
+          drop = MakeDropoutRow(t.dropout_seed, t.dropout_offset, threshold, b, h, i, HQ, SQ);
+        for (int64_t j = lo; j < hi; ++j) {
+          LoadRow(t.k, k.host(), b, hk, j, seq.start_kv[b], DQK, krow.data());
+          LoadRow(t.v, v.host(), b, hk, j, seq.start_kv[b], DV, vrow.data());
+          double qk = 0;
+          for (int64_t x = 0; x < DQK; ++x) qk += qrow[x] * krow[x];
+          double dfinal_dt = 1;
+          double s = Score(sp, qk, b, h, i, j, lq, lkv, &dfinal_dt);
+          double prob = std::exp(s - row_lse);
+          double keep = 1.0;
+          if (c.dropout > 0) keep = drop.Keep(j) ? keep_scale : 0.0;
+          // dV += p' dO;  dP = dO . v (times the dropout factor);  dS = p (dP - D)
+          double dp = 0;
+          for (int64_t x = 0; x < DV; ++x) dp += dorow[x] * vrow[x];
+          dp *= keep;
+          double* gv_row = &gv[static_cast<size_t>(((b * HKV + hk) * SKV + j) * DV)];
+          for (int64_t x = 0; x < DV; ++x) gv_row[x] += prob * keep * dorow[x];
+          double ds = prob * (dp - delta);
+          double dt = ds * dfinal_dt;  // through the softcap
+          double dqk = dt * sp.scale;
+          double* gq_row = &gq[static_cast<size_t>(((b * HQ + h) * SQ + i) * DQK)];
+          double* gk_row = &gk[static_cast<size_t>(((b * HKV + hk) * SKV + j) * DQK)];
+          for (int64_t x = 0; x < DQK; ++x) {
+            gq_row[x] += dqk * krow[x];
+            gk_row[x] += dqk * qrow[x];
+          }
+          if (!gbias.empty()) {
+            int64_t bb = c.bias_batch == 1 ? 0 : b, bh = c.bias_heads == 1 ? 0 : h;
+            double g = c.bias_type == FUSEDATTN_BIAS_PRE_SCALE ? dt * sp.scale : ds;
+            gbias[static_cast<size_t>(((bb * c.bias_heads + bh) * SQ + i) * SKV + j)] += g;
+          }
+        }
+      }
+    }
+  }
+
+  // Write: every element of the non-THD tensors (padding rows get 0), only sequence tokens in THD.
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t rows_q = p.thd ? seq.len_q[b] : SQ, rows_kv = p.thd ? seq.len_kv[b] : SKV;
+    for (int64_t h = 0; h < HQ; ++h)
+      for (int64_t i = 0; i < rows_q; ++i)
+        for (int64_t x = 0; x < DQK; ++x)
+          StoreFromDouble(dq.host(), t.dq.dtype, At(t.dq, b, h, i, x, seq.start_q[b]),
+                          gq[static_cast<size_t>(((b * HQ + h) * SQ + i) * DQK + x)]);
+    for (int64_t h = 0; h < HKV; ++h)
+      for (int64_t j = 0; j < rows_kv; ++j) {
+        for (int64_t x = 0; x < DQK; ++x)
+          StoreFromDouble(dk.host(), t.dk.dtype, At(t.dk, b, h, j, x, seq.start_kv[b]),
+                          gk[static_cast<size_t>(((b * HKV + h) * SKV + j) * DQK + x)]);
+        for (int64_t x = 0; x < DV; ++x)
+          StoreFromDouble(dv.host(), t.dv.dtype, At(t.dv, b, h, j, x, seq.start_kv[b]),
+                          gv[static_cast<size_t>(((b * HKV + h) * SKV + j) * DV + x)]);
+      }
+  }
+  if (t.dbias.present()) {
+    const BiasView& bv = t.dbias;
+    for (int64_t bb = 0; bb < c.bias_batch; ++bb)
+      for (int64_t bh = 0; bh < c.bias_heads; ++bh)
+        for (int64_t i = 0; i < SQ; ++i)
+          for (int64_t j = 0; j < SKV; ++j)
+            StoreFromDouble(
+                dbias.host(), bv.dtype,
+                bb * bv.stride_b + bh * bv.stride_h + i * bv.stride_q + j * bv.stride_kv,
+                gbias[static_cast<size_t>(((bb * c.bias_heads + bh) * SQ + i) * SKV + j)]);
+  }
+  if (t.dsink)
+    for (int64_t h = 0; h < HQ; ++h)
+      static_cast<float*>(dsink.host())[h * t.dsink_stride] = static_cast<float>(gsink[h]);
+
+  FUSEDATTN_RETURN_IF_ERROR(dq.Flush());
+  FUSEDATTN_RETURN_IF_ERROR(dk.Flush());
+  FUSEDATTN_RETURN_IF_ERROR(dv.Flush());
+  FUSEDATTN_RETURN_IF_ERROR(dbias.Flush());
+  FUSEDATTN_RETURN_IF_ERROR(dsink.Flush());
+  return Status::Ok();
+}
+
+}  // namespace
+
+Backend* ReferenceBackend() {
+  static ReferenceBackendImpl backend;
+  return &backend;
+}
+
+}  // namespace fusedattn

@@ -1,0 +1,37 @@
+// The CUDA runtime as the library uses it from host code: is there a device, error checks, and
+// copies between host and device for the reference backend. Compiles to "no device" without CUDA.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "common/status.h"
+
+namespace fusedattn {
+
+// True when the CUDA runtime sees at least one device. Queried once per process.
+bool HasCudaDevice();
+// The reason HasCudaDevice() is false ("built without CUDA", "no CUDA device: ...").
+std::string NoCudaDeviceReason();
+
+// Synchronous copies on `stream` (a cudaStream_t): device -> host and host -> device.
+Status CopyToHost(void* host, const void* device, size_t bytes, void* stream);
+Status CopyToDevice(void* device, const void* host, size_t bytes, void* stream);
+
+// Compute capability (major * 10 + minor) of the current device, 0 if none.
+int CurrentDeviceComputeCapability();
+
+}  // namespace fusedattn
+
+#ifdef FUSEDATTN_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#define FUSEDATTN_CUDA_CHECK(expr)                                                          \
+  do {                                                                                      \
+    cudaError_t err_ = (expr);                                                              \
+    if (err_ != cudaSuccess)                                                                \
+      return ::fusedattn::Status(FUSEDATTN_ERROR_CUDA,                                      \
+                                 ::fusedattn::Format("%s failed: %s (%s:%d)", #expr,        \
+                                                     cudaGetErrorString(err_), __FILE__, __LINE__)); \
+  } while (0)
+#endif

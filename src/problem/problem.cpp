@@ -1,0 +1,752 @@
+// Validation of configs and tensors, and their normalization into Problem / views.
+// Every message names the field and the value that is wrong.
+#include "problem/problem.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+
+namespace fusedattn {
+
+size_t DtypeSize(fusedattn_dtype dtype) {
+  switch (dtype) {
+    case FUSEDATTN_DTYPE_FLOAT32: return 4;
+    case FUSEDATTN_DTYPE_FLOAT16: return 2;
+    case FUSEDATTN_DTYPE_BFLOAT16: return 2;
+    case FUSEDATTN_DTYPE_FP8_E4M3: return 1;
+    case FUSEDATTN_DTYPE_FP8_E5M2: return 1;
+    case FUSEDATTN_DTYPE_INT32: return 4;
+  }
+  return 0;
+}
+
+const char* DtypeName(fusedattn_dtype dtype) {
+  switch (dtype) {
+    case FUSEDATTN_DTYPE_FLOAT32: return "float32";
+    case FUSEDATTN_DTYPE_FLOAT16: return "float16";
+    case FUSEDATTN_DTYPE_BFLOAT16: return "bfloat16";
+    case FUSEDATTN_DTYPE_FP8_E4M3: return "fp8_e4m3";
+    case FUSEDATTN_DTYPE_FP8_E5M2: return "fp8_e5m2";
+    case FUSEDATTN_DTYPE_INT32: return "int32";
+  }
+  return "unknown";
+}
+
+const char* FormatName(fusedattn_format format) {
+  switch (format) {
+    case FUSEDATTN_FORMAT_BSHD: return "BSHD";
+    case FUSEDATTN_FORMAT_SBHD: return "SBHD";
+    case FUSEDATTN_FORMAT_BHSD: return "BHSD";
+    case FUSEDATTN_FORMAT_THD: return "THD";
+  }
+  return "unknown";
+}
+
+const char* MaskName(fusedattn_mask mask) {
+  switch (mask) {
+    case FUSEDATTN_MASK_NONE: return "none";
+    case FUSEDATTN_MASK_PADDING: return "padding";
+    case FUSEDATTN_MASK_CAUSAL: return "causal";
+    case FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT: return "causal_bottom_right";
+    case FUSEDATTN_MASK_PADDING_CAUSAL: return "padding_causal";
+    case FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT: return "padding_causal_bottom_right";
+  }
+  return "unknown";
+}
+
+const char* BiasName(fusedattn_bias bias) {
+  switch (bias) {
+    case FUSEDATTN_BIAS_NONE: return "none";
+    case FUSEDATTN_BIAS_PRE_SCALE: return "pre_scale";
+    case FUSEDATTN_BIAS_POST_SCALE: return "post_scale";
+    case FUSEDATTN_BIAS_ALIBI: return "alibi";
+  }
+  return "unknown";
+}
+
+const char* SoftmaxName(fusedattn_softmax softmax) {
+  switch (softmax) {
+    case FUSEDATTN_SOFTMAX_VANILLA: return "vanilla";
+    case FUSEDATTN_SOFTMAX_OFF_BY_ONE: return "off_by_one";
+    case FUSEDATTN_SOFTMAX_LEARNABLE_SINK: return "learnable_sink";
+  }
+  return "unknown";
+}
+
+std::string Problem::describe() const {
+  const auto& c = config;
+  std::string s = Format(
+      "b=%lld hq=%lld hkv=%lld sq=%lld skv=%lld d_qk=%lld d_v=%lld %s q:%s kv:%s mask=%s",
+      (long long)c.batch, (long long)c.heads_q, (long long)c.heads_kv, (long long)c.max_seqlen_q,
+      (long long)c.max_seqlen_kv, (long long)c.head_dim_qk, (long long)c.head_dim_v,
+      DtypeName(c.qkv_dtype), FormatName(c.q_format), FormatName(c.kv_format), MaskName(c.mask));
+  if (window_left >= 0 || (window_right >= 0 && !causal))
+    s += Format(" window=(%lld,%lld)", (long long)window_left, (long long)window_right);
+  if (c.bias_type != FUSEDATTN_BIAS_NONE) s += Format(" bias=%s", BiasName(c.bias_type));
+  if (c.softmax_type != FUSEDATTN_SOFTMAX_VANILLA)
+    s += Format(" softmax=%s", SoftmaxName(c.softmax_type));
+  if (c.softcap > 0) s += Format(" softcap=%g", c.softcap);
+  if (c.dropout > 0) s += Format(" dropout=%g", c.dropout);
+  if (c.is_training) s += " training";
+  return s;
+}
+
+namespace {
+int64_t DoubleBits(double d) {
+  int64_t bits;
+  std::memcpy(&bits, &d, sizeof bits);
+  return bits;
+}
+}  // namespace
+
+ProblemKey KeyOf(const Problem& p) {
+  const auto& c = p.config;
+  ProblemKey key;
+  int64_t* w = key.words.data();
+  size_t n = 0;
+  for (int64_t v : {int64_t{c.is_training}, c.batch, c.heads_q, c.heads_kv, c.max_seqlen_q,
+                    c.max_seqlen_kv, c.head_dim_qk, c.head_dim_v, int64_t{c.qkv_dtype},
+                    int64_t{c.o_dtype}, int64_t{c.q_format}, int64_t{c.kv_format},
+                    int64_t{c.o_format}, int64_t{c.do_format}, int64_t{c.dqkv_format},
+                    int64_t{c.mask}, p.window_left, p.window_right, int64_t{c.bias_type},
+                    c.bias_batch, c.bias_heads, int64_t{c.bias_requires_grad},
+                    int64_t{c.softmax_type}, DoubleBits(c.attn_scale), DoubleBits(c.softcap),
+                    DoubleBits(c.dropout), int64_t{c.deterministic}, int64_t{c.return_lse},
+                    int64_t{c.return_max_logit}, int64_t{c.backend},
+                    static_cast<int64_t>(p.device)})
+    w[n++] = v;
+  static_assert(31 <= ProblemKey::kWords, "ProblemKey too small");
+  return key;
+}
+
+size_t ProblemKeyHash::operator()(const ProblemKey& key) const {
+  uint64_t h = 1469598103934665603ull;
+  for (int64_t w : key.words) {
+    h ^= static_cast<uint64_t>(w) + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+  }
+  return static_cast<size_t>(h);
+}
+
+namespace {
+
+constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;
+
+bool IsBool(int32_t v) { return v == 0 || v == 1; }
+
+Status CheckDataDtype(const char* field, int dtype) {
+  switch (dtype) {
+    case FUSEDATTN_DTYPE_FLOAT32:
+    case FUSEDATTN_DTYPE_FLOAT16:
+    case FUSEDATTN_DTYPE_BFLOAT16: return Status::Ok();
+    case FUSEDATTN_DTYPE_FP8_E4M3:
+    case FUSEDATTN_DTYPE_FP8_E5M2:
+      return NotSupported("%s = %s: fp8 is reserved and not supported yet", field,
+                          DtypeName(static_cast<fusedattn_dtype>(dtype)));
+    case FUSEDATTN_DTYPE_INT32:
+      return InvalidArgument("%s = int32: attention data must be float32, float16 or bfloat16",
+                             field);
+  }
+  return InvalidArgument("%s = %d is not a fusedattn_dtype", field, dtype);
+}
+
+Status CheckFormat(const char* field, int format) {
+  if (format < FUSEDATTN_FORMAT_BSHD || format > FUSEDATTN_FORMAT_THD)
+    return InvalidArgument("%s = %d is not a fusedattn_format (BSHD=0, SBHD=1, BHSD=2, THD=3)",
+                           field, format);
+  return Status::Ok();
+}
+
+Status CheckPositive(const char* field, int64_t value) {
+  if (value < 1) return InvalidArgument("%s = %lld must be >= 1", field, (long long)value);
+  if (value > kMaxDim)
+    return InvalidArgument("%s = %lld is larger than the limit %lld", field, (long long)value,
+                           (long long)kMaxDim);
+  return Status::Ok();
+}
+
+// a * b with overflow detection, for non-negative operands.
+bool MulOverflows(int64_t a, int64_t b, int64_t* out) {
+  return __builtin_mul_overflow(a, b, out);
+}
+
+}  // namespace
+
+Status MakeProblem(const fusedattn_config* user, bool has_cuda_device, Problem* problem) {
+  if (user == nullptr) return InvalidArgument("config is NULL");
+  if (problem == nullptr) return InvalidArgument("problem is NULL");
+  if (user->struct_size != sizeof(fusedattn_config))
+    return InvalidArgument(
+        "config.struct_size = %llu but this library's fusedattn_config has %llu bytes: "
+        "initialize the config with FUSEDATTN_CONFIG_INIT and the header of this library",
+        (unsigned long long)user->struct_size, (unsigned long long)sizeof(fusedattn_config));
+
+  Problem p;
+  p.config = *user;
+  fusedattn_config& c = p.config;
+
+  if (!IsBool(c.is_training))
+    return InvalidArgument("config.is_training = %d must be 0 or 1", c.is_training);
+  FUSEDATTN_RETURN_IF_ERROR(CheckPositive("config.batch", c.batch));
+  FUSEDATTN_RETURN_IF_ERROR(CheckPositive("config.heads_q", c.heads_q));
+  FUSEDATTN_RETURN_IF_ERROR(CheckPositive("config.heads_kv", c.heads_kv));
+  if (c.heads_q % c.heads_kv != 0)
+    return InvalidArgument(
+        "config.heads_kv = %lld does not divide config.heads_q = %lld (GQA/MQA need heads_q to "
+        "be a multiple of heads_kv)",
+        (long long)c.heads_kv, (long long)c.heads_q);
+  FUSEDATTN_RETURN_IF_ERROR(CheckPositive("config.max_seqlen_q", c.max_seqlen_q));
+  FUSEDATTN_RETURN_IF_ERROR(CheckPositive("config.max_seqlen_kv", c.max_seqlen_kv));
+  FUSEDATTN_RETURN_IF_ERROR(CheckPositive("config.head_dim_qk", c.head_dim_qk));
+  FUSEDATTN_RETURN_IF_ERROR(CheckPositive("config.head_dim_v", c.head_dim_v));
+  // Every tensor of the problem must be addressable with int64 element offsets.
+  {
+    int64_t n = 0;
+    int64_t seq = std::max(c.max_seqlen_q, c.max_seqlen_kv);
+    int64_t dim = std::max(c.head_dim_qk, c.head_dim_v);
+    if (MulOverflows(c.batch, c.heads_q, &n) || MulOverflows(n, seq, &n) ||
+        MulOverflows(n, dim, &n) || MulOverflows(n, 8, &n) ||
+        MulOverflows(c.max_seqlen_q, c.max_seqlen_kv, &n) || MulOverflows(n, c.batch, &n) ||
+        MulOverflows(n, c.heads_q, &n))
+      return InvalidArgument(
+          "the problem is too large to address: batch=%lld heads_q=%lld max_seqlen_q=%lld "
+          "max_seqlen_kv=%lld head_dim=%lld overflow 64-bit offsets",
+          (long long)c.batch, (long long)c.heads_q, (long long)c.max_seqlen_q,
+          (long long)c.max_seqlen_kv, (long long)dim);
+  }
+
+  FUSEDATTN_RETURN_IF_ERROR(CheckDataDtype("config.qkv_dtype", c.qkv_dtype));
+  FUSEDATTN_RETURN_IF_ERROR(CheckDataDtype("config.o_dtype", c.o_dtype));
+
+  FUSEDATTN_RETURN_IF_ERROR(CheckFormat("config.q_format", c.q_format));
+  FUSEDATTN_RETURN_IF_ERROR(CheckFormat("config.kv_format", c.kv_format));
+  FUSEDATTN_RETURN_IF_ERROR(CheckFormat("config.o_format", c.o_format));
+  FUSEDATTN_RETURN_IF_ERROR(CheckFormat("config.do_format", c.do_format));
+  FUSEDATTN_RETURN_IF_ERROR(CheckFormat("config.dqkv_format", c.dqkv_format));
+  {
+    const std::array<std::pair<const char*, fusedattn_format>, 5> formats = {{
+        {"q_format", c.q_format},
+        {"kv_format", c.kv_format},
+        {"o_format", c.o_format},
+        {"do_format", c.do_format},
+        {"dqkv_format", c.dqkv_format},
+    }};
+    int thd = 0;
+    for (auto& f : formats) thd += f.second == FUSEDATTN_FORMAT_THD;
+    if (thd != 0 && thd != 5) {
+      for (auto& f : formats)
+        if (f.second != FUSEDATTN_FORMAT_THD)
+          return InvalidArgument(
+              "config.%s = %s but other formats are THD: packed THD must be used for all of "
+              "q, k/v, o, dO and dQ/dK/dV",
+              f.first, FormatName(f.second));
+    }
+    p.thd = thd == 5;
+  }
+
+  switch (c.mask) {
+    case FUSEDATTN_MASK_NONE: break;
+    case FUSEDATTN_MASK_PADDING: p.padding = true; break;
+    case FUSEDATTN_MASK_CAUSAL: p.causal = true; break;
+    case FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT: p.causal = p.bottom_right = true; break;
+    case FUSEDATTN_MASK_PADDING_CAUSAL: p.padding = p.causal = true; break;
+    case FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT:
+      p.padding = p.causal = p.bottom_right = true;
+      break;
+    default:
+      return InvalidArgument("config.mask = %d is not a fusedattn_mask", static_cast<int>(c.mask));
+  }
+  if (p.thd) p.padding = true;
+  // Windows without a causal mask align to the bottom right (FlashAttention's convention).
+  if (!p.causal) p.bottom_right = true;
+
+  if (c.window_left < -1)
+    return InvalidArgument("config.window_left = %lld must be -1 (unbounded) or >= 0",
+                           (long long)c.window_left);
+  if (c.window_right < -1)
+    return InvalidArgument("config.window_right = %lld must be -1 (unbounded) or >= 0",
+                           (long long)c.window_right);
+  if (p.causal && c.window_right > 0)
+    return InvalidArgument(
+        "config.window_right = %lld contradicts config.mask = %s: a causal mask hides every key "
+        "right of the diagonal (use -1 or 0)",
+        (long long)c.window_right, MaskName(c.mask));
+  p.window_left = c.window_left;
+  p.window_right = p.causal ? 0 : c.window_right;
+
+  switch (c.bias_type) {
+    case FUSEDATTN_BIAS_NONE:
+    case FUSEDATTN_BIAS_ALIBI:
+      if (c.bias_requires_grad)
+        return InvalidArgument(
+            "config.bias_requires_grad = 1 but config.bias_type = %s has no bias tensor to "
+            "differentiate",
+            BiasName(c.bias_type));
+      break;
+    case FUSEDATTN_BIAS_PRE_SCALE:
+    case FUSEDATTN_BIAS_POST_SCALE:
+      if (c.bias_batch != 1 && c.bias_batch != c.batch)
+        return InvalidArgument("config.bias_batch = %lld must be 1 or batch = %lld",
+                               (long long)c.bias_batch, (long long)c.batch);
+      if (c.bias_heads != 1 && c.bias_heads != c.heads_q)
+        return InvalidArgument("config.bias_heads = %lld must be 1 or heads_q = %lld",
+                               (long long)c.bias_heads, (long long)c.heads_q);
+      if (!IsBool(c.bias_requires_grad))
+        return InvalidArgument("config.bias_requires_grad = %d must be 0 or 1",
+                               c.bias_requires_grad);
+      break;
+    default:
+      return InvalidArgument("config.bias_type = %d is not a fusedattn_bias",
+                             static_cast<int>(c.bias_type));
+  }
+
+  if (c.softmax_type < FUSEDATTN_SOFTMAX_VANILLA ||
+      c.softmax_type > FUSEDATTN_SOFTMAX_LEARNABLE_SINK)
+    return InvalidArgument("config.softmax_type = %d is not a fusedattn_softmax",
+                           static_cast<int>(c.softmax_type));
+
+  if (!std::isfinite(c.attn_scale))
+    return InvalidArgument("config.attn_scale = %g must be finite (0 selects 1/sqrt(head_dim_qk))",
+                           c.attn_scale);
+  if (c.attn_scale == 0.0) c.attn_scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim_qk));
+  if (!std::isfinite(c.softcap) || c.softcap < 0.0)
+    return InvalidArgument("config.softcap = %g must be finite and >= 0 (0 turns it off)",
+                           c.softcap);
+  if (!(c.dropout >= 0.0 && c.dropout < 1.0))
+    return InvalidArgument("config.dropout = %g must be in [0, 1)", c.dropout);
+  if (c.dropout > 0.0) {
+    int64_t rows = 0;
+    if (MulOverflows(c.batch, c.heads_q, &rows) || MulOverflows(rows, c.max_seqlen_q, &rows) ||
+        rows > (int64_t{1} << 32))
+      return InvalidArgument(
+          "config.dropout = %g with batch * heads_q * max_seqlen_q = %lld * %lld * %lld rows: "
+          "the dropout counter addresses at most 2^32 rows",
+          c.dropout, (long long)c.batch, (long long)c.heads_q, (long long)c.max_seqlen_q);
+  }
+  if (!IsBool(c.deterministic))
+    return InvalidArgument("config.deterministic = %d must be 0 or 1", c.deterministic);
+  if (!IsBool(c.return_lse))
+    return InvalidArgument("config.return_lse = %d must be 0 or 1", c.return_lse);
+  if (!IsBool(c.return_max_logit))
+    return InvalidArgument("config.return_max_logit = %d must be 0 or 1", c.return_max_logit);
+  if (c.backend < FUSEDATTN_BACKEND_AUTO || c.backend >= FUSEDATTN_BACKEND_COUNT)
+    return InvalidArgument("config.backend = %d is not a fusedattn_backend",
+                           static_cast<int>(c.backend));
+
+  switch (c.device) {
+    case FUSEDATTN_DEVICE_AUTO: p.device = has_cuda_device ? Device::kCuda : Device::kCpu; break;
+    case FUSEDATTN_DEVICE_CPU: p.device = Device::kCpu; break;
+    case FUSEDATTN_DEVICE_CUDA:
+      if (!has_cuda_device)
+        return NotSupported("config.device = CUDA but no CUDA device is usable in this process");
+      p.device = Device::kCuda;
+      break;
+    default:
+      return InvalidArgument("config.device = %d is not a fusedattn_device",
+                             static_cast<int>(c.device));
+  }
+
+  *problem = p;
+  return Status::Ok();
+}
+
+// ------------------------------------------------------------------------------------------------
+// Tensors
+// ------------------------------------------------------------------------------------------------
+namespace {
+
+std::string ShapeText(const fusedattn_tensor& t) {
+  std::string s = "[";
+  for (int i = 0; i < t.ndim && i < FUSEDATTN_MAX_DIMS; ++i)
+    s += Format(i ? ", %lld" : "%lld", (long long)t.shape[i]);
+  return s + "]";
+}
+
+std::string ExpectText(const int64_t* shape, int ndim) {
+  std::string s = "[";
+  for (int i = 0; i < ndim; ++i) s += Format(i ? ", %lld" : "%lld", (long long)shape[i]);
+  return s + "]";
+}
+
+// Checks dtype, rank, shape and strides of a present tensor. Outputs must not overlap themselves.
+Status CheckTensor(const char* name, const fusedattn_tensor& t, fusedattn_dtype dtype,
+                   const int64_t* shape, int ndim, bool is_output) {
+  if (t.dtype != dtype)
+    return InvalidArgument("%s.dtype = %s (%d) but %s is expected", name,
+                           DtypeName(t.dtype), static_cast<int>(t.dtype), DtypeName(dtype));
+  if (t.ndim != ndim)
+    return InvalidArgument("%s.ndim = %d but %d is expected (shape %s)", name, t.ndim, ndim,
+                           ExpectText(shape, ndim).c_str());
+  for (int i = 0; i < ndim; ++i) {
+    if (t.shape[i] != shape[i])
+      return InvalidArgument("%s.shape = %s but %s is expected (dimension %d)", name,
+                             ShapeText(t).c_str(), ExpectText(shape, ndim).c_str(), i);
+    if (t.strides[i] < 0 || (t.strides[i] == 0 && t.shape[i] > 1 && is_output))
+      return InvalidArgument("%s.strides[%d] = %lld must be %s", name, i,
+                             (long long)t.strides[i], is_output ? "> 0" : ">= 0");
+  }
+  // The furthest element must be addressable in bytes.
+  int64_t extent = 0;
+  for (int i = 0; i < ndim; ++i) {
+    int64_t span = 0;
+    if (__builtin_mul_overflow(shape[i] - 1, t.strides[i], &span) ||
+        __builtin_add_overflow(extent, span, &extent))
+      return InvalidArgument("%s.strides overflow 64-bit offsets", name);
+  }
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(extent + 1, static_cast<int64_t>(DtypeSize(dtype)), &bytes))
+    return InvalidArgument("%s.strides overflow 64-bit offsets", name);
+  if (is_output) {
+    // Non-overlap: ordered by stride, each stride must step past everything the smaller ones
+    // cover.
+    std::array<int, FUSEDATTN_MAX_DIMS> order{};
+    for (int i = 0; i < ndim; ++i) order[i] = i;
+    std::sort(order.begin(), order.begin() + ndim,
+              [&](int a, int b) { return t.strides[a] < t.strides[b]; });
+    int64_t covered = 1;  // elements spanned by the dimensions so far
+    for (int k = 0; k < ndim; ++k) {
+      int i = order[k];
+      if (shape[i] == 1) continue;
+      if (t.strides[i] < covered)
+        return InvalidArgument(
+            "%s.strides make elements overlap (stride %lld of dimension %d is smaller than the "
+            "%lld elements the smaller dimensions span): outputs need distinct elements",
+            name, (long long)t.strides[i], i, (long long)covered);
+      covered = t.strides[i] * (shape[i] - 1) + covered;
+    }
+  }
+  return Status::Ok();
+}
+
+// The shape a q/k/v/o-like tensor must have for its format, and its view.
+Status CheckQkvLike(const char* name, const fusedattn_tensor& t, fusedattn_format format,
+                    fusedattn_dtype dtype, int64_t batch, int64_t seqlen, int64_t heads,
+                    int64_t dim, bool is_output, int64_t required_tokens, TensorView* view) {
+  if (t.data == nullptr) return InvalidArgument("%s.data is NULL", name);
+  int64_t shape[4];
+  int ndim = 4;
+  switch (format) {
+    case FUSEDATTN_FORMAT_BSHD: shape[0] = batch, shape[1] = seqlen, shape[2] = heads; break;
+    case FUSEDATTN_FORMAT_SBHD: shape[0] = seqlen, shape[1] = batch, shape[2] = heads; break;
+    case FUSEDATTN_FORMAT_BHSD: shape[0] = batch, shape[1] = heads, shape[2] = seqlen; break;
+    case FUSEDATTN_FORMAT_THD:
+      ndim = 3;
+      if (t.ndim != 3)
+        return InvalidArgument("%s.ndim = %d but THD needs 3 dimensions [tokens, %lld, %lld]",
+                               name, t.ndim, (long long)heads, (long long)dim);
+      if (t.shape[0] < 1 || t.shape[0] > kMaxDim)
+        return InvalidArgument("%s.shape[0] = %lld (THD tokens) must be in [1, %lld]", name,
+                               (long long)t.shape[0], (long long)kMaxDim);
+      if (required_tokens >= 0 && t.shape[0] != required_tokens)
+        return InvalidArgument("%s.shape[0] = %lld tokens but the matching input has %lld", name,
+                               (long long)t.shape[0], (long long)required_tokens);
+      shape[0] = t.shape[0], shape[1] = heads, shape[2] = dim;
+      break;
+  }
+  if (format != FUSEDATTN_FORMAT_THD) shape[3] = dim;
+  FUSEDATTN_RETURN_IF_ERROR(CheckTensor(name, t, dtype, shape, ndim, is_output));
+  view->data = t.data;
+  view->dtype = t.dtype;
+  switch (format) {
+    case FUSEDATTN_FORMAT_BSHD:
+      view->stride_b = t.strides[0], view->stride_s = t.strides[1];
+      view->stride_h = t.strides[2], view->stride_d = t.strides[3];
+      view->num_tokens = batch * seqlen;
+      break;
+    case FUSEDATTN_FORMAT_SBHD:
+      view->stride_s = t.strides[0], view->stride_b = t.strides[1];
+      view->stride_h = t.strides[2], view->stride_d = t.strides[3];
+      view->num_tokens = batch * seqlen;
+      break;
+    case FUSEDATTN_FORMAT_BHSD:
+      view->stride_b = t.strides[0], view->stride_h = t.strides[1];
+      view->stride_s = t.strides[2], view->stride_d = t.strides[3];
+      view->num_tokens = batch * seqlen;
+      break;
+    case FUSEDATTN_FORMAT_THD:
+      view->stride_b = 0, view->stride_s = t.strides[0];
+      view->stride_h = t.strides[1], view->stride_d = t.strides[2];
+      view->num_tokens = t.shape[0];
+      break;
+  }
+  return Status::Ok();
+}
+
+Status CheckAbsent(const char* name, const fusedattn_tensor& t, const char* why) {
+  if (t.data != nullptr) return InvalidArgument("%s is given but %s", name, why);
+  return Status::Ok();
+}
+
+Status CheckVector(const char* name, const fusedattn_tensor& t, fusedattn_dtype dtype,
+                   int64_t length, bool is_output, const char* why_needed) {
+  if (t.data == nullptr) return InvalidArgument("%s.data is NULL but %s", name, why_needed);
+  int64_t shape[1] = {length};
+  return CheckTensor(name, t, dtype, shape, 1, is_output);
+}
+
+Status CheckLse(const char* name, const Problem& p, const fusedattn_tensor& t, bool is_output,
+                int64_t q_tokens, LseView* view, bool* packed) {
+  const auto& c = p.config;
+  if (t.data == nullptr)
+    return InvalidArgument("%s.data is NULL but %s", name,
+                           is_output ? "the config asks for it (is_training or return_lse)"
+                                     : "the backward needs the forward's LSE");
+  view->data = t.data;
+  view->dtype = t.dtype;
+  if (p.thd && t.ndim == 2) {
+    int64_t shape[2] = {q_tokens, c.heads_q};
+    FUSEDATTN_RETURN_IF_ERROR(
+        CheckTensor(name, t, FUSEDATTN_DTYPE_FLOAT32, shape, 2, is_output));
+    view->stride_b = 0, view->stride_s = t.strides[0], view->stride_h = t.strides[1];
+    view->num_tokens = q_tokens;
+    *packed = true;
+    return Status::Ok();
+  }
+  int64_t shape[3] = {c.batch, c.heads_q, c.max_seqlen_q};
+  if (t.ndim != 3)
+    return InvalidArgument(
+        "%s.ndim = %d but %s is expected%s", name, t.ndim, ExpectText(shape, 3).c_str(),
+        p.thd ? Format(" (or [%lld, %lld] packed for THD)", (long long)q_tokens,
+                       (long long)c.heads_q)
+                    .c_str()
+              : "");
+  FUSEDATTN_RETURN_IF_ERROR(CheckTensor(name, t, FUSEDATTN_DTYPE_FLOAT32, shape, 3, is_output));
+  view->stride_b = t.strides[0], view->stride_h = t.strides[1], view->stride_s = t.strides[2];
+  view->num_tokens = c.batch * c.max_seqlen_q;
+  *packed = false;
+  return Status::Ok();
+}
+
+Status CheckBias(const char* name, const Problem& p, const fusedattn_tensor& t, bool is_output,
+                 fusedattn_dtype required_dtype, BiasView* view) {
+  const auto& c = p.config;
+  if (t.data == nullptr)
+    return InvalidArgument("%s.data is NULL but %s", name,
+                           is_output ? "config.bias_requires_grad = 1"
+                                     : Format("config.bias_type = %s", BiasName(c.bias_type)).c_str());
+  fusedattn_dtype dtype = required_dtype;
+  if (dtype == FUSEDATTN_DTYPE_INT32) {  // any of qkv_dtype or float32
+    if (t.dtype != c.qkv_dtype && t.dtype != FUSEDATTN_DTYPE_FLOAT32)
+      return InvalidArgument("%s.dtype = %s but %s (qkv_dtype) or float32 is expected", name,
+                             DtypeName(t.dtype), DtypeName(c.qkv_dtype));
+    dtype = t.dtype;
+  }
+  int64_t shape[4] = {c.bias_batch, c.bias_heads, c.max_seqlen_q, c.max_seqlen_kv};
+  FUSEDATTN_RETURN_IF_ERROR(CheckTensor(name, t, dtype, shape, 4, is_output));
+  view->data = t.data;
+  view->dtype = t.dtype;
+  view->stride_b = c.bias_batch == 1 ? 0 : t.strides[0];
+  view->stride_h = c.bias_heads == 1 ? 0 : t.strides[1];
+  view->stride_q = t.strides[2];
+  view->stride_kv = t.strides[3];
+  return Status::Ok();
+}
+
+Status CheckSeqlens(const char* name, const fusedattn_tensor& t, int64_t batch) {
+  int64_t shape[1] = {batch + 1};
+  FUSEDATTN_RETURN_IF_ERROR(CheckTensor(name, t, FUSEDATTN_DTYPE_INT32, shape, 1, false));
+  if (t.strides[0] != 1)
+    return InvalidArgument("%s.strides[0] = %lld must be 1 (contiguous int32)", name,
+                           (long long)t.strides[0]);
+  return Status::Ok();
+}
+
+// Inputs shared by forward and backward: masks, bias, alibi, sinks, sequence lengths.
+struct SharedInputs {
+  const fusedattn_tensor* bias;
+  const fusedattn_tensor* alibi_slopes;
+  const fusedattn_tensor* sink_logits;
+  const fusedattn_tensor* cu_seqlens_q;
+  const fusedattn_tensor* cu_seqlens_kv;
+  const fusedattn_tensor* seq_offsets_q;
+  const fusedattn_tensor* seq_offsets_kv;
+  const char* prefix;  // "args" for messages
+};
+
+template <typename Out>
+Status CheckShared(const Problem& p, const SharedInputs& in, Out* out) {
+  const auto& c = p.config;
+  std::string n;
+  auto name = [&](const char* field) {
+    n = Format("%s.%s", in.prefix, field);
+    return n.c_str();
+  };
+  if (p.has_tensor_bias()) {
+    FUSEDATTN_RETURN_IF_ERROR(
+        CheckBias(name("bias"), p, *in.bias, false, FUSEDATTN_DTYPE_INT32, &out->bias));
+  } else {
+    FUSEDATTN_RETURN_IF_ERROR(CheckAbsent(
+        name("bias"), *in.bias,
+        Format("config.bias_type = %s takes no bias tensor", BiasName(c.bias_type)).c_str()));
+  }
+  if (c.bias_type == FUSEDATTN_BIAS_ALIBI) {
+    FUSEDATTN_RETURN_IF_ERROR(CheckVector(name("alibi_slopes"), *in.alibi_slopes,
+                                          FUSEDATTN_DTYPE_FLOAT32, c.heads_q, false,
+                                          "config.bias_type = alibi"));
+    out->alibi_slopes = static_cast<const float*>(in.alibi_slopes->data);
+    out->alibi_stride = in.alibi_slopes->strides[0];
+  } else {
+    FUSEDATTN_RETURN_IF_ERROR(
+        CheckAbsent(name("alibi_slopes"), *in.alibi_slopes, "config.bias_type is not alibi"));
+  }
+  if (c.softmax_type == FUSEDATTN_SOFTMAX_LEARNABLE_SINK) {
+    FUSEDATTN_RETURN_IF_ERROR(CheckVector(name("sink_logits"), *in.sink_logits,
+                                          FUSEDATTN_DTYPE_FLOAT32, c.heads_q, false,
+                                          "config.softmax_type = learnable_sink"));
+    out->sink_logits = static_cast<const float*>(in.sink_logits->data);
+    out->sink_stride = in.sink_logits->strides[0];
+  } else {
+    FUSEDATTN_RETURN_IF_ERROR(CheckAbsent(name("sink_logits"), *in.sink_logits,
+                                          "config.softmax_type is not learnable_sink"));
+  }
+  if (p.padding) {
+    const char* why = p.thd ? "THD formats need per-sequence lengths"
+                            : "a padding mask needs per-sequence lengths";
+    if (in.cu_seqlens_q->data == nullptr)
+      return InvalidArgument("%s is NULL but %s", name("cu_seqlens_q"), why);
+    if (in.cu_seqlens_kv->data == nullptr)
+      return InvalidArgument("%s is NULL but %s", name("cu_seqlens_kv"), why);
+    FUSEDATTN_RETURN_IF_ERROR(CheckSeqlens(name("cu_seqlens_q"), *in.cu_seqlens_q, c.batch));
+    FUSEDATTN_RETURN_IF_ERROR(CheckSeqlens(name("cu_seqlens_kv"), *in.cu_seqlens_kv, c.batch));
+    out->cu_seqlens_q = static_cast<const int32_t*>(in.cu_seqlens_q->data);
+    out->cu_seqlens_kv = static_cast<const int32_t*>(in.cu_seqlens_kv->data);
+  } else {
+    std::string why = Format("config.mask = %s has no padding (use a padding_* mask)",
+                             MaskName(c.mask));
+    FUSEDATTN_RETURN_IF_ERROR(CheckAbsent(name("cu_seqlens_q"), *in.cu_seqlens_q, why.c_str()));
+    FUSEDATTN_RETURN_IF_ERROR(CheckAbsent(name("cu_seqlens_kv"), *in.cu_seqlens_kv, why.c_str()));
+  }
+  if (p.thd) {
+    if (in.seq_offsets_q->data) {
+      FUSEDATTN_RETURN_IF_ERROR(CheckSeqlens(name("seq_offsets_q"), *in.seq_offsets_q, c.batch));
+      out->seq_offsets_q = static_cast<const int32_t*>(in.seq_offsets_q->data);
+    }
+    if (in.seq_offsets_kv->data) {
+      FUSEDATTN_RETURN_IF_ERROR(
+          CheckSeqlens(name("seq_offsets_kv"), *in.seq_offsets_kv, c.batch));
+      out->seq_offsets_kv = static_cast<const int32_t*>(in.seq_offsets_kv->data);
+    }
+  } else {
+    const char* why = "seq_offsets apply only to THD formats";
+    FUSEDATTN_RETURN_IF_ERROR(CheckAbsent(name("seq_offsets_q"), *in.seq_offsets_q, why));
+    FUSEDATTN_RETURN_IF_ERROR(CheckAbsent(name("seq_offsets_kv"), *in.seq_offsets_kv, why));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status MakeFwdTensors(const Problem& p, const fusedattn_fwd_args* args, FwdTensors* out) {
+  if (args == nullptr) return InvalidArgument("args is NULL");
+  if (args->struct_size != sizeof(fusedattn_fwd_args))
+    return InvalidArgument(
+        "args.struct_size = %llu but this library's fusedattn_fwd_args has %llu bytes: use "
+        "fusedattn_fwd_args_init()",
+        (unsigned long long)args->struct_size, (unsigned long long)sizeof(fusedattn_fwd_args));
+  const auto& c = p.config;
+  FwdTensors t;
+  FUSEDATTN_RETURN_IF_ERROR(CheckQkvLike("args.q", args->q, c.q_format, c.qkv_dtype, c.batch,
+                                         c.max_seqlen_q, c.heads_q, c.head_dim_qk, false, -1,
+                                         &t.q));
+  FUSEDATTN_RETURN_IF_ERROR(CheckQkvLike("args.k", args->k, c.kv_format, c.qkv_dtype, c.batch,
+                                         c.max_seqlen_kv, c.heads_kv, c.head_dim_qk, false, -1,
+                                         &t.k));
+  FUSEDATTN_RETURN_IF_ERROR(CheckQkvLike("args.v", args->v, c.kv_format, c.qkv_dtype, c.batch,
+                                         c.max_seqlen_kv, c.heads_kv, c.head_dim_v, false,
+                                         p.thd ? t.k.num_tokens : -1, &t.v));
+  FUSEDATTN_RETURN_IF_ERROR(CheckQkvLike("args.o", args->o, c.o_format, c.o_dtype, c.batch,
+                                         c.max_seqlen_q, c.heads_q, c.head_dim_v, true,
+                                         p.thd ? t.q.num_tokens : -1, &t.o));
+  if (p.needs_lse()) {
+    FUSEDATTN_RETURN_IF_ERROR(
+        CheckLse("args.lse", p, args->lse, true, t.q.num_tokens, &t.lse, &t.lse_packed));
+  } else {
+    FUSEDATTN_RETURN_IF_ERROR(
+        CheckAbsent("args.lse", args->lse,
+                    "neither config.is_training nor config.return_lse asks for it"));
+  }
+  if (c.return_max_logit) {
+    FUSEDATTN_RETURN_IF_ERROR(CheckVector("args.max_logit", args->max_logit,
+                                          FUSEDATTN_DTYPE_FLOAT32, c.heads_q, true,
+                                          "config.return_max_logit = 1"));
+    t.max_logit = static_cast<float*>(args->max_logit.data);
+    t.max_logit_stride = args->max_logit.strides[0];
+  } else {
+    FUSEDATTN_RETURN_IF_ERROR(
+        CheckAbsent("args.max_logit", args->max_logit, "config.return_max_logit = 0"));
+  }
+  SharedInputs shared{&args->bias,          &args->alibi_slopes,  &args->sink_logits,
+                      &args->cu_seqlens_q,  &args->cu_seqlens_kv, &args->seq_offsets_q,
+                      &args->seq_offsets_kv, "args"};
+  FUSEDATTN_RETURN_IF_ERROR(CheckShared(p, shared, &t));
+  t.dropout_seed = args->dropout_seed;
+  t.dropout_offset = args->dropout_offset;
+  *out = t;
+  return Status::Ok();
+}
+
+Status MakeBwdTensors(const Problem& p, const fusedattn_bwd_args* args, BwdTensors* out) {
+  if (args == nullptr) return InvalidArgument("args is NULL");
+  if (args->struct_size != sizeof(fusedattn_bwd_args))
+    return InvalidArgument(
+        "args.struct_size = %llu but this library's fusedattn_bwd_args has %llu bytes: use "
+        "fusedattn_bwd_args_init()",
+        (unsigned long long)args->struct_size, (unsigned long long)sizeof(fusedattn_bwd_args));
+  const auto& c = p.config;
+  BwdTensors t;
+  FUSEDATTN_RETURN_IF_ERROR(CheckQkvLike("args.q", args->q, c.q_format, c.qkv_dtype, c.batch,
+                                         c.max_seqlen_q, c.heads_q, c.head_dim_qk, false, -1,
+                                         &t.q));
+  FUSEDATTN_RETURN_IF_ERROR(CheckQkvLike("args.k", args->k, c.kv_format, c.qkv_dtype, c.batch,
+                                         c.max_seqlen_kv, c.heads_kv, c.head_dim_qk, false, -1,
+                                         &t.k));
+  int64_t q_tokens = p.thd ? t.q.num_tokens : -1;
+  int64_t kv_tokens = p.thd ? t.k.num_tokens : -1;
+  FUSEDATTN_RETURN_IF_ERROR(CheckQkvLike("args.v", args->v, c.kv_format, c.qkv_dtype, c.batch,
+                                         c.max_seqlen_kv, c.heads_kv, c.head_dim_v, false,
+                                         kv_tokens, &t.v));
+  FUSEDATTN_RETURN_IF_ERROR(CheckQkvLike("args.o", args->o, c.o_format, c.o_dtype, c.batch,
+                                         c.max_seqlen_q, c.heads_q, c.head_dim_v, false, q_tokens,
+                                         &t.o));
+  FUSEDATTN_RETURN_IF_ERROR(
+      CheckLse("args.lse", p, args->lse, false, t.q.num_tokens, &t.lse, &t.lse_packed));
+  FUSEDATTN_RETURN_IF_ERROR(CheckQkvLike("args.d_o", args->d_o, c.do_format, c.o_dtype, c.batch,
+                                         c.max_seqlen_q, c.heads_q, c.head_dim_v, false, q_tokens,
+                                         &t.d_o));
+  FUSEDATTN_RETURN_IF_ERROR(CheckQkvLike("args.dq", args->dq, c.dqkv_format, c.qkv_dtype,
+                                         c.batch, c.max_seqlen_q, c.heads_q, c.head_dim_qk, true,
+                                         q_tokens, &t.dq));
+  FUSEDATTN_RETURN_IF_ERROR(CheckQkvLike("args.dk", args->dk, c.dqkv_format, c.qkv_dtype,
+                                         c.batch, c.max_seqlen_kv, c.heads_kv, c.head_dim_qk,
+                                         true, kv_tokens, &t.dk));
+  FUSEDATTN_RETURN_IF_ERROR(CheckQkvLike("args.dv", args->dv, c.dqkv_format, c.qkv_dtype,
+                                         c.batch, c.max_seqlen_kv, c.heads_kv, c.head_dim_v, true,
+                                         kv_tokens, &t.dv));
+  SharedInputs shared{&args->bias,          &args->alibi_slopes,  &args->sink_logits,
+                      &args->cu_seqlens_q,  &args->cu_seqlens_kv, &args->seq_offsets_q,
+                      &args->seq_offsets_kv, "args"};
+  FUSEDATTN_RETURN_IF_ERROR(CheckShared(p, shared, &t));
+  if (c.bias_requires_grad) {
+    FUSEDATTN_RETURN_IF_ERROR(
+        CheckBias("args.dbias", p, args->dbias, true, t.bias.dtype, &t.dbias));
+    // Broadcast axes are summed into, so dbias keeps its own strides even where they are 1-sized.
+  } else {
+    FUSEDATTN_RETURN_IF_ERROR(
+        CheckAbsent("args.dbias", args->dbias, "config.bias_requires_grad = 0"));
+  }
+  if (c.softmax_type == FUSEDATTN_SOFTMAX_LEARNABLE_SINK) {
+    FUSEDATTN_RETURN_IF_ERROR(CheckVector("args.dsink", args->dsink, FUSEDATTN_DTYPE_FLOAT32,
+                                          c.heads_q, true, "config.softmax_type = learnable_sink"));
+    t.dsink = static_cast<float*>(args->dsink.data);
+    t.dsink_stride = args->dsink.strides[0];
+  } else {
+    FUSEDATTN_RETURN_IF_ERROR(
+        CheckAbsent("args.dsink", args->dsink, "config.softmax_type is not learnable_sink"));
+  }
+  t.dropout_seed = args->dropout_seed;
+  t.dropout_offset = args->dropout_offset;
+  *out = t;
+  return Status::Ok();
+}
+
+}  // namespace fusedattn

@@ -1,0 +1,153 @@
+// The normalized problem: a validated config with its masks turned into flags and ranges, and
+// tensors turned into logical [batch, head, seq, dim] views. Backends read only these.
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "common/status.h"
+#include "fusedattn/fusedattn.h"
+
+namespace fusedattn {
+
+// Resolved where the tensors live (never AUTO).
+enum class Device { kCpu, kCuda };
+
+// A tensor seen through logical axes. Element (b, h, i, x) — sequence b, head h, position i inside
+// the sequence, feature x — lives at
+//   data + b * stride_b + (token_start[b] + i) * stride_s + h * stride_h + x * stride_d
+// token_start is 0 for BSHD/SBHD/BHSD, and seq_offsets[b] (or cu_seqlens[b]) for THD, where
+// stride_b is 0. Strides are in elements of dtype.
+struct TensorView {
+  void* data = nullptr;
+  fusedattn_dtype dtype = FUSEDATTN_DTYPE_FLOAT32;
+  int64_t stride_b = 0, stride_h = 0, stride_s = 0, stride_d = 0;
+  int64_t num_tokens = 0;  // THD: the packed token dimension's size; else batch * seq
+  bool present() const { return data != nullptr; }
+};
+
+// LSE views also come in a packed [tokens, heads] form for THD: then stride_b is 0 and token_start
+// applies, exactly as for TensorView (stride_d unused).
+using LseView = TensorView;
+
+// Bias [bias_batch, bias_heads, max_seqlen_q, max_seqlen_kv]: broadcast axes have stride 0 here.
+struct BiasView {
+  void* data = nullptr;
+  fusedattn_dtype dtype = FUSEDATTN_DTYPE_FLOAT32;
+  int64_t stride_b = 0, stride_h = 0, stride_q = 0, stride_kv = 0;
+  bool present() const { return data != nullptr; }
+};
+
+struct Problem {
+  fusedattn_config config{};  // the caller's config, with attn_scale resolved
+  Device device = Device::kCpu;
+
+  // Masks as flags.
+  bool causal = false;        // keys right of the diagonal are hidden
+  bool bottom_right = false;  // the diagonal (and window) aligned to the end of the keys
+  bool padding = false;       // per-sequence lengths come from cu_seqlens
+  bool thd = false;           // all tensors packed THD
+  int64_t window_left = -1;   // -1 unbounded
+  int64_t window_right = -1;  // -1 unbounded; 0 when causal
+
+  int64_t group_size() const { return config.heads_q / config.heads_kv; }
+  double scale() const { return config.attn_scale; }
+  bool has_dropout() const { return config.dropout > 0.0; }
+  bool has_softcap() const { return config.softcap > 0.0; }
+  bool needs_lse() const { return config.is_training || config.return_lse; }
+  bool has_tensor_bias() const {
+    return config.bias_type == FUSEDATTN_BIAS_PRE_SCALE ||
+           config.bias_type == FUSEDATTN_BIAS_POST_SCALE;
+  }
+  // Whether the window/causal constraints hide anything beyond the sequence lengths.
+  bool has_band() const { return causal || window_left >= 0 || window_right >= 0; }
+
+  // The visible key range [lo, hi) of query i for a sequence of lengths seqlen_q, seqlen_kv.
+  // Empty (lo >= hi) when the row sees no key.
+  void visible_keys(int64_t i, int64_t seqlen_q, int64_t seqlen_kv, int64_t* lo,
+                    int64_t* hi) const {
+    int64_t diag = bottom_right ? i + seqlen_kv - seqlen_q : i;
+    int64_t begin = 0, end = seqlen_kv;
+    if (window_left >= 0 && diag - window_left > begin) begin = diag - window_left;
+    if (window_right >= 0 && diag + window_right + 1 < end) end = diag + window_right + 1;
+    if (i >= seqlen_q) end = begin;
+    *lo = begin;
+    *hi = end < begin ? begin : end;
+  }
+
+  // A short text of the problem for diagnostics.
+  std::string describe() const;
+};
+
+// Every field of a problem as words: equal keys <=> equal problems. Caches key on it (plus what
+// else changes their artifact), never on addresses.
+struct ProblemKey {
+  static constexpr size_t kWords = 32;
+  std::array<int64_t, kWords> words{};
+  bool operator==(const ProblemKey& other) const { return words == other.words; }
+};
+struct ProblemKeyHash {
+  size_t operator()(const ProblemKey& key) const;
+};
+ProblemKey KeyOf(const Problem& problem);
+
+// The views of a forward call, validated against the problem.
+struct FwdTensors {
+  TensorView q, k, v, o;
+  LseView lse;            // present when the problem needs it
+  bool lse_packed = false;  // THD [tokens, heads] layout
+  float* max_logit = nullptr;  // [heads_q] float32, contiguous stride given below
+  int64_t max_logit_stride = 1;
+  BiasView bias;
+  const float* alibi_slopes = nullptr;
+  int64_t alibi_stride = 1;
+  const float* sink_logits = nullptr;
+  int64_t sink_stride = 1;
+  const int32_t* cu_seqlens_q = nullptr;   // [batch + 1] (stride 1 after validation)
+  const int32_t* cu_seqlens_kv = nullptr;
+  const int32_t* seq_offsets_q = nullptr;  // THD token starts; falls back to cu_seqlens
+  const int32_t* seq_offsets_kv = nullptr;
+  uint64_t dropout_seed = 0;
+  uint64_t dropout_offset = 0;
+};
+
+struct BwdTensors {
+  TensorView q, k, v, o, d_o;
+  LseView lse;
+  bool lse_packed = false;
+  BiasView bias;
+  const float* alibi_slopes = nullptr;
+  int64_t alibi_stride = 1;
+  const float* sink_logits = nullptr;
+  int64_t sink_stride = 1;
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_kv = nullptr;
+  const int32_t* seq_offsets_q = nullptr;
+  const int32_t* seq_offsets_kv = nullptr;
+  uint64_t dropout_seed = 0;
+  uint64_t dropout_offset = 0;
+  TensorView dq, dk, dv;
+  BiasView dbias;            // present when bias_requires_grad
+  float* dsink = nullptr;    // [heads_q] for LEARNABLE_SINK
+  int64_t dsink_stride = 1;
+};
+
+// Validates a config (every field) and normalizes it. Resolves device AUTO with has_cuda_device.
+Status MakeProblem(const fusedattn_config* config, bool has_cuda_device, Problem* problem);
+
+// Validates the tensors of a call against a problem (shapes, strides, dtypes, presence) and
+// builds their views. Nothing is read through the pointers.
+Status MakeFwdTensors(const Problem& problem, const fusedattn_fwd_args* args, FwdTensors* out);
+Status MakeBwdTensors(const Problem& problem, const fusedattn_bwd_args* args, BwdTensors* out);
+
+size_t DtypeSize(fusedattn_dtype dtype);
+const char* DtypeName(fusedattn_dtype dtype);
+const char* FormatName(fusedattn_format format);
+const char* MaskName(fusedattn_mask mask);
+const char* BiasName(fusedattn_bias bias);
+const char* SoftmaxName(fusedattn_softmax softmax);
+
+}  // namespace fusedattn

@@ -1,0 +1,76 @@
+// The one interface every backend implements. Selection (select.cpp) asks the backends in order
+// of expected speed and runs the first whose check() accepts.
+#pragma once
+
+#include <cstddef>
+
+#include "common/status.h"
+#include "problem/problem.h"
+
+namespace fusedattn {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual fusedattn_backend id() const = 0;
+  virtual const char* name() const = 0;
+
+  // Built in, and (for GPU backends) a device it can use is present. The reason otherwise, e.g.
+  // "not built with cuDNN" or "no CUDA device".
+  virtual Status available() const = 0;
+
+  // Whether this backend runs the problem: the forward, and also the backward when
+  // problem.config.is_training is set. A problem that passes check() must not fail for a reason
+  // the check could have known. Must be thread-safe.
+  virtual Status check(const Problem& problem) = 0;
+
+  virtual Status fwd_workspace_size(const Problem& problem, size_t* bytes) = 0;
+  virtual Status bwd_workspace_size(const Problem& problem, size_t* bytes) = 0;
+
+  // stream is a cudaStream_t for GPU backends. Tensors have been validated against problem.
+  virtual Status forward(const Problem& problem, const FwdTensors& tensors, void* workspace,
+                         size_t workspace_bytes, void* stream) = 0;
+  virtual Status backward(const Problem& problem, const BwdTensors& tensors, void* workspace,
+                          size_t workspace_bytes, void* stream) = 0;
+
+  virtual fusedattn_cache_stats cache_stats() const { return {}; }
+};
+
+// A backend that is not compiled in: available() and check() return the reason.
+class UnavailableBackend final : public Backend {
+ public:
+  UnavailableBackend(fusedattn_backend id, const char* name, const char* reason)
+      : id_(id), name_(name), reason_(reason) {}
+  fusedattn_backend id() const override { return id_; }
+  const char* name() const override { return name_; }
+  Status available() const override { return NotSupported("%s", reason_); }
+  Status check(const Problem&) override { return available(); }
+  Status fwd_workspace_size(const Problem&, size_t*) override { return available(); }
+  Status bwd_workspace_size(const Problem&, size_t*) override { return available(); }
+  Status forward(const Problem&, const FwdTensors&, void*, size_t, void*) override {
+    return available();
+  }
+  Status backward(const Problem&, const BwdTensors&, void*, size_t, void*) override {
+    return available();
+  }
+
+ private:
+  fusedattn_backend id_;
+  const char* name_;
+  const char* reason_;
+};
+
+// Factories, one per backend folder. Each returns a process-lifetime singleton.
+Backend* ReferenceBackend();
+#ifdef FUSEDATTN_WITH_CUDNN
+Backend* CudnnBackend();
+#endif
+#ifdef FUSEDATTN_WITH_FLASH
+Backend* FlashBackend();
+#endif
+#ifdef FUSEDATTN_WITH_SMALL_SEQ
+Backend* SmallSeqBackend();
+#endif
+
+}  // namespace fusedattn
