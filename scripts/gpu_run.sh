@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The one script for the GPU machine (see shared/DESIGN.md, "The GPU machine"): builds there,
+# runs the `gpu` tests, compute-sanitizer subsets, the program, the Python GPU tests and the
+# benchmarks, and writes every log under $OUT (or ./gpu-out). Steps are chosen by name:
+#   bash scripts/gpu_run.sh build tests sanitize cli python bench-quick
+# Each step logs to $OUT/<step>.log and the summary of all steps to $OUT/summary.txt.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="${OUT:-$ROOT/gpu-out}"
+mkdir -p "$OUT"
+BUILD="${FUSEDATTN_BUILD_DIR:-$ROOT/build-gpu}"
+JOBS="$(nproc)"
+
+# Run with PyTorch's cuDNN, so that fusedattn and PyTorch use the same library.
+TORCH_CUDNN="$(python3 - <<'EOF' 2>/dev/null
+import os, nvidia.cudnn as c
+print(os.path.join(list(c.__path__)[0], "lib"))
+EOF
+)"
+[ -d "$TORCH_CUDNN" ] || TORCH_CUDNN=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib
+export LD_LIBRARY_PATH="$TORCH_CUDNN:${LD_LIBRARY_PATH:-}"
+
+summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
+
+step_info() {
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+  nvcc --version | tail -1
+  python3 -c "import torch; print('torch', torch.__version__, 'cudnn', torch.backends.cudnn.version())"
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+}
+
+step_build() {
+  local t0=$SECONDS
+  cmake -G Ninja -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
+    -DFUSEDATTN_CUDNN_FRONTEND_DIR="$ROOT/.deps/cudnn_frontend/include" &&
+    cmake --build "$BUILD" -j "$JOBS"
+  local rc=$?
+  echo "build time: $((SECONDS - t0)) s"
+  return $rc
+}
+
+step_tests() {
+  "$BUILD/tests/fusedattn_gpu_tests" --gtest_brief=1 --gtest_output="xml:$OUT/gpu_tests.xml"
+}
+
+step_cputests() {
+  (cd "$BUILD" && ctest -L cpu -j "$JOBS" --output-on-failure)
+}
+
+# compute-sanitizer over a subset of the GPU tests (filters from each backend's tests).
+SANITIZE_FILTER="${SANITIZE_FILTER:-*Sanitize*}"
+step_sanitize() {
+  compute-sanitizer --tool memcheck --error-exitcode 9 \
+    "$BUILD/tests/fusedattn_gpu_tests" --gtest_brief=1 --gtest_filter="$SANITIZE_FILTER"
+}
+RACECHECK_FILTER="${RACECHECK_FILTER:-*Racecheck*}"
+step_racecheck() {
+  compute-sanitizer --tool racecheck --error-exitcode 9 \
+    "$BUILD/tests/fusedattn_gpu_tests" --gtest_brief=1 --gtest_filter="$RACECHECK_FILTER"
+}
+
+step_cli() {
+  local bin="$BUILD/tools/fusedattn"
+  "$bin" backends
+  "$bin" run --b 2 --h 8 --hkv 2 --sq 128 --skv 256 --d 64 --mask causal_bottom_right \
+    --layout thd --bwd --check || return 1
+  "$bin" explain --b 30720 --h 8 --sq 1 --skv 16 --d 128
+  "$bin" explain --b 30720 --h 8 --sq 1 --skv 17 --d 128
+  "$bin" explain --b 2 --h 8 --sq 1024 --skv 1024 --d 512
+  "$bin" run --b 4 --h 16 --sq 2048 --skv 2048 --d 128 --mask causal --bwd --iters 20
+}
+
+step_python() {
+  # Build only the binding against the library built above (Python 3.12 here).
+  cmake -G Ninja -S "$ROOT/python" -B "$BUILD/python" -DCMAKE_BUILD_TYPE=Release \
+    -DFUSEDATTN_ROOT="$ROOT" -DFUSEDATTN_LIBRARY="$BUILD/libfusedattn.so" &&
+    cmake --build "$BUILD/python" -j "$JOBS" || return 1
+  export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
+  (cd "$ROOT/python" && python3 -m pytest -q -m gpu tests)
+}
+
+step_bench_quick() {
+  export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
+  python3 "$ROOT/bench/bench.py" --grid all --quick --out "$OUT"
+}
+
+step_bench() {
+  export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
+  python3 "$ROOT/bench/bench.py" --grid "${BENCH_GRID:-prefill}" --out "$OUT"
+}
+
+step_native_bench() {
+  for b in "$BUILD"/bench/*_bench "$BUILD"/bench/cudnn_overhead; do
+    [ -x "$b" ] && { echo "== $b"; "$b"; }
+  done
+}
+
+[ $# -eq 0 ] && set -- info build tests cli
+for step in "$@"; do
+  fn="step_${step//-/_}"
+  if ! declare -F "$fn" >/dev/null; then
+    summary "unknown step: $step"
+    continue
+  fi
+  t0=$SECONDS
+  PYTHONUNBUFFERED=1 "$fn" >"$OUT/$step.log" 2>&1
+  rc=$?
+  summary "$step: rc=$rc ($((SECONDS - t0)) s)"
+  tail -n 15 "$OUT/$step.log"
+done
+cat "$OUT/summary.txt"
