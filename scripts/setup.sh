@@ -23,7 +23,7 @@ if [ ! -x "$ROOT/.venv/bin/python" ]; then
   "$PY" -m venv "$ROOT/.venv"
 fi
 "$ROOT/.venv/bin/python" -m pip install -q --upgrade pip >/dev/null
-"$ROOT/.venv/bin/python" -m pip install -q "nanobind==2.4.0" "scikit-build-core==0.10.7" \
+"$ROOT/.venv/bin/python" -m pip install -q "nanobind==3.1.0" "scikit-build-core==1.1.0" \
   "numpy>=1.26" "pytest>=8" "ml_dtypes>=0.4"
 
 FE="$ROOT/.deps/cudnn_frontend"
