@@ -53,8 +53,7 @@ std::vector<int64_t> BiasIndex(const fusedattn_config& c, int64_t b, int64_t h, 
 
 size_t BiasFlat(const fusedattn_config& c, int64_t b, int64_t h, int64_t i, int64_t j) {
   int64_t bb = c.bias_batch == 1 ? 0 : b, bh = c.bias_heads == 1 ? 0 : h;
-  return static_cast<size_t>(((bb * c.bias_heads + bh) * c.max_seqlen_q + i) * c.max_seqlen_kv +
-                             j);
+  return static_cast<size_t>(((bb * c.bias_heads + bh) * c.max_seqlen_q + i) * c.max_seqlen_kv + j);
 }
 
 }  // namespace
@@ -98,8 +97,8 @@ bool Visible(const fusedattn_config& c, int64_t i, int64_t j, int64_t sq, int64_
   return true;
 }
 
-bool DropoutKeeps(const fusedattn_config& c, uint64_t seed, uint64_t offset, int64_t b,
-                  int64_t h, int64_t i, int64_t j) {
+bool DropoutKeeps(const fusedattn_config& c, uint64_t seed, uint64_t offset, int64_t b, int64_t h,
+                  int64_t i, int64_t j) {
   if (c.dropout == 0.0) return true;
   // key (lo32(seed), hi32(seed)); counter (j / 4, row, lo32(offset), hi32(offset)) with
   // row = (b * heads_q + h) * max_seqlen_q + i.
@@ -170,9 +169,8 @@ Attention Compute(const ProblemTensors& t, const HostTensor* given_o) {
           if (!visible[ij]) continue;
           Real dot = 0;
           for (int64_t x = 0; x < DQK; ++x) dot += q(i, x) * k(j, x);
-          Real pre = c.bias_type == FUSEDATTN_BIAS_PRE_SCALE
-                         ? Get(t.bias, BiasIndex(c, b, h, i, j))
-                         : 0;
+          Real pre =
+              c.bias_type == FUSEDATTN_BIAS_PRE_SCALE ? Get(t.bias, BiasIndex(c, b, h, i, j)) : 0;
           Real s = scale * (dot + pre);
           tmat[ij] = s;
           if (softcap > 0) s = softcap * std::tanh(s / softcap);
@@ -205,8 +203,8 @@ Attention Compute(const ProblemTensors& t, const HostTensor* given_o) {
         for (int64_t j = 0; j < SKV; ++j) {
           if (!visible[i * SKV + j]) continue;
           p[j] = std::exp(smat[i * SKV + j] - lse);
-          factor[j] = DropoutKeeps(c, t.dropout_seed, t.dropout_offset, b, h, i, j) ? keep_scale
-                                                                                   : 0;
+          factor[j] =
+              DropoutKeeps(c, t.dropout_seed, t.dropout_offset, b, h, i, j) ? keep_scale : 0;
           a.probs[((b * HQ + h) * SQ + i) * SKV + j] = p[j] * factor[j];
           for (int64_t x = 0; x < DV; ++x)
             a.o[((b * HQ + h) * SQ + i) * DV + x] += p[j] * factor[j] * v(j, x);
@@ -227,7 +225,8 @@ Attention Compute(const ProblemTensors& t, const HostTensor* given_o) {
         if (given_o) {
           weighted = 0;
           for (int64_t x = 0; x < DV; ++x)
-            weighted += d_o(i, x) * Get(*given_o, LogicalIndex(c.o_format, b, i, h, x, seq.start_q));
+            weighted +=
+                d_o(i, x) * Get(*given_o, LogicalIndex(c.o_format, b, i, h, x, seq.start_q));
         }
         if (c.softmax_type == FUSEDATTN_SOFTMAX_LEARNABLE_SINK)
           a.dsink[h] -= std::exp(extra - lse) * weighted;
@@ -247,8 +246,7 @@ Attention Compute(const ProblemTensors& t, const HostTensor* given_o) {
           for (int64_t x = 0; x < DV; ++x)
             a.dv[((b * HKV + hk) * SKV + j) * DV + x] += p[j] * factor[j] * d_o(i, x);
           if (tensor_bias && c.bias_requires_grad)
-            a.dbias[BiasFlat(c, b, h, i, j)] +=
-                c.bias_type == FUSEDATTN_BIAS_PRE_SCALE ? ddot : ds;
+            a.dbias[BiasFlat(c, b, h, i, j)] += c.bias_type == FUSEDATTN_BIAS_PRE_SCALE ? ddot : ds;
         }
       }
     }
@@ -273,7 +271,8 @@ ExpectedOutputs Expected(const ProblemTensors& t, const Attention& a) {
     for (int64_t h = 0; h < HQ; ++h)
       for (int64_t i = 0; i < rows_q; ++i) {
         for (int64_t x = 0; x < DV; ++x)
-          put(e.o, LogicalIndex(c.o_format, b, i, h, x, seq.start_q), a.o[((b * HQ + h) * SQ + i) * DV + x]);
+          put(e.o, LogicalIndex(c.o_format, b, i, h, x, seq.start_q),
+              a.o[((b * HQ + h) * SQ + i) * DV + x]);
         for (int64_t x = 0; x < DQK; ++x)
           put(e.dq, LogicalIndex(c.dqkv_format, b, i, h, x, seq.start_q),
               a.dq[((b * HQ + h) * SQ + i) * DQK + x]);
@@ -291,7 +290,8 @@ ExpectedOutputs Expected(const ProblemTensors& t, const Attention& a) {
       const bool packed = e.lse.shape().size() == 2;  // THD [tokens, heads_q]
       for (int64_t h = 0; h < HQ; ++h)
         for (int64_t i = 0; i < (packed ? seq.len_q : SQ); ++i)
-          put(e.lse, packed ? std::vector<int64_t>{seq.start_q + i, h} : std::vector<int64_t>{b, h, i},
+          put(e.lse,
+              packed ? std::vector<int64_t>{seq.start_q + i, h} : std::vector<int64_t>{b, h, i},
               a.lse[(b * HQ + h) * SQ + i]);
     }
   }

@@ -79,8 +79,7 @@ MaskProblem OneHotProblem(fusedattn_config c, TensorOptions options) {
   for (int64_t b = 0; b < c.batch; ++b)
     for (int64_t h = 0; h < c.heads_kv; ++h)
       for (int64_t j = 0; j < seqs[b].len_kv; ++j)
-        t.v.set(t.v.offset_of(brute_force::LogicalIndex(c.kv_format, b, j, h, j,
-                                                        seqs[b].start_kv)),
+        t.v.set(t.v.offset_of(brute_force::LogicalIndex(c.kv_format, b, j, h, j, seqs[b].start_kv)),
                 1.0);
   return m;
 }
@@ -88,9 +87,9 @@ MaskProblem OneHotProblem(fusedattn_config c, TensorOptions options) {
 // For every visible (b, h, i, j): the keep decision read back from O. Fails the test when an
 // element of O is neither 0 nor the kept value.
 struct ReadMask {
-  std::vector<char> kept;             // [b][h][i][j], only visible entries meaningful
+  std::vector<char> kept;  // [b][h][i][j], only visible entries meaningful
   std::vector<char> visible;
-  int64_t mismatches_with_spec = 0;   // against brute_force::DropoutKeeps
+  int64_t mismatches_with_spec = 0;  // against brute_force::DropoutKeeps
   int64_t visible_count = 0, kept_count = 0;
 };
 
@@ -123,8 +122,8 @@ ReadMask RunAndReadMask(MaskProblem& m) {
           r.kept[at] = factor > 0.5;
           ++r.visible_count;
           r.kept_count += r.kept[at];
-          const bool spec = brute_force::DropoutKeeps(c, t.dropout_seed, t.dropout_offset, b, h,
-                                                      i, j);
+          const bool spec =
+              brute_force::DropoutKeeps(c, t.dropout_seed, t.dropout_offset, b, h, i, j);
           r.mismatches_with_spec += spec != static_cast<bool>(r.kept[at]);
         }
       }
@@ -145,6 +144,26 @@ TEST(DropoutMask, MatchesTheSpecRuleBitForBit) {
   m.tensors.dropout_offset = 0x0000000500000007ull;
   ReadMask r = RunAndReadMask(m);
   EXPECT_EQ(r.visible_count, 3 * 4 * 6 * 13);
+  EXPECT_EQ(r.mismatches_with_spec, 0);
+}
+
+// The boundary of the keep rule: an element whose word u equals the threshold is kept
+// (u >= threshold). Choosing dropout = u / 2^32 for one element's own word u puts it exactly there.
+TEST(DropoutMask, ElementWhoseWordEqualsTheThresholdIsKept) {
+  MaskProblem m = OneHotProblem(MaskConfig(), {});
+  const uint64_t seed = m.tensors.dropout_seed, offset = m.tensors.dropout_offset;
+  // Element (b, h, i, j) = (1, 2, 3, 6): row = (1 * 4 + 2) * 6 + 3, counter (6 / 4, row, offset).
+  const uint32_t row = (1 * 4 + 2) * 6 + 3;
+  const Philox4 words =
+      Philox4x32_10({1, row, static_cast<uint32_t>(offset), static_cast<uint32_t>(offset >> 32)},
+                    static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  const uint32_t u = words.z;  // word j % 4 = 2
+  ASSERT_GT(u, 0u);
+  m.config.dropout = std::ldexp(static_cast<double>(u), -32);  // exact: u has 32 bits
+  ASSERT_EQ(DropoutRow::Threshold(m.config.dropout), u);
+  ReadMask r = RunAndReadMask(m);
+  const size_t at = static_cast<size_t>(((1 * 4 + 2) * 6 + 3) * 13 + 6);
+  EXPECT_TRUE(r.kept[at]) << "u = threshold = " << u << " must be kept";
   EXPECT_EQ(r.mismatches_with_spec, 0);
 }
 
@@ -279,8 +298,9 @@ TEST(DropoutExpectation, MeanOutputOverSeedsIsTheOutputWithoutDropout) {
     worst_z = std::max(worst_z, std::fabs(z));
     mean_z2 += z * z / static_cast<double>(exact.size());
   }
-  std::printf("[ dropout ] E[O] over %d seeds: worst |z| = %.2f, mean z^2 = %.2f over %zu elements\n",
-              kSeeds, worst_z, mean_z2, exact.size());
+  std::printf(
+      "[ dropout ] E[O] over %d seeds: worst |z| = %.2f, mean z^2 = %.2f over %zu elements\n",
+      kSeeds, worst_z, mean_z2, exact.size());
   // 24 elements: |z| > 5 has probability ~1e-5; mean z^2 is about chi^2_24 / 24.
   EXPECT_LT(worst_z, 5.0);
   EXPECT_LT(mean_z2, 3.0);

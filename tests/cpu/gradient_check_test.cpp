@@ -167,10 +167,11 @@ Agreement CheckGradient(const fusedattn_config& c, ProblemTensors& t, HostTensor
 }
 
 std::string Describe(const Agreement& a) {
-  return Format("rel_error=%.3g over %lld elements; worst element %lld: finite difference %.6g, "
-                "backward %.6g; %lld untouched elements that L depends on",
-                a.rel_error, (long long)a.checked, (long long)a.worst_index, a.worst_fd,
-                a.worst_analytic, (long long)a.unwritten_nonzero);
+  return Format(
+      "rel_error=%.3g over %lld elements; worst element %lld: finite difference %.6g, "
+      "backward %.6g; %lld untouched elements that L depends on",
+      a.rel_error, (long long)a.checked, (long long)a.worst_index, a.worst_fd, a.worst_analytic,
+      (long long)a.unwritten_nonzero);
 }
 
 enum class Input { kQ, kK, kV, kBias, kSink };
@@ -236,8 +237,7 @@ TEST_P(BackwardMatchesFiniteDifferences, OfSumOTimesDo) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, BackwardMatchesFiniteDifferences, ::testing::ValuesIn(Checks()),
                          [](const auto& info) {
-                           return info.param.problem.name + "_" +
-                                  GradientName(info.param.input);
+                           return info.param.problem.name + "_" + GradientName(info.param.input);
                          });
 
 }  // namespace

@@ -21,7 +21,8 @@ using testing::ProblemTensors;
 using testing::TensorOptions;
 
 enum class Construction {
-  kBottomRightWithMoreQueries,  // causal_bottom_right, sq > skv: the first sq - skv rows see nothing
+  kBottomRightWithMoreQueries,  // causal_bottom_right, sq > skv: the first sq - skv rows see
+                                // nothing
   kWindowBeforeTheKeys,         // no mask, window (0, 0) bottom-right, sq > skv: same rows
   kPaddingWithoutKeys,          // padding: a sequence with no keys, and query rows past lengths
   kThdWithoutKeys,              // THD: a sequence with no keys
@@ -72,9 +73,7 @@ Problem Make(Construction construction, fusedattn_softmax softmax) {
     case Construction::kBottomRightWithMoreQueries:
       c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
       break;
-    case Construction::kWindowBeforeTheKeys:
-      c.window_left = 0, c.window_right = 0;
-      break;
+    case Construction::kWindowBeforeTheKeys: c.window_left = 0, c.window_right = 0; break;
     case Construction::kPaddingWithoutKeys:
       c.mask = FUSEDATTN_MASK_PADDING;
       o.len_q = {6, 4, 2}, o.len_kv = {4, 0, 3};
@@ -117,8 +116,8 @@ class FullyMaskedRows : public ::testing::TestWithParam<Param> {
   int64_t RowsQ(int64_t b) const {
     return c_.q_format == FUSEDATTN_FORMAT_THD ? seqs_[b].len_q : c_.max_seqlen_q;
   }
-  double At(const HostTensor& t, fusedattn_format f, int64_t b, int64_t i, int64_t h,
-            int64_t x, int64_t start) const {
+  double At(const HostTensor& t, fusedattn_format f, int64_t b, int64_t i, int64_t h, int64_t x,
+            int64_t start) const {
     return t.at(brute_force::LogicalIndex(f, b, i, h, x, start));
   }
   fusedattn_config c_{};
@@ -136,8 +135,8 @@ TEST_P(FullyMaskedRows, HaveZeroOutputAndMinusInfinityLse) {
         for (int64_t x = 0; x < c_.head_dim_v; ++x)
           EXPECT_EQ(At(t_.o, c_.o_format, b, i, h, x, seqs_[b].start_q), 0.0)
               << "O[b=" << b << ", i=" << i << ", h=" << h << ", x=" << x << "]";
-        EXPECT_EQ(t_.lse.at({b, h, i}), -INFINITY) << "LSE[b=" << b << ", h=" << h << ", i=" << i
-                                                   << "]";
+        EXPECT_EQ(t_.lse.at({b, h, i}), -INFINITY)
+            << "LSE[b=" << b << ", h=" << h << ", i=" << i << "]";
       }
     }
   EXPECT_GT(masked, 0) << "the construction has no fully masked row";

@@ -6,6 +6,7 @@
 // THD with and without seq_offsets gaps), and every row runs in all three dtypes.
 #include <gtest/gtest.h>
 
+#include <random>
 #include <string>
 #include <vector>
 
@@ -63,8 +64,8 @@ struct Case {
   fusedattn_softmax softmax = FUSEDATTN_SOFTMAX_VANILLA;
   bool softcap = false;
   bool dropout = false;
-  int shape = 0;  // 0: sq < skv, 1: sq > skv, 2: sq = skv, 3: sq = 1, 4: skv = 1
-  int dims = 0;   // 0: d_qk > d_v, 1: d_qk < d_v, 2: equal
+  int shape = 0;              // 0: sq < skv, 1: sq > skv, 2: sq = skv, 3: sq = 1, 4: skv = 1
+  int dims = 0;               // 0: d_qk > d_v, 1: d_qk < d_v, 2: equal
   bool edge_lengths = false;  // padding/THD lengths include 0 and 1 (else random)
   bool o_float32 = false;     // o/dO in float32 while q/k/v are in the dtype
   bool explicit_scale = false;
@@ -152,26 +153,46 @@ TensorOptions OptionsOf(const Case& k, const fusedattn_config& c) {
   return o;
 }
 
-std::string Describe(const Case& k) {
-  fusedattn_config c = ConfigOf(k);
+// A problem to check: config, tensor options and a readable description for failure messages.
+struct Setup {
+  std::string name;
+  fusedattn_config config;
+  TensorOptions options;
+  std::string description;
+};
+
+std::string Lengths(const std::vector<int32_t>& lengths) {
+  std::string s;
+  for (int32_t l : lengths) s += (s.empty() ? "" : ",") + std::to_string(l);
+  return "{" + s + "}";
+}
+
+std::string Describe(const fusedattn_config& c, const TensorOptions& o) {
   Problem p;
   Status s = MakeProblem(&c, false, &p);
   std::string text = s.ok() ? p.describe() : "invalid config: " + s.message();
-  text += std::string(" layout=") + LayoutName(k.layout);
-  if (k.padded_strides) text += " padded_strides";
-  if (k.edge_lengths) text += " lengths=edge";
-  if (k.bias == FUSEDATTN_BIAS_PRE_SCALE || k.bias == FUSEDATTN_BIAS_POST_SCALE)
+  text += Format(" formats q/kv/o/dO/dQKV=%s/%s/%s/%s/%s", FormatName(c.q_format),
+                 FormatName(c.kv_format), FormatName(c.o_format), FormatName(c.do_format),
+                 FormatName(c.dqkv_format));
+  if (o.padded_strides) text += " padded_strides";
+  if (o.thd_gaps) text += " thd_gaps";
+  if (o.lse_packed) text += " lse_packed";
+  if (!o.len_q.empty()) text += " len_q=" + Lengths(o.len_q) + " len_kv=" + Lengths(o.len_kv);
+  if (c.bias_type == FUSEDATTN_BIAS_PRE_SCALE || c.bias_type == FUSEDATTN_BIAS_POST_SCALE)
     text += Format(" bias_shape=[%lld,%lld,..] bias_dtype=%s", (long long)c.bias_batch,
-                   (long long)c.bias_heads, k.bias_in_qkv_dtype ? DtypeShort(k.dtype) : "f32");
-  text += Format(" o_dtype=%s scale=%g (row %d)", DtypeShort(c.o_dtype), c.attn_scale, k.row);
+                   (long long)c.bias_heads, DtypeShort(o.bias_dtype));
+  text += Format(" o_dtype=%s attn_scale=%g seed=%llu", DtypeShort(c.o_dtype), c.attn_scale,
+                 (unsigned long long)o.seed);
   return text;
 }
 
-std::vector<Case> DesignedCases() {
-  // Domains, in the order of the fields of Case.
-  const std::vector<int> domains = {6, kLayouts, 2, 3, 4, 4, 4, 2, 3, 2, 2, 5, 3, 2, 2, 2};
-  std::vector<Case> cases;
-  const auto rows = testing_design::AllPairs(domains, 20261122);
+// The domains of the design, in the order of the fields of Case (dtype excluded).
+const std::vector<int> kDomains = {6, kLayouts, 2, 3, 4, 4, 4, 2, 3, 2, 2, 5, 3, 2, 2, 2};
+constexpr uint64_t kDesignSeed = 20261122;
+
+std::vector<Setup> DesignedCases() {
+  std::vector<Setup> cases;
+  const auto rows = testing_design::AllPairs(kDomains, kDesignSeed);
   for (size_t r = 0; r < rows.size(); ++r) {
     const std::vector<int>& v = rows[r];
     Case k;
@@ -195,16 +216,16 @@ std::vector<Case> DesignedCases() {
     for (fusedattn_dtype d :
          {FUSEDATTN_DTYPE_FLOAT32, FUSEDATTN_DTYPE_FLOAT16, FUSEDATTN_DTYPE_BFLOAT16}) {
       k.dtype = d;
-      cases.push_back(k);
+      Setup setup;
+      setup.name = Format("r%02d_%s_%s_%s", k.row, MaskName(k.mask), LayoutName(k.layout),
+                          DtypeShort(k.dtype));
+      setup.config = ConfigOf(k);
+      setup.options = OptionsOf(k, setup.config);
+      setup.description = Describe(setup.config, setup.options) + Format(" (design row %d)", k.row);
+      cases.push_back(setup);
     }
   }
   return cases;
-}
-
-std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
-  const Case& k = info.param;
-  return Format("r%02d_%s_%s_%s", k.row, MaskName(k.mask), LayoutName(k.layout),
-                DtypeShort(k.dtype));
 }
 
 // Forward outputs are the oracle's values rounded once into the output dtype, so the reference
@@ -226,19 +247,18 @@ double GradientTolerance(fusedattn_dtype out_dtype) {
   return std::max(OneRounding(out_dtype), 2e-6);
 }
 
-class ReferenceMatchesBruteForce : public ::testing::TestWithParam<Case> {};
+class ReferenceMatchesBruteForce : public ::testing::TestWithParam<Setup> {};
 
 TEST_P(ReferenceMatchesBruteForce, Forward) {
-  const Case& k = GetParam();
-  const fusedattn_config c = ConfigOf(k);
-  ProblemTensors t = MakeProblemTensors(c, OptionsOf(k, c));
+  const fusedattn_config& c = GetParam().config;
+  const std::string& where = GetParam().description;
+  ProblemTensors t = MakeProblemTensors(c, GetParam().options);
   const brute_force::ExpectedOutputs want = brute_force::Expected(t, brute_force::Compute(t));
   const ProblemTensors inputs = t;
 
   test::Result r = test::Forward(c, t.fwd_args());
-  ASSERT_TRUE(r.ok()) << test::StatusText(r) << " in " << Describe(k);
+  ASSERT_TRUE(r.ok()) << test::StatusText(r) << " in " << where;
 
-  const std::string where = Describe(k);
   EXPECT_MATCHES("O", t.o, want.o, OneRounding(c.o_dtype), where);
   EXPECT_MATCHES("LSE", t.lse, want.lse, OneRounding(FUSEDATTN_DTYPE_FLOAT32), where);
   EXPECT_MATCHES("max_logit", t.max_logit, want.max_logit, OneRounding(FUSEDATTN_DTYPE_FLOAT32),
@@ -249,40 +269,121 @@ TEST_P(ReferenceMatchesBruteForce, Forward) {
 }
 
 TEST_P(ReferenceMatchesBruteForce, Backward) {
-  const Case& k = GetParam();
-  const fusedattn_config c = ConfigOf(k);
-  ProblemTensors t = MakeProblemTensors(c, OptionsOf(k, c));
+  const fusedattn_config& c = GetParam().config;
+  const std::string& where = GetParam().description;
+  ProblemTensors t = MakeProblemTensors(c, GetParam().options);
 
   test::Result r = test::Forward(c, t.fwd_args());
-  ASSERT_TRUE(r.ok()) << test::StatusText(r) << " in " << Describe(k);
+  ASSERT_TRUE(r.ok()) << test::StatusText(r) << " in " << where;
   // The oracle's D = dO . O from the O the backward is given (see brute_force.h).
-  const brute_force::ExpectedOutputs want =
-      brute_force::Expected(t, brute_force::Compute(t, &t.o));
+  const brute_force::ExpectedOutputs want = brute_force::Expected(t, brute_force::Compute(t, &t.o));
   const ProblemTensors inputs = t;
   r = test::Backward(c, t.bwd_args());
-  ASSERT_TRUE(r.ok()) << test::StatusText(r) << " in " << Describe(k);
+  ASSERT_TRUE(r.ok()) << test::StatusText(r) << " in " << where;
 
-  const std::string where = Describe(k);
   EXPECT_MATCHES("dQ", t.dq, want.dq, GradientTolerance(c.qkv_dtype), where);
   EXPECT_MATCHES("dK", t.dk, want.dk, GradientTolerance(c.qkv_dtype), where);
   EXPECT_MATCHES("dV", t.dv, want.dv, GradientTolerance(c.qkv_dtype), where);
   if (!want.dbias.empty())
     EXPECT_MATCHES("dBias", t.dbias, want.dbias, GradientTolerance(t.dbias.dtype()), where);
   if (!want.dsink.empty())
-    EXPECT_MATCHES("dSink", t.dsink, want.dsink, GradientTolerance(FUSEDATTN_DTYPE_FLOAT32),
-                   where);
+    EXPECT_MATCHES("dSink", t.dsink, want.dsink, GradientTolerance(FUSEDATTN_DTYPE_FLOAT32), where);
   EXPECT_TRUE(test::SameBytes(t.o, inputs.o) && test::SameBytes(t.lse, inputs.lse) &&
               test::SameBytes(t.q, inputs.q) && test::SameBytes(t.d_o, inputs.d_o))
       << "the backward wrote into an input in " << where;
 }
 
-INSTANTIATE_TEST_SUITE_P(AllPairs, ReferenceMatchesBruteForce,
-                         ::testing::ValuesIn(DesignedCases()), CaseName);
+std::string SetupName(const ::testing::TestParamInfo<Setup>& info) { return info.param.name; }
+
+INSTANTIATE_TEST_SUITE_P(AllPairs, ReferenceMatchesBruteForce, ::testing::ValuesIn(DesignedCases()),
+                         SetupName);
+
+// Problems drawn at random (deterministically from their index): shapes, lengths, strides and
+// combinations of features that the design's fixed shapes do not reach.
+Setup RandomSetup(int index) {
+  std::mt19937_64 rng(0xC0FFEEull + static_cast<uint64_t>(index));
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
+  const fusedattn_dtype dtypes[3] = {FUSEDATTN_DTYPE_FLOAT32, FUSEDATTN_DTYPE_FLOAT16,
+                                     FUSEDATTN_DTYPE_BFLOAT16};
+  const fusedattn_format formats[3] = {FUSEDATTN_FORMAT_BSHD, FUSEDATTN_FORMAT_SBHD,
+                                       FUSEDATTN_FORMAT_BHSD};
+  fusedattn_config c = FUSEDATTN_CONFIG_INIT;
+  c.device = FUSEDATTN_DEVICE_CPU;
+  c.is_training = 1;
+  c.return_max_logit = pick(2);
+  c.batch = 1 + pick(4);
+  c.heads_kv = 1 + pick(3);
+  c.heads_q = c.heads_kv * (1 + pick(3));
+  c.max_seqlen_q = 1 + pick(12), c.max_seqlen_kv = 1 + pick(12);
+  c.head_dim_qk = 1 + pick(12), c.head_dim_v = 1 + pick(12);
+  c.qkv_dtype = dtypes[pick(3)];
+  c.o_dtype = pick(3) == 0 ? FUSEDATTN_DTYPE_FLOAT32 : c.qkv_dtype;
+  const bool thd = pick(4) == 0;
+  for (fusedattn_format* f : {&c.q_format, &c.kv_format, &c.o_format, &c.do_format, &c.dqkv_format})
+    *f = thd ? FUSEDATTN_FORMAT_THD : formats[pick(3)];
+  c.mask = static_cast<fusedattn_mask>(pick(6));
+  const bool causal = c.mask == FUSEDATTN_MASK_CAUSAL ||
+                      c.mask == FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT ||
+                      c.mask == FUSEDATTN_MASK_PADDING_CAUSAL ||
+                      c.mask == FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
+  c.window_left = pick(3) == 0 ? pick(5) : -1;
+  c.window_right = causal ? (pick(2) ? 0 : -1) : (pick(3) == 0 ? pick(5) : -1);
+  c.bias_type = static_cast<fusedattn_bias>(pick(4));
+  if (c.bias_type == FUSEDATTN_BIAS_PRE_SCALE || c.bias_type == FUSEDATTN_BIAS_POST_SCALE) {
+    c.bias_batch = pick(2) ? 1 : c.batch;
+    c.bias_heads = pick(2) ? 1 : c.heads_q;
+    c.bias_requires_grad = pick(4) != 0;
+  }
+  c.softmax_type = static_cast<fusedattn_softmax>(pick(3));
+  c.softcap = pick(3) == 0 ? 0.5 * (1 + pick(4)) : 0.0;
+  c.dropout = pick(3) == 0 ? 0.05 + 0.3 * pick(3) : 0.0;
+  c.attn_scale = pick(2) ? 0.0 : 0.1 + 0.2 * pick(5);
+  TensorOptions o;
+  o.seed = 5000 + static_cast<uint64_t>(index);
+  o.padded_strides = pick(2);
+  o.thd_gaps = thd && pick(2);
+  o.lse_packed = thd && pick(2);
+  o.input_range = 0.5 * (1 + pick(4));
+  o.bias_dtype = pick(2) ? c.qkv_dtype : FUSEDATTN_DTYPE_FLOAT32;
+  Setup setup{Format("random%03d_%s", index, DtypeShort(c.qkv_dtype)), c, o, ""};
+  setup.description = Describe(c, o) + Format(" (random problem %d)", index);
+  return setup;
+}
+
+std::vector<Setup> RandomCases() {
+  std::vector<Setup> cases;
+  for (int i = 0; i < 300; ++i) cases.push_back(RandomSetup(i));
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Random, ReferenceMatchesBruteForce, ::testing::ValuesIn(RandomCases()),
+                         SetupName);
+
+// Without training, LSE is written only when asked for, and O is the same either way.
+TEST(ReferenceForward, WritesLseOnlyWhenAsked) {
+  for (int return_lse : {0, 1}) {
+    fusedattn_config c = FUSEDATTN_CONFIG_INIT;
+    c.device = FUSEDATTN_DEVICE_CPU;
+    c.batch = 2, c.heads_q = 2, c.heads_kv = 2, c.max_seqlen_q = 5, c.max_seqlen_kv = 6;
+    c.head_dim_qk = 8, c.head_dim_v = 8;
+    c.qkv_dtype = c.o_dtype = FUSEDATTN_DTYPE_FLOAT32;
+    c.is_training = 0, c.return_lse = return_lse;
+    ProblemTensors t = MakeProblemTensors(c, {});
+    EXPECT_EQ(t.lse.empty(), return_lse == 0);
+    const auto want = brute_force::Expected(t, brute_force::Compute(t));
+    test::Result r = test::Forward(c, t.fwd_args());
+    ASSERT_TRUE(r.ok()) << test::StatusText(r);
+    EXPECT_MATCHES("O", t.o, want.o, OneRounding(FUSEDATTN_DTYPE_FLOAT32),
+                   Format("return_lse=%d", return_lse));
+    if (return_lse)
+      EXPECT_MATCHES("LSE", t.lse, want.lse, OneRounding(FUSEDATTN_DTYPE_FLOAT32), "return_lse=1");
+  }
+}
 
 // The design itself: every mask meets every layout and every value of every other feature.
 TEST(AllPairsDesign, CoversEveryPairOfValues) {
-  const std::vector<int> domains = {6, kLayouts, 2, 3, 4, 4, 4, 2, 3, 2, 2, 5, 3, 2, 2, 2};
-  const auto rows = testing_design::AllPairs(domains, 20261122);
+  const std::vector<int>& domains = kDomains;
+  const auto rows = testing_design::AllPairs(domains, kDesignSeed);
   for (size_t a = 0; a < domains.size(); ++a)
     for (size_t b = a + 1; b < domains.size(); ++b)
       for (int va = 0; va < domains[a]; ++va)
