@@ -329,8 +329,10 @@ std::vector<FwdCase> FwdCases() {
        {"args.o.strides[1] = 0", "> 0"}},
       {"OOverlappingElements", full, [](auto&, auto& a) { a.o.strides[2] = 4; },
        {"args.o.strides", "overlap", "dimension 2"}},
-      {"QStridesOverflow", full, [](auto&, auto& a) { a.q.strides[0] = INT64_MAX / 2; },
+      {"QBytesOverflow", full, [](auto&, auto& a) { a.q.strides[0] = INT64_MAX / 2; },
        {"args.q.strides overflow"}},
+      {"KElementOffsetsOverflow", full, [](auto&, auto& a) { a.k.strides[1] = INT64_MAX / 4; },
+       {"args.k.strides overflow"}},
       {"LseMissingInTraining", full, [](auto&, auto& a) { a.lse.data = nullptr; },
        {"args.lse.data is NULL", "is_training"}},
       {"LseGivenButNotAsked", Base::kAlibi,
@@ -400,6 +402,8 @@ std::vector<FwdCase> FwdCases() {
        {"args.v.shape[0]", "tokens"}},
       {"ThdOTokensDifferFromQ", Base::kThd, [](auto&, auto& a) { a.o.shape[0] += 1; },
        {"args.o.shape[0]", "tokens"}},
+      {"ThdLseWrongRankMentionsBothForms", Base::kThd, [](auto&, auto& a) { a.lse.ndim = 1; },
+       {"args.lse.ndim = 1", "[2, 4, 5]", "[11, 4] packed"}},
       {"ThdPackedLseWrongTokens", Base::kThd,
        [](auto&, auto& a) {
          a.lse.ndim = 2, a.lse.shape[0] = 3, a.lse.shape[1] = 4, a.lse.strides[0] = 4;
