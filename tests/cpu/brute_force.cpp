@@ -132,7 +132,6 @@ Attention Compute(const ProblemTensors& t, const HostTensor* given_o) {
   a.o.assign(static_cast<size_t>(B * HQ * SQ * DV), 0);
   a.lse.assign(static_cast<size_t>(B * HQ * SQ), -kInf);
   a.max_logit.assign(static_cast<size_t>(HQ), -kInf);
-  a.probs.assign(static_cast<size_t>(B * HQ * SQ * SKV), 0);
   a.dq.assign(static_cast<size_t>(B * HQ * SQ * DQK), 0);
   a.dk.assign(static_cast<size_t>(B * HKV * SKV * DQK), 0);
   a.dv.assign(static_cast<size_t>(B * HKV * SKV * DV), 0);
@@ -205,7 +204,6 @@ Attention Compute(const ProblemTensors& t, const HostTensor* given_o) {
           p[j] = std::exp(smat[i * SKV + j] - lse);
           factor[j] =
               DropoutKeeps(c, t.dropout_seed, t.dropout_offset, b, h, i, j) ? keep_scale : 0;
-          a.probs[((b * HQ + h) * SQ + i) * SKV + j] = p[j] * factor[j];
           for (int64_t x = 0; x < DV; ++x)
             a.o[((b * HQ + h) * SQ + i) * DV + x] += p[j] * factor[j] * v(j, x);
         }

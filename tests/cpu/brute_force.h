@@ -48,8 +48,6 @@ struct Attention {
   std::vector<Sequence> sequences;
   std::vector<Real> o, lse, max_logit;
   std::vector<Real> dq, dk, dv, dbias, dsink;
-  // The probabilities after dropout, [b][h][i][j] (for tests that look at the mask).
-  std::vector<Real> probs;
 };
 
 // Computes the forward and, from t.d_o, the gradients of the loss sum(O * dO).

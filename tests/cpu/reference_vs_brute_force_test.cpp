@@ -317,7 +317,7 @@ Setup RandomSetup(int index) {
   c.max_seqlen_q = 1 + pick(12), c.max_seqlen_kv = 1 + pick(12);
   c.head_dim_qk = 1 + pick(12), c.head_dim_v = 1 + pick(12);
   c.qkv_dtype = dtypes[pick(3)];
-  c.o_dtype = pick(3) == 0 ? FUSEDATTN_DTYPE_FLOAT32 : c.qkv_dtype;
+  c.o_dtype = pick(3) == 0 ? dtypes[pick(3)] : c.qkv_dtype;
   const bool thd = pick(4) == 0;
   for (fusedattn_format* f : {&c.q_format, &c.kv_format, &c.o_format, &c.do_format, &c.dqkv_format})
     *f = thd ? FUSEDATTN_FORMAT_THD : formats[pick(3)];
