@@ -132,13 +132,10 @@ Choice Decide(const Problem& problem, bool need_backward, fusedattn_backend forc
   for (fusedattn_backend id : PreferenceOrder(p)) {
     Backend* b = FindBackend(id);
     Status s = b->available();
-    if (s.ok()) {
-      if (id == FUSEDATTN_BACKEND_REFERENCE && p.device == Device::kCuda)
-        s = NotSupported("not chosen automatically for CUDA tensors (it computes on the host; "
-                         "force it with backend=reference)");
-      else
-        s = b->check(p);
-    }
+    if (s.ok()) s = b->check(p);
+    if (s.ok() && id == FUSEDATTN_BACKEND_REFERENCE && p.device == Device::kCuda)
+      s = NotSupported("not chosen automatically for CUDA tensors (it computes on the host; "
+                       "force it with backend=reference)");
     if (s.ok()) {
       choice.backend = b;
       choice.diagnostic = refusals.empty() ? Format("%s", b->name())
