@@ -271,8 +271,10 @@ double Median(std::vector<double> values) {
 
 std::string JoinLengths(const std::vector<int32_t>& lengths) {
   std::string text;
-  for (size_t i = 0; i < lengths.size() && i < 16; ++i)
-    text += (i ? "," : "") + std::to_string(lengths[i]);
+  for (size_t i = 0; i < lengths.size() && i < 16; ++i) {
+    if (i) text += ',';
+    text += std::to_string(lengths[i]);
+  }
   if (lengths.size() > 16) text += ",...";
   return text;
 }
