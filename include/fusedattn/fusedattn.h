@@ -99,7 +99,18 @@ extern "C" {
 #define FUSEDATTN_VERSION \
   (FUSEDATTN_VERSION_MAJOR * 10000 + FUSEDATTN_VERSION_MINOR * 100 + FUSEDATTN_VERSION_PATCH)
 
-typedef enum fusedattn_status {
+/* C callers may store any int in an enum field or argument; validation refuses the values that
+ * are not listed. C++ (the library included) sees every enum with the fixed underlying type
+ * int32_t, so that any such value is a valid value of the type there too (reading an out-of-range
+ * value of an enum without a fixed type is undefined behaviour in C++). Size and ABI are those of
+ * int in both languages. */
+#ifdef __cplusplus
+#define FUSEDATTN_ENUM(name) enum name : int32_t
+#else
+#define FUSEDATTN_ENUM(name) enum name
+#endif
+
+typedef FUSEDATTN_ENUM(fusedattn_status) {
   FUSEDATTN_SUCCESS = 0,
   FUSEDATTN_ERROR_INVALID_ARGUMENT = 1, /* the config or a tensor is wrong */
   FUSEDATTN_ERROR_NOT_SUPPORTED = 2,    /* valid, but no (or not the forced) backend can run it */
@@ -110,7 +121,7 @@ typedef enum fusedattn_status {
   FUSEDATTN_ERROR_INTERNAL = 7
 } fusedattn_status;
 
-typedef enum fusedattn_dtype {
+typedef FUSEDATTN_ENUM(fusedattn_dtype) {
   FUSEDATTN_DTYPE_FLOAT32 = 0,
   FUSEDATTN_DTYPE_FLOAT16 = 1,
   FUSEDATTN_DTYPE_BFLOAT16 = 2,
@@ -119,14 +130,14 @@ typedef enum fusedattn_dtype {
   FUSEDATTN_DTYPE_INT32 = 5     /* index tensors (cu_seqlens, seq_offsets) */
 } fusedattn_dtype;
 
-typedef enum fusedattn_format {
+typedef FUSEDATTN_ENUM(fusedattn_format) {
   FUSEDATTN_FORMAT_BSHD = 0,
   FUSEDATTN_FORMAT_SBHD = 1,
   FUSEDATTN_FORMAT_BHSD = 2,
   FUSEDATTN_FORMAT_THD = 3
 } fusedattn_format;
 
-typedef enum fusedattn_mask {
+typedef FUSEDATTN_ENUM(fusedattn_mask) {
   FUSEDATTN_MASK_NONE = 0,
   FUSEDATTN_MASK_PADDING = 1,
   FUSEDATTN_MASK_CAUSAL = 2,
@@ -135,20 +146,20 @@ typedef enum fusedattn_mask {
   FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT = 5
 } fusedattn_mask;
 
-typedef enum fusedattn_bias {
+typedef FUSEDATTN_ENUM(fusedattn_bias) {
   FUSEDATTN_BIAS_NONE = 0,
   FUSEDATTN_BIAS_PRE_SCALE = 1,
   FUSEDATTN_BIAS_POST_SCALE = 2,
   FUSEDATTN_BIAS_ALIBI = 3
 } fusedattn_bias;
 
-typedef enum fusedattn_softmax {
+typedef FUSEDATTN_ENUM(fusedattn_softmax) {
   FUSEDATTN_SOFTMAX_VANILLA = 0,
   FUSEDATTN_SOFTMAX_OFF_BY_ONE = 1,
   FUSEDATTN_SOFTMAX_LEARNABLE_SINK = 2
 } fusedattn_softmax;
 
-typedef enum fusedattn_backend {
+typedef FUSEDATTN_ENUM(fusedattn_backend) {
   FUSEDATTN_BACKEND_AUTO = 0,
   FUSEDATTN_BACKEND_REFERENCE = 1,
   FUSEDATTN_BACKEND_CUDNN = 2,
@@ -157,7 +168,7 @@ typedef enum fusedattn_backend {
 } fusedattn_backend;
 #define FUSEDATTN_BACKEND_COUNT 5
 
-typedef enum fusedattn_device {
+typedef FUSEDATTN_ENUM(fusedattn_device) {
   FUSEDATTN_DEVICE_AUTO = 0, /* CUDA when a device is present, else CPU */
   FUSEDATTN_DEVICE_CPU = 1,
   FUSEDATTN_DEVICE_CUDA = 2

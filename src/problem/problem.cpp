@@ -271,6 +271,12 @@ Status MakeProblem(const fusedattn_config* user, bool has_cuda_device, Problem* 
         "config.window_right = %lld contradicts config.mask = %s: a causal mask hides every key "
         "right of the diagonal (use -1 or 0)",
         (long long)c.window_right, MaskName(c.mask));
+  // A window as wide as both sequences together hides nothing: it is unbounded (-1). This keeps
+  // every backend's diagonal +/- window arithmetic far from overflow (a window of INT64_MAX
+  // overflowed visible_keys) and gives equal problems equal keys.
+  const int64_t no_limit = c.max_seqlen_q + c.max_seqlen_kv;
+  if (c.window_left >= no_limit) c.window_left = -1;
+  if (c.window_right >= no_limit) c.window_right = -1;
   p.window_left = c.window_left;
   p.window_right = p.causal ? 0 : c.window_right;
 

@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# Tests of the `fusedattn` program, one behaviour per case:
+#   cli_tests.sh <path to fusedattn> <case>
+# Each case runs the program and checks its exit code and output; a failure says which command
+# and what was expected.
+set -u
+FUSEDATTN="$1"
+CASE="$2"
+OUT="$(mktemp)"
+trap 'rm -f "$OUT"' EXIT
+FAILED=0
+
+# run <args...>: runs the program, output (stdout and stderr) in $OUT, exit code in $RC.
+run() {
+  "$FUSEDATTN" "$@" >"$OUT" 2>&1
+  RC=$?
+  LAST="fusedattn $*"
+}
+
+fail() {
+  echo "FAIL: $LAST: $1"
+  echo "----- output:"
+  cat "$OUT"
+  echo "-----"
+  FAILED=1
+}
+
+expect_rc() { [ "$RC" -eq "$1" ] || fail "exit code $RC, expected $1"; }
+expect_output() { grep -qE -- "$1" "$OUT" || fail "output does not match /$1/"; }
+expect_no_output() { ! grep -qE -- "$1" "$OUT" || fail "output matches /$1/ but should not"; }
+
+case "$CASE" in
+  acceptance)
+    # The issue's acceptance command: the reference backend on the CPU, errors far below bf16's.
+    run run --b 2 --h 8 --hkv 2 --sq 128 --skv 256 --d 64 --mask causal_bottom_right \
+      --layout thd --bwd --check --device cpu
+    expect_rc 0
+    expect_output '^backend: +reference$'
+    for out in o lse dq dk dv; do expect_output "^  $out +rel_error 0 .*PASS$"; done
+    expect_output '^result: +PASS$'
+    expect_output '^time fwd: .*TFLOP/s$'
+    expect_output '^time bwd: .*TFLOP/s$'
+    ;;
+  acceptance_device_auto)
+    # The same command exactly as the issue gives it: the device is chosen automatically (the
+    # GPU and its backends on a GPU machine), checked against the reference on host copies.
+    run run --b 2 --h 8 --hkv 2 --sq 128 --skv 256 --d 64 --mask causal_bottom_right \
+      --layout thd --bwd --check
+    expect_rc 0
+    for out in o lse dq dk dv; do expect_output "^  $out +rel_error .*PASS$"; done
+    expect_output '^result: +PASS$'
+    ;;
+  explain_cpu)
+    run explain --device cpu --mask causal --h 4 --hkv 1
+    expect_rc 0
+    expect_output '^backend: +reference$'
+    expect_output '^  reference +accepts \(chosen\)$'
+    expect_no_output 'rel_error|TFLOP'  # explain prints only the selection
+    ;;
+  explain_names_every_backend)
+    # On a machine without a GPU no backend runs CUDA tensors: every backend says why. With a GPU
+    # a backend is chosen; every backend is still listed with its verdict.
+    run explain --device cuda --sq 1 --skv 64 --d 128
+    for backend in small_seq cudnn flash reference; do
+      expect_output "^  $backend +(unavailable|refuses|accepts|not asked)"
+    done
+    if grep -q 'no CUDA device' "$OUT"; then
+      expect_rc 1
+      expect_output '^backend: +none$'
+    fi
+    # A forced backend that refuses (small_seq runs only sq = 1 on CUDA tensors; here sq = 128)
+    # gives its reason, and explain exits 1.
+    run explain --device cpu --backend small_seq
+    expect_rc 1
+    expect_output '^backend: +none$'
+    expect_output "^selection: .*small_seq"
+    ;;
+  backends)
+    run backends
+    expect_rc 0
+    for backend in small_seq cudnn flash reference; do
+      expect_output "^  $backend +(available|unavailable: .+)$"
+    done
+    expect_output '^  reference +available$'
+    ;;
+  version)
+    run --version
+    expect_rc 0
+    expect_output '^fusedattn [0-9]+\.[0-9]+\.[0-9]+ '
+    ;;
+  bad_options)
+    # Usage errors: exit 2 and one line naming the option.
+    check_usage() {
+      local pattern="$1"
+      shift
+      run "$@"
+      expect_rc 2
+      expect_output "^fusedattn: .*$pattern"
+      [ "$(wc -l <"$OUT")" -eq 1 ] || fail "expected a one-line message"
+    }
+    check_usage "'--bogus'" run --bogus
+    check_usage "--b needs a value" run --b
+    check_usage "--b: 'x' is not an integer" run --b x
+    check_usage "--sq: 0 is out of range" run --sq 0
+    check_usage "--dropout: 1 is out of range" run --dropout 1
+    check_usage "--softcap: 'nan' is not a finite number" run --softcap nan
+    check_usage "--dtype: 'fp64' is not one of" explain --dtype fp64
+    check_usage "--window: '3' is not two integers" run --window 3
+    check_usage "--bias-shape" run --bias pre_scale --bias-shape 2,1
+    check_usage "--bwd is a flag" run --bwd=1
+    check_usage "--lengths: per-sequence lengths need" run --lengths 4,4
+    check_usage "--lengths: give --b = 2 lengths" run --layout thd --lengths 4,4,4
+    check_usage "unknown command 'bogus'" bogus
+    ;;
+  help_lists_every_option)
+    # Every option of the table (fusedattn options) is documented, with its default, in the
+    # help of run, of explain and of the program.
+    run options
+    expect_rc 0
+    mapfile -t options <"$OUT"
+    [ "${#options[@]}" -gt 30 ] || fail "only ${#options[@]} options listed"
+    for help in "run --help" "explain --help" "--help"; do
+      run $help
+      expect_rc 0
+      for option in "${options[@]}"; do
+        grep -qE -- "^  $option( |$)" "$OUT" || fail "$option is not documented"
+      done
+    done
+    run run --help
+    expect_output '^  --b N +batch.*\[default: 2\]'
+    expect_output '\[default: bf16\]'
+    ;;
+  invalid_problem)
+    # The library's validation message, and a non-zero exit (not a usage error).
+    run run --h 8 --hkv 3
+    expect_rc 1
+    expect_output 'invalid problem: config.heads_kv = 3 does not divide config.heads_q = 8'
+    run explain --mask causal --window 4,2
+    expect_rc 1
+    expect_output 'config.window_right = 2'
+    ;;
+  features)
+    # A few feature combinations run and pass on the CPU (small, so the check is automatic).
+    for args in \
+      "--dtype fp32 --bias pre_scale --bias-shape b,h --bias-grad --bwd" \
+      "--dtype fp16 --layout sbhd --bias post_scale --bias-dtype same --bwd" \
+      "--mask padding_causal --window 8,-1 --bias alibi --softmax sink --softcap 20 --dropout 0.1 --max-logit --bwd" \
+      "--layout thd --thd-gaps --lse-packed --softmax off_by_one --bwd" \
+      "--q-layout bhsd --kv-layout sbhd --padded-strides --dqk 32 --dv 48 --bwd"; do
+      run run --device cpu --b 2 --h 4 --hkv 2 --sq 24 --skv 40 --d 16 --iters 1 $args
+      expect_rc 0
+      expect_output '^result: +PASS$'
+    done
+    ;;
+  lengths)
+    # Explicit lengths: FLOPs count exactly the visible pairs (causal top-left, q 5 and 0 rows,
+    # kv 7 and 3 keys: 1+2+3+4+5 = 15 pairs).
+    run run --device cpu --layout thd --mask causal --b 2 --h 2 --sq 8 --skv 8 --d 8 \
+      --lengths 5,0:7,3 --bwd --iters 1
+    expect_rc 0
+    expect_output '^lengths: +q 5,0  kv 7,3$'
+    expect_output '^flops: +15 visible'
+    ;;
+  *)
+    echo "unknown case '$CASE'"
+    exit 2
+    ;;
+esac
+exit $FAILED
