@@ -218,6 +218,14 @@ TEST(CudnnSpec, MapsMasksToCudnnBoundsAndAlignment) {
     EXPECT_FALSE(s.bottom_right);
     EXPECT_EQ(s.right_bound, 0);
   }
+  {  // a window wider than sq + skv hides nothing: no bound
+    fusedattn_config c = BaseConfig();
+    c.window_left = c.max_seqlen_q + c.max_seqlen_kv;
+    c.window_right = 1000;
+    Problem p = MakeCuda(c);
+    SdpaGraphSpec s = ForwardSpec(p, CanonicalFwdTensors(p));
+    EXPECT_FALSE(s.has_left_bound || s.has_right_bound);
+  }
   {  // no band: no bounds at all
     Problem p = MakeCuda(BaseConfig());
     SdpaGraphSpec s = ForwardSpec(p, CanonicalFwdTensors(p));

@@ -17,16 +17,24 @@ struct CudnnMask {
   bool bottom_right = false;
 };
 
+// A window at least max_seqlen_q + max_seqlen_kv wide hides nothing (|d - j| stays below it for
+// every row and key of every sequence): it is the unbounded window.
+int64_t EffectiveWindow(int64_t window, const fusedattn_config& c) {
+  return window >= c.max_seqlen_q + c.max_seqlen_kv ? -1 : window;
+}
+
 CudnnMask CudnnMaskOf(const Problem& p) {
   const auto& c = p.config;
   CudnnMask m;
   m.padding = p.padding;
-  if (!p.has_band()) return m;
+  const int64_t left = EffectiveWindow(p.window_left, c);
+  const int64_t right = EffectiveWindow(p.window_right, c);
+  if (left < 0 && right < 0) return m;
   // cuDNN keeps key j when j > d - left_bound (so window_left + 1) and j <= d + right_bound.
-  m.has_left = p.window_left >= 0;
-  m.left_bound = p.window_left + 1;
-  m.has_right = p.window_right >= 0;
-  m.right_bound = p.window_right;
+  m.has_left = left >= 0;
+  m.left_bound = left + 1;
+  m.has_right = right >= 0;
+  m.right_bound = right;
   m.bottom_right = p.bottom_right;
   // With fixed lengths and sq == skv both alignments are the same diagonal; top-left is the one
   // cuDNN combines with bias and dropout.
@@ -194,6 +202,10 @@ Status PreCheck(const Problem& p) {
         (long long)c.head_dim_qk, (long long)c.head_dim_v);
   if (c.max_seqlen_q > kInt32Max || c.max_seqlen_kv > kInt32Max)
     return NotSupported("max_seqlen above 2^31-1: cuDNN's sequence lengths are int32");
+  // Windows that hide something reach cuDNN as int bounds (window_left + 1, window_right).
+  if (EffectiveWindow(p.window_left, c) >= kInt32Max || EffectiveWindow(p.window_right, c) > kInt32Max)
+    return NotSupported("window_left = %lld, window_right = %lld: cuDNN's band bounds are int32",
+                        (long long)p.window_left, (long long)p.window_right);
   if (p.thd) {
     // Ragged offsets are int32 element offsets; plan for batch * max_seqlen packed tokens.
     // (MakeProblem checked that these products fit int64.)
