@@ -156,14 +156,19 @@ Status GetPlan(const SdpaGraphSpec& spec, const DeviceInfo& device,
   if (key.used > PlanKey::kWords)
     return InternalError("cuDNN plan key needs %zu words, more than %zu", key.used,
                          PlanKey::kWords);
-  *entry = Cache().get_or_make(key, [&]() {
-    auto made = std::make_shared<PlanEntry>();
+  // cuDNN's refusals are cached like plans (check() of that graph fails fast next time); a
+  // missing handle is not about the graph and is not cached.
+  Status no_handle;
+  *entry = Cache().get_or_make(key, [&]() -> std::shared_ptr<PlanEntry> {
     HandleLease handle;
-    made->status = handle.acquire(device.ordinal);
-    if (made->status.ok()) made->status = BuildSdpaGraph(spec, handle.get(), &made->graph);
+    no_handle = handle.acquire(device.ordinal);
+    if (!no_handle.ok()) return nullptr;
+    auto made = std::make_shared<PlanEntry>();
+    made->status = BuildSdpaGraph(spec, handle.get(), &made->graph);
     if (made->status.ok()) made->workspace = GraphWorkspaceBytes(*made->graph);
     return made;
   });
+  if (*entry == nullptr) return no_handle;
   return Status::Ok();
 }
 
