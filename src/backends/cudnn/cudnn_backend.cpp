@@ -31,6 +31,7 @@
 #include "common/cuda_util.h"
 #include "common/lru_cache.h"
 #include "select/backend.h"
+#include "select/select.h"
 
 namespace fusedattn {
 namespace cudnn {
@@ -319,9 +320,16 @@ class CudnnBackendImpl final : public Backend {
 
  private:
   // What this call's tensors need that cuDNN cannot do (reason): run it on the flash backend
-  // when it is built, else fail naming the reason.
+  // when it is built and the caller did not ask for cuDNN by name, else fail naming the reason.
   template <typename Run>
   Status Fallback(const Problem& p, const std::string& reason, Run&& run) {
+    const bool forced = p.config.backend == FUSEDATTN_BACKEND_CUDNN ||
+                        (p.config.backend == FUSEDATTN_BACKEND_AUTO &&
+                         EnvironmentBackend() == FUSEDATTN_BACKEND_CUDNN);
+    if (forced)
+      return NotSupported("cudnn (forced): %s for these tensors (the flash backend takes any "
+                          "layout)",
+                          reason.c_str());
 #ifdef FUSEDATTN_WITH_FLASH
     Backend* flash = FlashBackend();
     Status s = flash->available();
