@@ -12,6 +12,9 @@
 // compute-sanitizer subset (memcheck), a few seconds:
 //   compute-sanitizer --tool memcheck build/tests/fusedattn_gpu_tests
 //     --gtest_filter='CudnnGrid/CudnnGridTest.Matches/bshd_causal_bf16_d64:CudnnGrid/CudnnGridTest.Matches/bshd_padding_uneven_zero_lengths:CudnnGrid/CudnnGridTest.Matches/thd_causal_gaps_packed_lse:CudnnGrid/CudnnGridTest.Matches/bshd_learnable_sink:CudnnGrid/CudnnGridTest.Matches/bshd_post_bias_1h_dbias:CudnnBatch.*'
+// Compiled when the cuDNN backend is built (its test hooks live in it).
+#ifdef FUSEDATTN_WITH_CUDNN
+
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
@@ -756,3 +759,5 @@ TEST_F(CudnnCache, EightThreadsSelectAndRunConcurrently) {
 
 }  // namespace
 }  // namespace fusedattn::testing
+
+#endif  // FUSEDATTN_WITH_CUDNN
