@@ -239,7 +239,7 @@ TEST(CudnnSpec, MapsMasksToCudnnBoundsAndAlignment) {
     SdpaGraphSpec s = ForwardSpec(p, CanonicalFwdTensors(p));
     EXPECT_TRUE(s.padding);
     EXPECT_TRUE(s.bottom_right);
-    CallPlan call = ForwardCallPlan(p);
+    CallPlan call = ForwardCallPlan(p, CanonicalFwdTensors(p));
     EXPECT_TRUE(call.const_lengths);
     EXPECT_TRUE(call.prep);
     EXPECT_TRUE(call.fixup) << "the first 24 rows see no key";
@@ -253,7 +253,7 @@ TEST(CudnnCallPlan, PlainProblemsRunTheGraphAlone) {
     c.mask = mask;
     c.max_seqlen_kv = c.max_seqlen_q;
     Problem p = MakeCuda(c);
-    CallPlan f = ForwardCallPlan(p);
+    CallPlan f = ForwardCallPlan(p, CanonicalFwdTensors(p));
     EXPECT_FALSE(f.prep || f.fixup || f.stage_stats) << MaskName(mask);
     CallPlan b = BackwardCallPlan(p, CanonicalBwdTensors(p));
     EXPECT_FALSE(b.prep || b.fixup || b.stage_stats || b.fixup_dbias || b.dsink)
@@ -266,7 +266,7 @@ TEST(CudnnCallPlan, PaddingAndThdPrepareFixAndStage) {
   fusedattn_config c = BaseConfig();
   c.is_training = 1, c.mask = FUSEDATTN_MASK_PADDING;
   Problem p = MakeCuda(c);
-  CallPlan f = ForwardCallPlan(p);
+  CallPlan f = ForwardCallPlan(p, CanonicalFwdTensors(p));
   EXPECT_TRUE(f.prep && f.fixup && f.stage_stats && f.padding);
   CallPlan b = BackwardCallPlan(p, CanonicalBwdTensors(p));
   EXPECT_TRUE(b.prep && b.fixup && b.stage_stats);
@@ -274,6 +274,21 @@ TEST(CudnnCallPlan, PaddingAndThdPrepareFixAndStage) {
   Problem thd = MakeCuda(c);
   Scratch s = BackwardScratch(thd, BackwardCallPlan(thd, CanonicalBwdTensors(thd)));
   for (int slot = 0; slot < kRaggedSlots; ++slot) EXPECT_NE(s.ragged[slot], Scratch::kNone);
+}
+
+TEST(CudnnCallPlan, ForwardStagesAnLseThatIsNotPackedBhsdKeepingTheGraph) {
+  fusedattn_config c = BaseConfig();
+  c.is_training = 1;
+  c.max_seqlen_kv = c.max_seqlen_q;
+  Problem p = MakeCuda(c);
+  FwdTensors t = CanonicalFwdTensors(p);
+  EXPECT_FALSE(ForwardCallPlan(p, t).stage_stats);
+  FwdTensors strided = t;
+  strided.lse.stride_h = 1, strided.lse.stride_s = c.heads_q;  // [batch, seq, heads] in memory
+  CallPlan call = ForwardCallPlan(p, strided);
+  EXPECT_TRUE(call.stage_stats && call.fixup);
+  DeviceInfo device{0, 90, 91900};
+  EXPECT_EQ(MakePlanKey(ForwardSpec(p, t), device), MakePlanKey(ForwardSpec(p, strided), device));
 }
 
 TEST(CudnnCallPlan, BackwardStagesAnLseThatIsNotPackedBhsd) {

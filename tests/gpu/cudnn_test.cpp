@@ -381,6 +381,21 @@ TEST(CudnnStrides, PaddedRowsBuildTheirOwnPlanAndMatch) {
   }
 }
 
+TEST(CudnnStrides, AnLseLaidOutAsBatchSeqHeadsKeepsThePlanCheckBuilt) {
+  SKIP_WITHOUT_CUDNN();
+  fusedattn_config c = Config(2, 4, 4, 96, 96, 64);
+  c.mask = FUSEDATTN_MASK_CAUSAL;
+  RunOptions run;  // expect_no_new_plans: the LSE goes through scratch, the graph is the same
+  run.edit = [](ProblemTensors* t) {
+    const auto& shape = t->lse.shape();  // [batch, heads, seqlen_q]
+    HostTensor lse(FUSEDATTN_DTYPE_FLOAT32, shape, {shape[1] * shape[2], 1, shape[1]},
+                   shape[0] * shape[1] * shape[2]);
+    lse.poison();
+    t->lse = lse;
+  };
+  RunAndCompare(c, {}, run);
+}
+
 TEST(CudnnStrides, MisalignedRowsRunElsewhereOrAreRefusedNamingTheTensor) {
   SKIP_WITHOUT_CUDNN();
   fusedattn_config c = Config(2, 4, 4, 64, 64, 64);

@@ -293,7 +293,10 @@ class CudnnBackendImpl final : public Backend {
     std::shared_ptr<PlanEntry> entry;
     FUSEDATTN_RETURN_IF_ERROR(GetPlan(ForwardSpec(p, CanonicalFwdTensors(p)), device, &entry));
     FUSEDATTN_RETURN_IF_ERROR(PlanStatus(*entry, Direction::kForward));
-    *bytes = WorkspaceBytes(ForwardScratch(p, ForwardCallPlan(p)).bytes, entry->workspace);
+    // The scratch for the largest call plan: a caller's LSE that is not packed needs staging.
+    CallPlan call = ForwardCallPlan(p, CanonicalFwdTensors(p));
+    if (p.needs_lse()) call.stage_stats = true;
+    *bytes = WorkspaceBytes(ForwardScratch(p, call).bytes, entry->workspace);
     return Status::Ok();
   }
 
@@ -382,7 +385,7 @@ Status CudnnBackendImpl::forward(const Problem& p, const FwdTensors& t, void* wo
   FUSEDATTN_RETURN_IF_ERROR(GetPlan(spec, device, &entry));
   if (!entry->status.ok()) return fallback(PlanStatus(*entry, Direction::kForward).message());
 
-  const CallPlan call = ForwardCallPlan(p);
+  const CallPlan call = ForwardCallPlan(p, t);
   const Scratch scratch = ForwardScratch(p, call);
   WorkspaceLayout ws;
   Status laid = LayOut(workspace, workspace_bytes, scratch, entry->workspace, &ws);

@@ -270,7 +270,7 @@ BwdTensors CanonicalBwdTensors(const Problem& p) {
   return t;
 }
 
-CallPlan ForwardCallPlan(const Problem& p) {
+CallPlan ForwardCallPlan(const Problem& p, const FwdTensors& t) {
   const auto& c = p.config;
   CallPlan call;
   CudnnMask mask = CudnnMaskOf(p);
@@ -278,8 +278,12 @@ CallPlan ForwardCallPlan(const Problem& p) {
   bool empty_rows = !p.padding && band.any_row_empty(c.max_seqlen_q, c.max_seqlen_kv);
   call.padding = p.padding;
   call.const_lengths = mask.const_lengths;
-  call.fixup = p.padding || empty_rows;
-  call.stage_stats = p.needs_lse() && call.fixup;
+  // Rows that see no key need O = 0 and LSE = -inf written; an LSE laid out otherwise than
+  // packed [batch, heads, seqlen_q] is written by the same kernel from staged stats, so that the
+  // graph (and the plan check() built) stays the same for every LSE layout.
+  call.stage_stats = p.needs_lse() && (p.padding || empty_rows ||
+                                       !LsePackedBhsd(p, t.lse, t.lse_packed));
+  call.fixup = p.padding || empty_rows || call.stage_stats;
   call.stage_sink = c.softmax_type != FUSEDATTN_SOFTMAX_VANILLA;
   call.prep = call.padding || call.const_lengths || call.stage_sink;
   return call;
@@ -308,7 +312,6 @@ CallPlan BackwardCallPlan(const Problem& p, const BwdTensors& t) {
 SdpaGraphSpec ForwardSpec(const Problem& p, const FwdTensors& t) {
   const auto& c = p.config;
   CudnnMask mask = CudnnMaskOf(p);
-  CallPlan call = ForwardCallPlan(p);
   SdpaGraphSpec s;
   s.direction = Direction::kForward;
   s.io_dtype = c.qkv_dtype;
@@ -321,17 +324,10 @@ SdpaGraphSpec ForwardSpec(const Problem& p, const FwdTensors& t) {
   s.k = DescOf(t.k, s.batch, c.heads_kv, c.max_seqlen_kv, c.head_dim_qk, p.thd);
   s.v = DescOf(t.v, s.batch, c.heads_kv, c.max_seqlen_kv, c.head_dim_v, p.thd);
   s.o = DescOf(t.o, s.batch, c.heads_q, c.max_seqlen_q, c.head_dim_v, p.thd);
+  // Packed [batch, heads_q, seqlen_q]: the caller's LSE when it is laid out so and needs no
+  // fix-up, else our staged copy (ForwardCallPlan).
   s.stats = p.needs_lse();
-  if (s.stats) {
-    if (call.stage_stats) {
-      PackedStatsStrides(p, s.stats_stride);
-    } else {
-      s.stats_stride[0] = NonZero(t.lse.stride_b, c.heads_q * c.max_seqlen_q);
-      s.stats_stride[1] = NonZero(t.lse.stride_h, c.max_seqlen_q);
-      s.stats_stride[2] = NonZero(t.lse.stride_s, 1);
-      s.stats_stride[3] = 1;
-    }
-  }
+  if (s.stats) PackedStatsStrides(p, s.stats_stride);
   s.padding = mask.padding;
   s.has_left_bound = mask.has_left, s.left_bound = mask.has_left ? mask.left_bound : 0;
   s.has_right_bound = mask.has_right, s.right_bound = mask.has_right ? mask.right_bound : 0;

@@ -8,8 +8,11 @@
 // How strides enter (the design choice of issue 3): a cuDNN graph bakes in every tensor's
 // strides, but check() sees only the problem. So
 //   * check() builds the graphs for the canonical strides of the problem's formats (contiguous
-//     BSHD/SBHD/BHSD/THD, LSE [batch, heads, seqlen_q], bias [bias_batch, bias_heads, sq, skv]
-//     in qkv_dtype) and refuses the problem when cuDNN refuses those graphs;
+//     BSHD/SBHD/BHSD/THD, bias [bias_batch, bias_heads, sq, skv] in qkv_dtype) and refuses the
+//     problem when cuDNN refuses those graphs;
+//   * the LSE never changes the graph: cuDNN always reads/writes packed [batch, heads, seqlen_q]
+//     stats, the caller's LSE directly when it is laid out so, else through our scratch and a
+//     small copy kernel (which also writes -inf for rows that see no key);
 //   * forward()/backward() build the spec from the actual tensor views; the key is the whole
 //     spec, so tensors with the canonical strides hit the graph check() built, and others
 //     (interleaved QKV, padded rows, a float32 bias, ...) build and cache their own graph on
@@ -103,19 +106,20 @@ int64_t GraphBatch(const Problem& problem);
 FwdTensors CanonicalFwdTensors(const Problem& problem);
 BwdTensors CanonicalBwdTensors(const Problem& problem);
 
-// What a call does besides running the graph. All decided from the problem (and the LSE view).
+// What a call does besides running the graph. All decided from the problem and the LSE view.
 struct CallPlan {
   bool padding = false;        // seq lens from cu_seqlens (padding masks, THD)
   bool const_lengths = false;  // seq lens all max_seqlen (to reach cuDNN's padded kernels)
   bool prep = false;           // a prepare kernel writes seq lens / ragged offsets / staging
-  bool stage_stats = false;    // LSE goes through our scratch (forward: out, backward: in)
+  bool stage_stats = false;    // LSE goes through our scratch (forward: out, backward: in), so
+                               // the graph always has packed [batch, heads, seqlen_q] stats
   bool fixup = false;          // a kernel writes our semantics for empty rows / unseen keys
   bool fixup_dbias = false;    // zero dbias where no sequence sees (i, j)
   bool stage_sink = false;     // the forward's sink: the caller's logits copied contiguous, or
                                // zeros for the off-by-one softmax
   bool dsink = false;          // learnable sink: our kernel computes dsink
 };
-CallPlan ForwardCallPlan(const Problem& problem);
+CallPlan ForwardCallPlan(const Problem& problem, const FwdTensors& tensors);
 CallPlan BackwardCallPlan(const Problem& problem, const BwdTensors& tensors);
 
 // The spec of a call. The views may be the canonical ones (check) or the caller's.
