@@ -1,0 +1,267 @@
+// The small kernels of the cuDNN backend (see kernels.h). Simple grid-stride loops over rows,
+// every index checked; correctness over speed, they move O(rows) data.
+#include "backends/cudnn/kernels.h"
+
+#include <cuda_fp16.h>
+
+#include <cmath>
+
+namespace fusedattn::cudnn {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kInt32Max = 2147483647;
+
+struct Seq {
+  int64_t start_q, len_q, start_kv, len_kv;
+};
+
+__device__ int64_t Clamp(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+// Sequence b's token starts (THD) and lengths, clamped so that nothing is read out of bounds.
+// Entries past the problem's batch (THD graph capacity) are empty and start at the end.
+__device__ Seq SequenceOf(const Sequences& s, int64_t b) {
+  Seq q{0, s.max_seqlen_q, 0, s.max_seqlen_kv};
+  if (b >= s.batch) {
+    q.len_q = q.len_kv = 0;
+    q.start_q = s.thd ? s.tokens_q : 0;
+    q.start_kv = s.thd ? s.tokens_kv : 0;
+    return q;
+  }
+  if (s.cu_seqlens_q != nullptr)
+    q.len_q = Clamp(int64_t{s.cu_seqlens_q[b + 1]} - s.cu_seqlens_q[b], 0, s.max_seqlen_q);
+  if (s.cu_seqlens_kv != nullptr)
+    q.len_kv = Clamp(int64_t{s.cu_seqlens_kv[b + 1]} - s.cu_seqlens_kv[b], 0, s.max_seqlen_kv);
+  if (s.thd) {
+    const int32_t* starts_q = s.seq_offsets_q != nullptr ? s.seq_offsets_q : s.cu_seqlens_q;
+    const int32_t* starts_kv = s.seq_offsets_kv != nullptr ? s.seq_offsets_kv : s.cu_seqlens_kv;
+    q.start_q = starts_q != nullptr ? Clamp(starts_q[b], 0, s.tokens_q) : 0;
+    q.start_kv = starts_kv != nullptr ? Clamp(starts_kv[b], 0, s.tokens_kv) : 0;
+    q.len_q = Clamp(q.len_q, 0, s.tokens_q - q.start_q);
+    q.len_kv = Clamp(q.len_kv, 0, s.tokens_kv - q.start_kv);
+  }
+  return q;
+}
+
+// Element offset of (b, h, i, x); start is the THD token start (0 otherwise).
+__device__ int64_t At(const DeviceView& v, int64_t b, int64_t h, int64_t i, int64_t x,
+                      int64_t start) {
+  return b * v.stride_b + (start + i) * v.stride_s + h * v.stride_h + x * v.stride_d;
+}
+
+__device__ void ZeroRow16(const DeviceView& v, int64_t b, int64_t h, int64_t i, int64_t start,
+                          int64_t dim) {
+  uint16_t* p = static_cast<uint16_t*>(v.data);
+  for (int64_t x = 0; x < dim; ++x) p[At(v, b, h, i, x, start)] = 0;  // +0.0 in fp16 and bf16
+}
+
+__device__ float LseAt(const DeviceView& lse, bool packed, int64_t b, int64_t h, int64_t i,
+                       int64_t start_q) {
+  const float* p = static_cast<const float*>(lse.data);
+  if (packed) return p[(start_q + i) * lse.stride_s + h * lse.stride_h];
+  return p[b * lse.stride_b + h * lse.stride_h + i * lse.stride_s];
+}
+
+__device__ int64_t GridStart() { return int64_t{blockIdx.x} * blockDim.x + threadIdx.x; }
+__device__ int64_t GridStride() { return int64_t{gridDim.x} * blockDim.x; }
+
+int Blocks(int64_t work) {
+  int64_t blocks = (work + kThreads - 1) / kThreads;
+  if (blocks < 1) blocks = 1;
+  if (blocks > 65535) blocks = 65535;
+  return static_cast<int>(blocks);
+}
+
+__global__ void PrepareKernel(PrepareParams p) {
+  const int64_t start = GridStart(), stride = GridStride();
+  for (int64_t b = start; b <= p.graph_batch; b += stride) {
+    Seq s = SequenceOf(p.seq, b);
+    if (b < p.graph_batch) {
+      if (p.seq_len_q != nullptr) p.seq_len_q[b] = static_cast<int32_t>(s.len_q);
+      if (p.seq_len_kv != nullptr) p.seq_len_kv[b] = static_cast<int32_t>(s.len_kv);
+    }
+    for (int slot = 0; slot < kRaggedSlots; ++slot) {
+      if (p.ragged[slot] == nullptr) continue;
+      int64_t token = p.ragged_kv_side[slot] ? s.start_kv : s.start_q;
+      if (b == p.graph_batch) token = p.ragged_kv_side[slot] ? p.seq.tokens_kv : p.seq.tokens_q;
+      int64_t offset = token * p.ragged_stride[slot];
+      p.ragged[slot][b] = static_cast<int32_t>(offset > kInt32Max ? kInt32Max : offset);
+    }
+  }
+  if (p.sink != nullptr)
+    for (int64_t h = start; h < p.heads_q; h += stride)
+      p.sink[h] = p.sink_src != nullptr ? p.sink_src[h * p.sink_stride] : 0.0f;
+  if (p.stats != nullptr) {
+    const int64_t sq = p.seq.max_seqlen_q;
+    const int64_t rows = p.graph_batch * p.heads_q * sq;
+    for (int64_t r = start; r < rows; r += stride) {
+      const int64_t i = r % sq, h = (r / sq) % p.heads_q, b = r / (sq * p.heads_q);
+      Seq s = SequenceOf(p.seq, b);
+      float value = INFINITY;
+      if (!p.band.row_empty(i, s.len_q, s.len_kv)) {
+        float lse = LseAt(p.lse, p.lse_packed, b, h, i, s.start_q);
+        if (isfinite(lse)) value = lse;
+      }
+      p.stats[r] = value;
+    }
+  }
+}
+
+__global__ void ForwardFixupKernel(ForwardFixupParams p) {
+  const int64_t sq = p.seq.max_seqlen_q;
+  const int64_t rows = p.seq.batch * p.heads_q * sq;
+  for (int64_t r = GridStart(); r < rows; r += GridStride()) {
+    const int64_t i = r % sq, h = (r / sq) % p.heads_q, b = r / (sq * p.heads_q);
+    Seq s = SequenceOf(p.seq, b);
+    const bool in_tensor = !p.seq.thd || i < s.len_q;  // THD holds only the sequence's rows
+    const bool empty = p.band.row_empty(i, s.len_q, s.len_kv);
+    if (in_tensor && empty) ZeroRow16(p.o, b, h, i, s.start_q, p.head_dim_v);
+    if (p.lse.data == nullptr) continue;
+    if (p.lse_packed && !in_tensor) continue;
+    float value = -INFINITY;
+    if (!empty && p.stats != nullptr) value = p.stats[r];  // staged rows share r's layout
+    float* lse = static_cast<float*>(p.lse.data);
+    if (p.lse_packed)
+      lse[(s.start_q + i) * p.lse.stride_s + h * p.lse.stride_h] = value;
+    else
+      lse[b * p.lse.stride_b + h * p.lse.stride_h + i * p.lse.stride_s] = value;
+  }
+}
+
+__global__ void BackwardFixupKernel(BackwardFixupParams p) {
+  const int64_t sq = p.seq.max_seqlen_q, skv = p.seq.max_seqlen_kv;
+  const int64_t rows_q = p.seq.batch * p.heads_q * sq;
+  const int64_t rows_kv = p.seq.batch * p.heads_kv * skv;
+  for (int64_t r = GridStart(); r < rows_q + rows_kv; r += GridStride()) {
+    if (r < rows_q) {
+      const int64_t i = r % sq, h = (r / sq) % p.heads_q, b = r / (sq * p.heads_q);
+      Seq s = SequenceOf(p.seq, b);
+      if (p.seq.thd && i >= s.len_q) continue;
+      if (p.band.row_empty(i, s.len_q, s.len_kv)) ZeroRow16(p.dq, b, h, i, s.start_q, p.head_dim_qk);
+    } else {
+      const int64_t k = r - rows_q;
+      const int64_t j = k % skv, h = (k / skv) % p.heads_kv, b = k / (skv * p.heads_kv);
+      Seq s = SequenceOf(p.seq, b);
+      if (p.seq.thd && j >= s.len_kv) continue;
+      if (p.band.key_unseen(j, s.len_q, s.len_kv)) {
+        ZeroRow16(p.dk, b, h, j, s.start_kv, p.head_dim_qk);
+        ZeroRow16(p.dv, b, h, j, s.start_kv, p.head_dim_v);
+      }
+    }
+  }
+}
+
+__global__ void DbiasFixupKernel(DbiasFixupParams p) {
+  const int64_t sq = p.seq.max_seqlen_q, skv = p.seq.max_seqlen_kv;
+  const int64_t count = p.bias_batch * p.bias_heads * sq * skv;
+  for (int64_t e = GridStart(); e < count; e += GridStride()) {
+    const int64_t j = e % skv, i = (e / skv) % sq, bh = (e / (skv * sq)) % p.bias_heads,
+                  bb = e / (skv * sq * p.bias_heads);
+    // The sequences whose scores this entry adds to: its own, or all when broadcast over batch.
+    const int64_t first = p.bias_batch == 1 ? 0 : bb;
+    const int64_t last = p.bias_batch == 1 ? p.seq.batch - 1 : bb;
+    bool seen = false;
+    for (int64_t b = first; b <= last && !seen; ++b) {
+      Seq s = SequenceOf(p.seq, b);
+      int64_t lo = 0, hi = 0;
+      p.band.keys_of_row(i, s.len_q, s.len_kv, &lo, &hi);
+      seen = j >= lo && j < hi;
+    }
+    if (seen) continue;
+    const int64_t offset = bb * p.stride_b + bh * p.stride_h + i * p.stride_q + j * p.stride_kv;
+    if (p.element_bytes == 4)
+      static_cast<uint32_t*>(p.dbias)[offset] = 0;
+    else
+      static_cast<uint16_t*>(p.dbias)[offset] = 0;
+  }
+}
+
+__device__ float Load16(const void* data, int64_t index, bool bf16) {
+  const uint16_t bits = static_cast<const uint16_t*>(data)[index];
+  if (bf16) return __uint_as_float(static_cast<uint32_t>(bits) << 16);
+  return __half2float(__ushort_as_half(bits));
+}
+
+// Block (chunk c, head h) sums the rows r = c, c + chunks, ... of head h; warps take rows in turn.
+__global__ void DsinkPartialKernel(DsinkParams p) {
+  const int64_t h = blockIdx.y;
+  const int chunk = blockIdx.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  constexpr int kWarps = kThreads / 32;
+  const int64_t sq = p.seq.max_seqlen_q;
+  const int64_t rows = p.seq.batch * sq;
+  const float sink = p.sink[h * p.sink_stride];
+  float warp_sum = 0.0f;  // meaningful in lane 0
+  for (int64_t r = chunk + int64_t{warp} * kDsinkChunks; r < rows;
+       r += int64_t{kWarps} * kDsinkChunks) {
+    const int64_t b = r / sq, i = r % sq;
+    Seq s = SequenceOf(p.seq, b);
+    if (p.band.row_empty(i, s.len_q, s.len_kv)) continue;  // also rows past the sequence
+    const float lse = LseAt(p.lse, p.lse_packed, b, h, i, s.start_q);
+    if (!isfinite(lse)) continue;
+    float dot = 0.0f;
+    for (int64_t x = lane; x < p.head_dim_v; x += 32)
+      dot += Load16(p.d_o.data, At(p.d_o, b, h, i, x, s.start_q), p.bf16) *
+             Load16(p.o.data, At(p.o, b, h, i, x, s.start_q), p.bf16);
+    for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_down_sync(0xffffffffu, dot, offset);
+    if (lane == 0) warp_sum += expf(sink - lse) * dot;
+  }
+  __shared__ float sums[kWarps];
+  if (lane == 0) sums[warp] = warp_sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int w = 0; w < kWarps; ++w) total += sums[w];
+    p.partials[int64_t{chunk} * p.heads_q + h] = total;
+  }
+}
+
+__global__ void DsinkFinalKernel(DsinkParams p) {
+  for (int64_t h = GridStart(); h < p.heads_q; h += GridStride()) {
+    float total = 0.0f;
+    for (int c = 0; c < kDsinkChunks; ++c) total += p.partials[int64_t{c} * p.heads_q + h];
+    p.dsink[h * p.dsink_stride] = -total;
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchPrepare(const PrepareParams& p, cudaStream_t stream) {
+  int64_t work = p.graph_batch + 1;
+  if (p.heads_q > work) work = p.heads_q;
+  if (p.stats != nullptr && p.graph_batch * p.heads_q * p.seq.max_seqlen_q > work)
+    work = p.graph_batch * p.heads_q * p.seq.max_seqlen_q;
+  PrepareKernel<<<Blocks(work), kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchForwardFixup(const ForwardFixupParams& p, cudaStream_t stream) {
+  ForwardFixupKernel<<<Blocks(p.seq.batch * p.heads_q * p.seq.max_seqlen_q), kThreads, 0,
+                       stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchBackwardFixup(const BackwardFixupParams& p, cudaStream_t stream) {
+  int64_t work = p.seq.batch * (p.heads_q * p.seq.max_seqlen_q + p.heads_kv * p.seq.max_seqlen_kv);
+  BackwardFixupKernel<<<Blocks(work), kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchDbiasFixup(const DbiasFixupParams& p, cudaStream_t stream) {
+  int64_t work = p.bias_batch * p.bias_heads * p.seq.max_seqlen_q * p.seq.max_seqlen_kv;
+  DbiasFixupKernel<<<Blocks(work), kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchDsink(const DsinkParams& p, cudaStream_t stream) {
+  if (p.heads_q > 65535) return cudaErrorInvalidConfiguration;
+  DsinkPartialKernel<<<dim3(kDsinkChunks, static_cast<unsigned>(p.heads_q)), kThreads, 0,
+                       stream>>>(p);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  DsinkFinalKernel<<<Blocks(p.heads_q), kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace fusedattn::cudnn

@@ -1,0 +1,106 @@
+// Small kernels around the cuDNN graphs: they prepare what cuDNN reads (sequence lengths and
+// ragged offsets from cu_seqlens, LSE staging, a zero sink) and write what our semantics say where
+// cuDNN's differ or are unspecified (rows that see no key: O = 0, LSE = -inf, dQ = 0; keys no row
+// sees: dK = dV = 0; dbias outside every sequence's band = 0), and compute dsink. Each is one
+// launch over rows, O(rows) work, no O(sq * skv) memory.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "backends/cudnn/band.h"
+#include "backends/cudnn/plan_spec.h"
+
+namespace fusedattn::cudnn {
+
+// Where each sequence is, as the problem says. Lengths are clamped to [0, max_seqlen] and, for
+// THD, to the tensor's tokens, so no kernel reads out of bounds whatever cu_seqlens hold.
+struct Sequences {
+  int64_t batch = 0;  // the problem's batch (graph batch entries past it are empty)
+  int64_t max_seqlen_q = 0, max_seqlen_kv = 0;
+  const int32_t* cu_seqlens_q = nullptr;   // null: every length is the maximum
+  const int32_t* cu_seqlens_kv = nullptr;
+  const int32_t* seq_offsets_q = nullptr;  // THD token starts (null: cu_seqlens)
+  const int32_t* seq_offsets_kv = nullptr;
+  bool thd = false;
+  int64_t tokens_q = 0, tokens_kv = 0;     // THD: token rows of the q-side / kv-side tensors
+};
+
+// A [batch, heads, seq, dim] view; THD adds the sequence's token start to seq (stride_b = 0).
+struct DeviceView {
+  void* data = nullptr;
+  int64_t stride_b = 0, stride_h = 0, stride_s = 0, stride_d = 0;
+};
+
+struct PrepareParams {
+  Sequences seq;
+  int64_t graph_batch = 0;
+  int32_t* seq_len_q = nullptr;   // [graph_batch], or null
+  int32_t* seq_len_kv = nullptr;
+  int32_t* ragged[kRaggedSlots] = {};        // [graph_batch + 1] element offsets, or null
+  int64_t ragged_stride[kRaggedSlots] = {};  // token stride of that tensor
+  bool ragged_kv_side[kRaggedSlots] = {};
+  // The softmax sink as cuDNN reads it, contiguous [heads_q]: the caller's sink logits (strided),
+  // or zeros for the off-by-one softmax when sink_src is null.
+  float* sink = nullptr;
+  const float* sink_src = nullptr;
+  int64_t sink_stride = 1;
+  int64_t heads_q = 0;
+  // LSE staging for the backward: stats[b][h][i] = lse of the row, or +inf where the row sees no
+  // key (then every probability cuDNN forms, exp(s - stats), is 0).
+  float* stats = nullptr;         // [graph_batch, heads_q, max_seqlen_q], or null
+  DeviceView lse;                 // float32; stride_d unused
+  bool lse_packed = false;        // THD [tokens, heads]
+  Band band;
+};
+cudaError_t LaunchPrepare(const PrepareParams& params, cudaStream_t stream);
+
+struct ForwardFixupParams {
+  Sequences seq;
+  Band band;
+  int64_t heads_q = 0, head_dim_v = 0;
+  DeviceView o;                   // 16-bit elements
+  const float* stats = nullptr;   // staged [graph_batch, heads_q, max_seqlen_q], or null
+  DeviceView lse;                 // float32 output, data null when not asked for
+  bool lse_packed = false;
+};
+cudaError_t LaunchForwardFixup(const ForwardFixupParams& params, cudaStream_t stream);
+
+struct BackwardFixupParams {
+  Sequences seq;
+  Band band;
+  int64_t heads_q = 0, heads_kv = 0, head_dim_qk = 0, head_dim_v = 0;
+  DeviceView dq, dk, dv;          // 16-bit elements
+};
+cudaError_t LaunchBackwardFixup(const BackwardFixupParams& params, cudaStream_t stream);
+
+struct DbiasFixupParams {
+  Sequences seq;
+  Band band;
+  int64_t bias_batch = 0, bias_heads = 0;
+  void* dbias = nullptr;
+  int element_bytes = 4;          // 4 (float32) or 2
+  int64_t stride_b = 0, stride_h = 0, stride_q = 0, stride_kv = 0;
+};
+cudaError_t LaunchDbiasFixup(const DbiasFixupParams& params, cudaStream_t stream);
+
+// dsink[h] = -sum over rows that see a key of exp(sink[h] - lse) * (dO . O), in a fixed order
+// (bit-identical run to run).
+struct DsinkParams {
+  Sequences seq;
+  Band band;
+  int64_t heads_q = 0, head_dim_v = 0;
+  bool bf16 = true;               // dtype of O and dO (else float16)
+  DeviceView o, d_o;
+  DeviceView lse;
+  bool lse_packed = false;
+  const float* sink = nullptr;
+  int64_t sink_stride = 1;
+  float* partials = nullptr;      // [kDsinkChunks, heads_q] scratch
+  float* dsink = nullptr;
+  int64_t dsink_stride = 1;
+};
+cudaError_t LaunchDsink(const DsinkParams& params, cudaStream_t stream);
+
+}  // namespace fusedattn::cudnn

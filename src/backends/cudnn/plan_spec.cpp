@@ -1,0 +1,510 @@
+#include "backends/cudnn/plan_spec.h"
+
+#include <cstring>
+
+namespace fusedattn::cudnn {
+
+namespace {
+
+constexpr int64_t kInt32Max = 2147483647;
+
+// cuDNN's mask attributes for a problem.
+struct CudnnMask {
+  bool padding = false;        // seq_len tensors given to cuDNN
+  bool const_lengths = false;  // ... all at max_seqlen (no padding mask in the problem)
+  bool has_left = false, has_right = false;
+  int64_t left_bound = 0, right_bound = 0;
+  bool bottom_right = false;
+};
+
+// A window at least max_seqlen_q + max_seqlen_kv wide hides nothing (|d - j| stays below it for
+// every row and key of every sequence): it is the unbounded window.
+int64_t EffectiveWindow(int64_t window, const fusedattn_config& c) {
+  return window >= c.max_seqlen_q + c.max_seqlen_kv ? -1 : window;
+}
+
+CudnnMask CudnnMaskOf(const Problem& p) {
+  const auto& c = p.config;
+  CudnnMask m;
+  m.padding = p.padding;
+  const int64_t left = EffectiveWindow(p.window_left, c);
+  const int64_t right = EffectiveWindow(p.window_right, c);
+  if (left < 0 && right < 0) return m;
+  // cuDNN keeps key j when j > d - left_bound (so window_left + 1) and j <= d + right_bound.
+  m.has_left = left >= 0;
+  m.left_bound = left + 1;
+  m.has_right = right >= 0;
+  m.right_bound = right;
+  m.bottom_right = p.bottom_right;
+  // With fixed lengths and sq == skv both alignments are the same diagonal; top-left is the one
+  // cuDNN combines with bias and dropout.
+  if (!p.padding && c.max_seqlen_q == c.max_seqlen_kv) m.bottom_right = false;
+  // cuDNN runs a band with max_seqlen_q > max_seqlen_kv only in its padded kernels; give it
+  // lengths that are all the maximum.
+  if (!p.padding && c.max_seqlen_q > c.max_seqlen_kv &&
+      (m.has_left || (m.has_right && m.bottom_right))) {
+    m.padding = true;
+    m.const_lengths = true;
+  }
+  return m;
+}
+
+// Extent-1 dimensions keep the caller's stride unless it is 0, which cuDNN may read as
+// overlapping; any non-zero stride addresses the same elements.
+int64_t NonZero(int64_t stride, int64_t fallback) { return stride != 0 ? stride : fallback; }
+
+TensorDesc DescOf(const TensorView& t, int64_t batch, int64_t heads, int64_t seqlen, int64_t dim,
+                  bool ragged) {
+  TensorDesc d;
+  d.dim[0] = batch, d.dim[1] = heads, d.dim[2] = seqlen, d.dim[3] = dim;
+  d.stride[3] = NonZero(t.stride_d, 1);
+  d.stride[2] = NonZero(t.stride_s, dim * d.stride[3]);
+  d.stride[1] = NonZero(t.stride_h, dim * d.stride[3]);
+  // THD has no batch stride (the ragged offsets place sequences); declare the one of a packed
+  // [batch, seqlen] token axis so that cuDNN sees a well-formed tensor.
+  d.stride[0] = ragged ? seqlen * d.stride[2] : NonZero(t.stride_b, seqlen * d.stride[2]);
+  return d;
+}
+
+TensorDesc BiasDescOf(const Problem& p, const BiasView& b) {
+  const auto& c = p.config;
+  TensorDesc d;
+  d.dim[0] = c.bias_batch, d.dim[1] = c.bias_heads, d.dim[2] = c.max_seqlen_q,
+  d.dim[3] = c.max_seqlen_kv;
+  d.stride[3] = NonZero(b.stride_kv, 1);
+  d.stride[2] = NonZero(b.stride_q, c.max_seqlen_kv * d.stride[3]);
+  d.stride[1] = NonZero(b.stride_h, c.max_seqlen_q * d.stride[2]);
+  d.stride[0] = NonZero(b.stride_b, c.bias_heads * d.stride[1]);
+  return d;
+}
+
+bool LsePackedBhsd(const Problem& p, const LseView& lse, bool packed) {
+  const auto& c = p.config;
+  if (packed) return false;
+  bool s_ok = c.max_seqlen_q == 1 || lse.stride_s == 1;
+  bool h_ok = c.heads_q == 1 || lse.stride_h == c.max_seqlen_q;
+  bool b_ok = c.batch == 1 || lse.stride_b == c.heads_q * c.max_seqlen_q;
+  return s_ok && h_ok && b_ok;
+}
+
+void PackedStatsStrides(const Problem& p, int64_t* stride) {
+  stride[0] = p.config.heads_q * p.config.max_seqlen_q;
+  stride[1] = p.config.max_seqlen_q;
+  stride[2] = 1;
+  stride[3] = 1;
+}
+
+TensorView Canonical(fusedattn_format format, int64_t batch, int64_t seqlen, int64_t heads,
+                     int64_t dim, fusedattn_dtype dtype) {
+  TensorView v;
+  v.dtype = dtype;
+  v.stride_d = 1;
+  switch (format) {
+    case FUSEDATTN_FORMAT_BSHD:
+      v.stride_h = dim, v.stride_s = heads * dim, v.stride_b = seqlen * heads * dim;
+      break;
+    case FUSEDATTN_FORMAT_SBHD:
+      v.stride_h = dim, v.stride_b = heads * dim, v.stride_s = batch * heads * dim;
+      break;
+    case FUSEDATTN_FORMAT_BHSD:
+      v.stride_s = dim, v.stride_h = seqlen * dim, v.stride_b = heads * seqlen * dim;
+      break;
+    case FUSEDATTN_FORMAT_THD:
+      v.stride_h = dim, v.stride_s = heads * dim, v.stride_b = 0;
+      break;
+  }
+  v.num_tokens = batch * seqlen;
+  return v;
+}
+
+BiasView CanonicalBias(const Problem& p) {
+  const auto& c = p.config;
+  BiasView b;
+  b.dtype = c.qkv_dtype;
+  b.stride_kv = 1;
+  b.stride_q = c.max_seqlen_kv;
+  b.stride_h = c.bias_heads == 1 ? 0 : c.max_seqlen_q * c.max_seqlen_kv;
+  b.stride_b = c.bias_batch == 1 ? 0 : c.bias_heads * c.max_seqlen_q * c.max_seqlen_kv;
+  return b;
+}
+
+LseView CanonicalLse(const Problem& p) {
+  LseView l;
+  l.dtype = FUSEDATTN_DTYPE_FLOAT32;
+  l.stride_s = 1;
+  l.stride_h = p.config.max_seqlen_q;
+  l.stride_b = p.config.heads_q * p.config.max_seqlen_q;
+  l.num_tokens = p.config.batch * p.config.max_seqlen_q;
+  return l;
+}
+
+size_t AlignUp(size_t n) { return (n + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment; }
+
+// Appends words to a key; the fixed-size key must hold them all.
+class KeyWriter {
+ public:
+  explicit KeyWriter(PlanKey* key) : key_(key) {}
+  void add(int64_t w) {
+    if (n_ < PlanKey::kWords) key_->words[n_] = w;
+    ++n_;
+  }
+  void add(const TensorDesc& d) {
+    for (int i = 0; i < 4; ++i) add(d.dim[i]);
+    for (int i = 0; i < 4; ++i) add(d.stride[i]);
+  }
+  void add_float(float f) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, sizeof bits);
+    add(static_cast<int64_t>(bits));
+  }
+  size_t count() const { return n_; }
+
+ private:
+  PlanKey* key_;
+  size_t n_ = 0;
+};
+
+}  // namespace
+
+Status PreCheck(const Problem& p) {
+  const auto& c = p.config;
+  if (p.device != Device::kCuda)
+    return NotSupported("runs on CUDA tensors only (config.device is CPU)");
+  if (c.qkv_dtype != FUSEDATTN_DTYPE_FLOAT16 && c.qkv_dtype != FUSEDATTN_DTYPE_BFLOAT16)
+    return NotSupported(
+        "qkv_dtype = %s: cuDNN SDPA takes float16 or bfloat16 only (flash runs float32)",
+        DtypeName(c.qkv_dtype));
+  if (c.o_dtype != c.qkv_dtype)
+    return NotSupported(
+        "o_dtype = %s differs from qkv_dtype = %s: cuDNN SDPA writes O in the input dtype (flash "
+        "runs mixed dtypes)",
+        DtypeName(c.o_dtype), DtypeName(c.qkv_dtype));
+  if (c.bias_type == FUSEDATTN_BIAS_PRE_SCALE)
+    return NotSupported(
+        "bias_type = pre_scale: cuDNN SDPA adds the bias after attn_scale only (flash runs "
+        "pre-scale bias)");
+  if (c.bias_type == FUSEDATTN_BIAS_ALIBI)
+    return NotSupported(
+        "bias_type = alibi: cuDNN's ALiBi has fixed slopes 2^(-8(h+1)/heads) and needs a causal "
+        "mask, not the caller's slopes (flash runs ALiBi)");
+  if (c.softcap > 0.0)
+    return NotSupported(
+        "softcap = %g: cuDNN applies a soft-cap only through a score modifier that excludes its "
+        "masks (flash runs softcap)",
+        c.softcap);
+  if (c.return_max_logit)
+    return NotSupported("return_max_logit = 1: cuDNN SDPA has no per-head max logit (flash "
+                        "returns it)");
+  if (c.head_dim_qk % 8 != 0 || c.head_dim_v % 8 != 0)
+    return NotSupported(
+        "head_dim_qk = %lld, head_dim_v = %lld: cuDNN SDPA needs head dims that are multiples of "
+        "8 (flash runs any head dim)",
+        (long long)c.head_dim_qk, (long long)c.head_dim_v);
+  if (c.max_seqlen_q > kInt32Max || c.max_seqlen_kv > kInt32Max)
+    return NotSupported("max_seqlen above 2^31-1: cuDNN's sequence lengths are int32");
+  // Windows that hide something reach cuDNN as int bounds (window_left + 1, window_right).
+  if (EffectiveWindow(p.window_left, c) >= kInt32Max || EffectiveWindow(p.window_right, c) > kInt32Max)
+    return NotSupported("window_left = %lld, window_right = %lld: cuDNN's band bounds are int32",
+                        (long long)p.window_left, (long long)p.window_right);
+  if (p.thd) {
+    // Ragged offsets are int32 element offsets; plan for batch * max_seqlen packed tokens.
+    // (MakeProblem checked that these products fit int64.)
+    int64_t dim = c.head_dim_qk > c.head_dim_v ? c.head_dim_qk : c.head_dim_v;
+    int64_t q_elems = c.batch * c.max_seqlen_q * c.heads_q * dim;
+    int64_t kv_elems = c.batch * c.max_seqlen_kv * c.heads_kv * dim;
+    if (q_elems > kInt32Max || kv_elems > kInt32Max)
+      return NotSupported(
+          "THD with batch * max_seqlen * heads * head_dim above 2^31-1 elements: cuDNN's ragged "
+          "offsets are int32 (flash runs it)");
+  }
+  return Status::Ok();
+}
+
+Band BandOf(const Problem& p) {
+  Band b;
+  b.left = p.window_left;
+  b.right = p.window_right;
+  b.bottom_right = p.bottom_right;
+  return b;
+}
+
+int64_t GraphBatch(const Problem& p) {
+  const auto& c = p.config;
+  // A per-sequence bias is indexed by the graph batch, so only bias-free (or batch-broadcast)
+  // THD problems round their batch up.
+  bool per_sequence_bias = p.has_tensor_bias() && c.bias_batch > 1;
+  if (!p.thd || per_sequence_bias) return c.batch;
+  int64_t capacity = 1;
+  while (capacity < c.batch) capacity *= 2;
+  return capacity;
+}
+
+FwdTensors CanonicalFwdTensors(const Problem& p) {
+  const auto& c = p.config;
+  FwdTensors t;
+  t.q = Canonical(c.q_format, c.batch, c.max_seqlen_q, c.heads_q, c.head_dim_qk, c.qkv_dtype);
+  t.k = Canonical(c.kv_format, c.batch, c.max_seqlen_kv, c.heads_kv, c.head_dim_qk, c.qkv_dtype);
+  t.v = Canonical(c.kv_format, c.batch, c.max_seqlen_kv, c.heads_kv, c.head_dim_v, c.qkv_dtype);
+  t.o = Canonical(c.o_format, c.batch, c.max_seqlen_q, c.heads_q, c.head_dim_v, c.o_dtype);
+  if (p.needs_lse()) t.lse = CanonicalLse(p);
+  if (p.has_tensor_bias()) t.bias = CanonicalBias(p);
+  return t;
+}
+
+BwdTensors CanonicalBwdTensors(const Problem& p) {
+  const auto& c = p.config;
+  BwdTensors t;
+  t.q = Canonical(c.q_format, c.batch, c.max_seqlen_q, c.heads_q, c.head_dim_qk, c.qkv_dtype);
+  t.k = Canonical(c.kv_format, c.batch, c.max_seqlen_kv, c.heads_kv, c.head_dim_qk, c.qkv_dtype);
+  t.v = Canonical(c.kv_format, c.batch, c.max_seqlen_kv, c.heads_kv, c.head_dim_v, c.qkv_dtype);
+  t.o = Canonical(c.o_format, c.batch, c.max_seqlen_q, c.heads_q, c.head_dim_v, c.o_dtype);
+  t.d_o = Canonical(c.do_format, c.batch, c.max_seqlen_q, c.heads_q, c.head_dim_v, c.o_dtype);
+  t.dq = Canonical(c.dqkv_format, c.batch, c.max_seqlen_q, c.heads_q, c.head_dim_qk, c.qkv_dtype);
+  t.dk = Canonical(c.dqkv_format, c.batch, c.max_seqlen_kv, c.heads_kv, c.head_dim_qk,
+                   c.qkv_dtype);
+  t.dv = Canonical(c.dqkv_format, c.batch, c.max_seqlen_kv, c.heads_kv, c.head_dim_v,
+                   c.qkv_dtype);
+  t.lse = CanonicalLse(p);
+  if (p.has_tensor_bias()) t.bias = CanonicalBias(p);
+  if (c.bias_requires_grad) t.dbias = CanonicalBias(p);
+  return t;
+}
+
+CallPlan ForwardCallPlan(const Problem& p, const FwdTensors& t) {
+  const auto& c = p.config;
+  CallPlan call;
+  CudnnMask mask = CudnnMaskOf(p);
+  Band band = BandOf(p);
+  bool empty_rows = !p.padding && band.any_row_empty(c.max_seqlen_q, c.max_seqlen_kv);
+  call.padding = p.padding;
+  call.const_lengths = mask.const_lengths;
+  // Rows that see no key need O = 0 and LSE = -inf written; an LSE laid out otherwise than
+  // packed [batch, heads, seqlen_q] is written by the same kernel from staged stats, so that the
+  // graph (and the plan check() built) stays the same for every LSE layout.
+  call.stage_stats = p.needs_lse() && (p.padding || empty_rows ||
+                                       !LsePackedBhsd(p, t.lse, t.lse_packed));
+  call.fixup = p.padding || empty_rows || call.stage_stats;
+  call.stage_sink = c.softmax_type != FUSEDATTN_SOFTMAX_VANILLA;
+  call.prep = call.padding || call.const_lengths || call.stage_sink;
+  return call;
+}
+
+CallPlan BackwardCallPlan(const Problem& p, const BwdTensors& t) {
+  const auto& c = p.config;
+  CallPlan call;
+  CudnnMask mask = CudnnMaskOf(p);
+  Band band = BandOf(p);
+  bool empty_rows = !p.padding && band.any_row_empty(c.max_seqlen_q, c.max_seqlen_kv);
+  bool unseen_keys = !p.padding && band.any_key_unseen(c.max_seqlen_q, c.max_seqlen_kv);
+  call.padding = p.padding;
+  call.const_lengths = mask.const_lengths;
+  call.fixup = p.padding || empty_rows || unseen_keys;
+  // The backward reads LSE as packed [batch, heads, seqlen_q] (cuDNN before 9.26), and rows that
+  // see no key carry LSE = -inf, which cuDNN would turn into exp(-inf - -inf) = NaN: such LSE
+  // goes through scratch with +inf there (every probability of the row is then 0).
+  call.stage_stats = p.padding || empty_rows || !LsePackedBhsd(p, t.lse, t.lse_packed);
+  call.fixup_dbias = c.bias_requires_grad && (p.padding || p.has_band());
+  call.dsink = c.softmax_type == FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+  call.prep = call.padding || call.const_lengths || call.stage_stats;
+  return call;
+}
+
+SdpaGraphSpec ForwardSpec(const Problem& p, const FwdTensors& t) {
+  const auto& c = p.config;
+  CudnnMask mask = CudnnMaskOf(p);
+  SdpaGraphSpec s;
+  s.direction = Direction::kForward;
+  s.io_dtype = c.qkv_dtype;
+  s.batch = GraphBatch(p);
+  s.heads_q = c.heads_q, s.heads_kv = c.heads_kv;
+  s.seqlen_q = c.max_seqlen_q, s.seqlen_kv = c.max_seqlen_kv;
+  s.head_dim_qk = c.head_dim_qk, s.head_dim_v = c.head_dim_v;
+  s.ragged = p.thd;
+  s.q = DescOf(t.q, s.batch, c.heads_q, c.max_seqlen_q, c.head_dim_qk, p.thd);
+  s.k = DescOf(t.k, s.batch, c.heads_kv, c.max_seqlen_kv, c.head_dim_qk, p.thd);
+  s.v = DescOf(t.v, s.batch, c.heads_kv, c.max_seqlen_kv, c.head_dim_v, p.thd);
+  s.o = DescOf(t.o, s.batch, c.heads_q, c.max_seqlen_q, c.head_dim_v, p.thd);
+  // Packed [batch, heads_q, seqlen_q]: the caller's LSE when it is laid out so and needs no
+  // fix-up, else our staged copy (ForwardCallPlan).
+  s.stats = p.needs_lse();
+  if (s.stats) PackedStatsStrides(p, s.stats_stride);
+  s.padding = mask.padding;
+  s.has_left_bound = mask.has_left, s.left_bound = mask.has_left ? mask.left_bound : 0;
+  s.has_right_bound = mask.has_right, s.right_bound = mask.has_right ? mask.right_bound : 0;
+  s.bottom_right = mask.bottom_right;
+  if (c.bias_type == FUSEDATTN_BIAS_POST_SCALE) {
+    s.bias = true;
+    s.bias_dtype = t.bias.dtype;
+    s.bias_desc = BiasDescOf(p, t.bias);
+  }
+  s.sink = c.softmax_type != FUSEDATTN_SOFTMAX_VANILLA;
+  s.attn_scale = static_cast<float>(p.scale());
+  s.dropout = static_cast<float>(c.dropout);
+  return s;
+}
+
+SdpaGraphSpec BackwardSpec(const Problem& p, const BwdTensors& t) {
+  const auto& c = p.config;
+  CudnnMask mask = CudnnMaskOf(p);
+  SdpaGraphSpec s;
+  s.direction = Direction::kBackward;
+  s.io_dtype = c.qkv_dtype;
+  s.batch = GraphBatch(p);
+  s.heads_q = c.heads_q, s.heads_kv = c.heads_kv;
+  s.seqlen_q = c.max_seqlen_q, s.seqlen_kv = c.max_seqlen_kv;
+  s.head_dim_qk = c.head_dim_qk, s.head_dim_v = c.head_dim_v;
+  s.ragged = p.thd;
+  s.q = DescOf(t.q, s.batch, c.heads_q, c.max_seqlen_q, c.head_dim_qk, p.thd);
+  s.k = DescOf(t.k, s.batch, c.heads_kv, c.max_seqlen_kv, c.head_dim_qk, p.thd);
+  s.v = DescOf(t.v, s.batch, c.heads_kv, c.max_seqlen_kv, c.head_dim_v, p.thd);
+  s.o = DescOf(t.o, s.batch, c.heads_q, c.max_seqlen_q, c.head_dim_v, p.thd);
+  s.d_o = DescOf(t.d_o, s.batch, c.heads_q, c.max_seqlen_q, c.head_dim_v, p.thd);
+  s.dq = DescOf(t.dq, s.batch, c.heads_q, c.max_seqlen_q, c.head_dim_qk, p.thd);
+  s.dk = DescOf(t.dk, s.batch, c.heads_kv, c.max_seqlen_kv, c.head_dim_qk, p.thd);
+  s.dv = DescOf(t.dv, s.batch, c.heads_kv, c.max_seqlen_kv, c.head_dim_v, p.thd);
+  // Always packed [batch, heads_q, seqlen_q]: the caller's LSE when it is laid out so and needs
+  // no fix-up, else our staged copy (BackwardCallPlan).
+  s.stats = true;
+  PackedStatsStrides(p, s.stats_stride);
+  s.padding = mask.padding;
+  s.has_left_bound = mask.has_left, s.left_bound = mask.has_left ? mask.left_bound : 0;
+  s.has_right_bound = mask.has_right, s.right_bound = mask.has_right ? mask.right_bound : 0;
+  s.bottom_right = mask.bottom_right;
+  if (c.bias_type == FUSEDATTN_BIAS_POST_SCALE) {
+    s.bias = true;
+    s.bias_dtype = t.bias.dtype;
+    s.bias_desc = BiasDescOf(p, t.bias);
+    if (c.bias_requires_grad) {
+      s.dbias = true;
+      s.dbias_desc = BiasDescOf(p, t.dbias);
+    }
+  }
+  // The sink changes only LSE, which the backward reads; dQ/dK/dV follow from it unchanged, and
+  // dsink is computed by our own kernel (cuDNN's reduction has the opposite sign convention).
+  s.sink = false;
+  s.attn_scale = static_cast<float>(p.scale());
+  s.dropout = static_cast<float>(c.dropout);
+  s.deterministic = c.deterministic != 0;
+  return s;
+}
+
+PlanKey MakePlanKey(const SdpaGraphSpec& s, const DeviceInfo& device) {
+  PlanKey key;
+  KeyWriter w(&key);
+  bool bwd = s.direction == Direction::kBackward;
+  w.add(static_cast<int64_t>(s.direction));
+  w.add(s.io_dtype);
+  w.add(s.batch);
+  w.add(s.heads_q), w.add(s.heads_kv), w.add(s.seqlen_q), w.add(s.seqlen_kv);
+  w.add(s.head_dim_qk), w.add(s.head_dim_v);
+  w.add(s.ragged);
+  w.add(s.q), w.add(s.k), w.add(s.v), w.add(s.o);
+  if (bwd) w.add(s.d_o), w.add(s.dq), w.add(s.dk), w.add(s.dv);
+  w.add(s.stats);
+  for (int i = 0; i < 4; ++i) w.add(s.stats ? s.stats_stride[i] : 0);
+  w.add(s.padding);
+  w.add(s.has_left_bound), w.add(s.left_bound), w.add(s.has_right_bound), w.add(s.right_bound);
+  w.add(s.bottom_right);
+  w.add(s.bias);
+  if (s.bias) w.add(s.bias_dtype), w.add(s.bias_desc);
+  w.add(s.dbias);
+  if (s.dbias) w.add(s.dbias_desc);
+  w.add(s.sink);
+  w.add_float(s.attn_scale);
+  w.add_float(s.dropout);
+  w.add(s.deterministic);
+  w.add(device.ordinal), w.add(device.compute_capability), w.add(device.cudnn_version);
+  key.used = w.count();
+  uint64_t h = 1469598103934665603ull;
+  for (int64_t word : key.words) {
+    h ^= static_cast<uint64_t>(word);
+    h *= 1099511628211ull;
+    h ^= h >> 29;
+  }
+  key.hash = static_cast<size_t>(h);
+  return key;
+}
+
+Scratch ForwardScratch(const Problem& p, const CallPlan& call) {
+  const auto& c = p.config;
+  const int64_t batch = GraphBatch(p);
+  Scratch s;
+  size_t at = 0;
+  auto take = [&](size_t bytes) {
+    size_t offset = at;
+    at += AlignUp(bytes);
+    return offset;
+  };
+  if (call.padding || call.const_lengths) {
+    s.seq_len_q = take(sizeof(int32_t) * batch);
+    s.seq_len_kv = take(sizeof(int32_t) * batch);
+  }
+  if (p.thd)
+    for (int slot : {kRaggedQ, kRaggedK, kRaggedV, kRaggedO})
+      s.ragged[slot] = take(sizeof(int32_t) * (batch + 1));
+  if (call.stage_stats) s.stats = take(sizeof(float) * batch * c.heads_q * c.max_seqlen_q);
+  if (call.stage_sink) s.sink = take(sizeof(float) * c.heads_q);
+  s.bytes = at;
+  return s;
+}
+
+Scratch BackwardScratch(const Problem& p, const CallPlan& call) {
+  const auto& c = p.config;
+  const int64_t batch = GraphBatch(p);
+  Scratch s;
+  size_t at = 0;
+  auto take = [&](size_t bytes) {
+    size_t offset = at;
+    at += AlignUp(bytes);
+    return offset;
+  };
+  if (call.padding || call.const_lengths) {
+    s.seq_len_q = take(sizeof(int32_t) * batch);
+    s.seq_len_kv = take(sizeof(int32_t) * batch);
+  }
+  if (p.thd)
+    for (int slot = 0; slot < kRaggedSlots; ++slot)
+      s.ragged[slot] = take(sizeof(int32_t) * (batch + 1));
+  if (call.stage_stats) s.stats = take(sizeof(float) * batch * c.heads_q * c.max_seqlen_q);
+  if (call.dsink) s.dsink_partials = take(sizeof(float) * kDsinkChunks * c.heads_q);
+  s.bytes = at;
+  return s;
+}
+
+size_t WorkspaceBytes(size_t scratch_bytes, int64_t cudnn_bytes) {
+  size_t cudnn = cudnn_bytes > 0 ? static_cast<size_t>(cudnn_bytes) : 0;
+  if (scratch_bytes == 0 && cudnn == 0) return 0;
+  return kWorkspaceAlignment + AlignUp(scratch_bytes) + AlignUp(cudnn);
+}
+
+Status CheckRuntimeLayout(const char* name, const TensorView& t, int64_t batch, int64_t heads,
+                          int64_t seqlen, int64_t dim, bool ragged) {
+  const int64_t bytes = static_cast<int64_t>(DtypeSize(t.dtype));
+  if (t.stride_d != 1)
+    return NotSupported("%s has head-dim stride %lld: cuDNN SDPA needs stride 1 there", name,
+                        (long long)t.stride_d);
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
+    return NotSupported("%s.data = %p is not 16-byte aligned, which cuDNN SDPA needs", name,
+                        t.data);
+  struct {
+    const char* axis;
+    int64_t extent, stride;
+  } axes[] = {{"head", heads, t.stride_h}, {"sequence", seqlen, t.stride_s}};
+  for (const auto& a : axes)
+    if (a.extent > 1 && (a.stride * bytes) % 16 != 0)
+      return NotSupported("%s has %s stride %lld (%lld bytes), not a multiple of 16 bytes as cuDNN "
+                          "SDPA needs",
+                          name, a.axis, (long long)a.stride, (long long)(a.stride * bytes));
+  if (ragged) {
+    int64_t last = (t.num_tokens - 1) * t.stride_s + (heads - 1) * t.stride_h + (dim - 1);
+    if (t.num_tokens > 0 && last > kInt32Max)
+      return NotSupported("%s spans %lld elements: cuDNN's THD ragged offsets are int32", name,
+                          (long long)last + 1);
+  } else if (batch > 1 && (t.stride_b * bytes) % 16 != 0) {
+    return NotSupported("%s has batch stride %lld, not a multiple of 16 bytes as cuDNN SDPA needs",
+                        name, (long long)t.stride_b);
+  }
+  return Status::Ok();
+}
+
+}  // namespace fusedattn::cudnn

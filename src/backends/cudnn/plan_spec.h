@@ -1,0 +1,156 @@
+// The cuDNN backend's planning, in plain C++ (no CUDA, no cuDNN): which problems it refuses up
+// front and why, the exact SDPA graph a problem and its tensors need (SdpaGraphSpec), the plan
+// cache key, the layout of our own scratch memory and which fix-ups a call needs. Everything
+// here is a pure function of the problem and the tensor views, so it is unit-tested on the CPU
+// (tests/cpu/cudnn_plan_test.cpp); cudnn_backend.cpp runs it, sdpa_graph.cpp turns a spec into
+// a cudnn-frontend graph.
+//
+// How strides enter (the design choice of issue 3): a cuDNN graph bakes in every tensor's
+// strides, but check() sees only the problem. So
+//   * check() builds the graphs for the canonical strides of the problem's formats (contiguous
+//     BSHD/SBHD/BHSD/THD, bias [bias_batch, bias_heads, sq, skv] in qkv_dtype) and refuses the
+//     problem when cuDNN refuses those graphs;
+//   * the LSE never changes the graph: cuDNN always reads/writes packed [batch, heads, seqlen_q]
+//     stats, the caller's LSE directly when it is laid out so, else through our scratch and a
+//     small copy kernel (which also writes -inf for rows that see no key);
+//   * forward()/backward() build the spec from the actual tensor views; the key is the whole
+//     spec, so tensors with the canonical strides hit the graph check() built, and others
+//     (interleaved QKV, padded rows, a float32 bias, ...) build and cache their own graph on
+//     first use;
+//   * what cuDNN cannot take at all for a particular call (a misaligned pointer or stride, a
+//     head-dim stride != 1, THD offsets beyond int32) is known only at run time; the backend then
+//     runs the call on the flash backend when it is built (the workspace it reports covers that),
+//     and otherwise fails with a message naming the tensor (see cudnn_backend.cpp).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include "backends/cudnn/band.h"
+#include "common/status.h"
+#include "problem/problem.h"
+
+namespace fusedattn::cudnn {
+
+// Up-front refusals that need neither a device nor cuDNN: features cuDNN's SDPA does not have.
+// Each reason names the field and value, and the backend that runs it instead.
+Status PreCheck(const Problem& problem);
+
+// The band of the problem's mask (our semantics, see band.h).
+Band BandOf(const Problem& problem);
+
+// A 4-d tensor as cuDNN sees it: dims (B, H, S, D) and strides in elements.
+struct TensorDesc {
+  int64_t dim[4] = {0, 0, 0, 0};
+  int64_t stride[4] = {0, 0, 0, 0};
+};
+
+enum class Direction : int64_t { kForward = 0, kBackward = 1 };
+
+// Everything a cuDNN SDPA graph depends on. Two calls share a graph iff their specs are equal.
+struct SdpaGraphSpec {
+  Direction direction = Direction::kForward;
+  fusedattn_dtype io_dtype = FUSEDATTN_DTYPE_BFLOAT16;
+  // The graph's batch: the problem's batch, or for THD a power-of-two capacity so that batch
+  // sizes in one bucket share the graph (unused entries get length 0).
+  int64_t batch = 0;
+  int64_t heads_q = 0, heads_kv = 0, seqlen_q = 0, seqlen_kv = 0, head_dim_qk = 0, head_dim_v = 0;
+  bool ragged = false;  // THD: every q/k/v-like tensor carries ragged offsets (in elements)
+  TensorDesc q, k, v, o;          // o: output of the forward, input of the backward
+  TensorDesc d_o, dq, dk, dv;     // backward only
+  bool stats = false;             // forward: write LSE; backward: always (input)
+  int64_t stats_stride[4] = {0, 0, 0, 0};  // dims (batch, heads_q, seqlen_q, 1)
+  bool padding = false;           // seq_len_q / seq_len_kv tensors [batch]
+  bool has_left_bound = false;    // cuDNN left bound = window_left + 1 (keys j > d - bound)
+  int64_t left_bound = 0;
+  bool has_right_bound = false;   // cuDNN right bound = window_right (keys j <= d + bound)
+  int64_t right_bound = 0;
+  bool bottom_right = false;      // cuDNN diagonal alignment
+  bool bias = false;              // post-scale bias
+  fusedattn_dtype bias_dtype = FUSEDATTN_DTYPE_BFLOAT16;
+  TensorDesc bias_desc;           // dims (bias_batch, bias_heads, seqlen_q, seqlen_kv)
+  bool dbias = false;             // backward: bias gradient, same dims, dtype bias_dtype
+  TensorDesc dbias_desc;
+  bool sink = false;              // forward: per-head extra logit [1, heads_q, 1, 1] float32
+  float attn_scale = 1.0f;
+  float dropout = 0.0f;           // 0: none; cuDNN's Philox with seed/offset passed by value
+  bool deterministic = false;     // backward
+};
+
+// The device and library a plan is built for.
+struct DeviceInfo {
+  int ordinal = 0;
+  int compute_capability = 0;   // major * 10 + minor
+  int64_t cudnn_version = 0;    // cudnnGetVersion() at run time
+};
+
+// The plan cache key: the spec and the device, as words.
+struct PlanKey {
+  static constexpr size_t kWords = 128;
+  std::array<int64_t, kWords> words{};
+  size_t used = 0;  // words written (at most kWords; a test checks the largest key fits)
+  size_t hash = 0;
+  bool operator==(const PlanKey& other) const { return words == other.words; }
+};
+struct PlanKeyHash {
+  size_t operator()(const PlanKey& key) const { return key.hash; }
+};
+PlanKey MakePlanKey(const SdpaGraphSpec& spec, const DeviceInfo& device);
+
+// The graph batch (see SdpaGraphSpec::batch).
+int64_t GraphBatch(const Problem& problem);
+
+// Canonical (contiguous) views of every tensor of a problem, the ones check() plans for. Data
+// pointers are null.
+FwdTensors CanonicalFwdTensors(const Problem& problem);
+BwdTensors CanonicalBwdTensors(const Problem& problem);
+
+// What a call does besides running the graph. All decided from the problem and the LSE view.
+struct CallPlan {
+  bool padding = false;        // seq lens from cu_seqlens (padding masks, THD)
+  bool const_lengths = false;  // seq lens all max_seqlen (to reach cuDNN's padded kernels)
+  bool prep = false;           // a prepare kernel writes seq lens / ragged offsets / staging
+  bool stage_stats = false;    // LSE goes through our scratch (forward: out, backward: in), so
+                               // the graph always has packed [batch, heads, seqlen_q] stats
+  bool fixup = false;          // a kernel writes our semantics for empty rows / unseen keys
+  bool fixup_dbias = false;    // zero dbias where no sequence sees (i, j)
+  bool stage_sink = false;     // the forward's sink: the caller's logits copied contiguous, or
+                               // zeros for the off-by-one softmax
+  bool dsink = false;          // learnable sink: our kernel computes dsink
+};
+CallPlan ForwardCallPlan(const Problem& problem, const FwdTensors& tensors);
+CallPlan BackwardCallPlan(const Problem& problem, const BwdTensors& tensors);
+
+// The spec of a call. The views may be the canonical ones (check) or the caller's.
+SdpaGraphSpec ForwardSpec(const Problem& problem, const FwdTensors& tensors);
+SdpaGraphSpec BackwardSpec(const Problem& problem, const BwdTensors& tensors);
+
+// Our scratch memory inside the workspace: byte offsets from the scratch base, kNone if absent.
+enum RaggedSlot { kRaggedQ, kRaggedK, kRaggedV, kRaggedO, kRaggedDO, kRaggedDQ, kRaggedDK,
+                  kRaggedDV, kRaggedSlots };
+struct Scratch {
+  static constexpr size_t kNone = ~size_t{0};
+  size_t seq_len_q = kNone, seq_len_kv = kNone;  // int32 [graph batch]
+  size_t ragged[kRaggedSlots] = {kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone};
+  size_t stats = kNone;           // float32 [graph batch, heads_q, seqlen_q]
+  size_t sink = kNone;            // float32 [heads_q]
+  size_t dsink_partials = kNone;  // float32 [kDsinkChunks, heads_q]
+  size_t bytes = 0;
+};
+constexpr int kDsinkChunks = 64;
+Scratch ForwardScratch(const Problem& problem, const CallPlan& call);
+Scratch BackwardScratch(const Problem& problem, const CallPlan& call);
+
+// Workspace = alignment slack + our scratch + cuDNN's workspace, each 256-byte aligned; 0 when
+// neither needs any.
+constexpr size_t kWorkspaceAlignment = 256;
+size_t WorkspaceBytes(size_t scratch_bytes, int64_t cudnn_bytes);
+
+// Run-time limits of cuDNN that no graph can lift, checked per call: the head-dim stride must be
+// 1, other strides and data pointers 16-byte aligned, ragged offsets must fit int32. The message
+// names the tensor.
+Status CheckRuntimeLayout(const char* name, const TensorView& view, int64_t batch, int64_t heads,
+                          int64_t seqlen, int64_t dim, bool ragged);
+
+}  // namespace fusedattn::cudnn

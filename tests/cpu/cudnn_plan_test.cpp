@@ -1,0 +1,431 @@
+// The cuDNN backend's planning, on the CPU: the band helper agrees with the problem's mask rule,
+// up-front refusals name the field and another backend, the graph spec of real (contiguous)
+// tensors is the one check() builds, keys separate what changes a graph and nothing else, and the
+// scratch layout is sound. Compiled when the cuDNN backend is built; needs no GPU.
+#ifdef FUSEDATTN_WITH_CUDNN
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "backends/cudnn/band.h"
+#include "backends/cudnn/plan_spec.h"
+#include "problem/problem.h"
+#include "testing/tensors.h"
+
+namespace fusedattn::cudnn {
+namespace {
+
+fusedattn_config BaseConfig() {
+  fusedattn_config c = FUSEDATTN_CONFIG_INIT;
+  c.batch = 3, c.heads_q = 4, c.heads_kv = 2, c.max_seqlen_q = 16, c.max_seqlen_kv = 24;
+  c.head_dim_qk = 64, c.head_dim_v = 64;
+  c.qkv_dtype = c.o_dtype = FUSEDATTN_DTYPE_BFLOAT16;
+  c.device = FUSEDATTN_DEVICE_CPU;  // planning only; the views are the same on either device
+  return c;
+}
+
+Problem MakeOk(const fusedattn_config& c) {
+  Problem p;
+  Status s = MakeProblem(&c, false, &p);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return p;
+}
+
+// Problem for a CUDA device (PreCheck refuses CPU problems).
+Problem MakeCuda(fusedattn_config c) {
+  c.device = FUSEDATTN_DEVICE_CUDA;
+  Problem p;
+  Status s = MakeProblem(&c, true, &p);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return p;
+}
+
+void SetThd(fusedattn_config* c) {
+  c->q_format = c->kv_format = c->o_format = c->do_format = c->dqkv_format =
+      FUSEDATTN_FORMAT_THD;
+}
+
+TEST(CudnnBand, AgreesWithTheProblemsMaskRuleOnEveryRowAndKey) {
+  const fusedattn_mask masks[] = {FUSEDATTN_MASK_NONE, FUSEDATTN_MASK_CAUSAL,
+                                  FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT};
+  const int64_t windows[] = {-1, 0, 1, 3};
+  for (fusedattn_mask mask : masks)
+    for (int64_t left : windows)
+      for (int64_t right : windows) {
+        fusedattn_config c = BaseConfig();
+        c.mask = mask;
+        c.window_left = left;
+        c.window_right = mask == FUSEDATTN_MASK_NONE ? right : (right > 0 ? 0 : right);
+        Problem p = MakeOk(c);
+        Band band = BandOf(p);
+        for (int64_t lq = 0; lq <= 7; ++lq)
+          for (int64_t lkv = 0; lkv <= 7; ++lkv) {
+            std::vector<bool> seen(lkv, false);
+            bool any_empty = false;
+            for (int64_t i = 0; i < lq + 2; ++i) {
+              int64_t lo = 0, hi = 0, blo = 0, bhi = 0;
+              p.visible_keys(i, lq, lkv, &lo, &hi);
+              band.keys_of_row(i, lq, lkv, &blo, &bhi);
+              SCOPED_TRACE(Format("mask=%s left=%lld right=%lld lq=%lld lkv=%lld i=%lld",
+                                  MaskName(mask), (long long)left, (long long)c.window_right,
+                                  (long long)lq, (long long)lkv, (long long)i));
+              EXPECT_EQ(lo >= hi, band.row_empty(i, lq, lkv));
+              if (lo < hi) EXPECT_EQ(std::make_pair(lo, hi), std::make_pair(blo, bhi));
+              if (i < lq) any_empty |= lo >= hi;
+              for (int64_t j = lo; j < hi && i < lq; ++j) seen[j] = true;
+            }
+            bool any_unseen = false;
+            for (int64_t j = 0; j < lkv; ++j) {
+              EXPECT_EQ(!seen[j], band.key_unseen(j, lq, lkv))
+                  << MaskName(mask) << " left=" << left << " right=" << c.window_right
+                  << " lq=" << lq << " lkv=" << lkv << " j=" << j;
+              any_unseen |= !seen[j];
+            }
+            EXPECT_EQ(any_empty, band.any_row_empty(lq, lkv));
+            EXPECT_EQ(any_unseen, band.any_key_unseen(lq, lkv));
+          }
+      }
+}
+
+TEST(CudnnPreCheck, RefusesWhatCudnnSdpaLacksNamingFieldAndFlash) {
+  struct Case {
+    const char* name;
+    void (*edit)(fusedattn_config*);
+    const char* field;
+  };
+  const Case cases[] = {
+      {"float32", [](fusedattn_config* c) { c->qkv_dtype = c->o_dtype = FUSEDATTN_DTYPE_FLOAT32; },
+       "qkv_dtype = float32"},
+      {"mixed o dtype", [](fusedattn_config* c) { c->o_dtype = FUSEDATTN_DTYPE_FLOAT16; },
+       "o_dtype = float16"},
+      {"pre-scale bias", [](fusedattn_config* c) { c->bias_type = FUSEDATTN_BIAS_PRE_SCALE; },
+       "bias_type = pre_scale"},
+      {"alibi", [](fusedattn_config* c) { c->bias_type = FUSEDATTN_BIAS_ALIBI; },
+       "bias_type = alibi"},
+      {"softcap", [](fusedattn_config* c) { c->softcap = 30.0; }, "softcap = 30"},
+      {"max logit", [](fusedattn_config* c) { c->return_max_logit = 1; }, "return_max_logit"},
+      {"head dim 12", [](fusedattn_config* c) { c->head_dim_qk = c->head_dim_v = 12; },
+       "head_dim_qk = 12"},
+  };
+  for (const Case& k : cases) {
+    fusedattn_config c = BaseConfig();
+    k.edit(&c);
+    Status s = PreCheck(MakeCuda(c));
+    EXPECT_EQ(s.code(), FUSEDATTN_ERROR_NOT_SUPPORTED) << k.name;
+    EXPECT_NE(s.message().find(k.field), std::string::npos) << k.name << ": " << s.message();
+    EXPECT_NE(s.message().find("flash"), std::string::npos) << k.name << ": " << s.message();
+  }
+}
+
+TEST(CudnnPreCheck, LeavesSupportedFeaturesToCudnn) {
+  std::vector<fusedattn_config> configs;
+  fusedattn_config c = BaseConfig();
+  configs.push_back(c);
+  c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT, c.window_left = 5;
+  configs.push_back(c);
+  c = BaseConfig();
+  c.bias_type = FUSEDATTN_BIAS_POST_SCALE, c.bias_requires_grad = 1, c.is_training = 1;
+  configs.push_back(c);
+  c = BaseConfig();
+  c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK, c.dropout = 0.1;
+  configs.push_back(c);
+  c = BaseConfig();
+  SetThd(&c);
+  c.head_dim_qk = c.head_dim_v = 256;
+  configs.push_back(c);
+  for (const auto& config : configs) {
+    Status s = PreCheck(MakeCuda(config));
+    EXPECT_TRUE(s.ok()) << s.message();
+  }
+}
+
+TEST(CudnnPreCheck, RefusesCpuProblems) {
+  Status s = PreCheck(MakeOk(BaseConfig()));
+  EXPECT_EQ(s.code(), FUSEDATTN_ERROR_NOT_SUPPORTED);
+  EXPECT_NE(s.message().find("CUDA"), std::string::npos) << s.message();
+}
+
+// The spec built from real contiguous tensors (as MakeProblemTensors makes them) equals the one
+// check() builds from the problem alone: the common call hits the plan check() built.
+TEST(CudnnSpec, ContiguousTensorsGiveTheSpecCheckBuilds) {
+  const fusedattn_format formats[] = {FUSEDATTN_FORMAT_BSHD, FUSEDATTN_FORMAT_SBHD,
+                                      FUSEDATTN_FORMAT_BHSD, FUSEDATTN_FORMAT_THD};
+  for (fusedattn_format q_format : formats)
+    for (fusedattn_format kv_format : formats)
+      for (int variant = 0; variant < 3; ++variant) {
+        if ((q_format == FUSEDATTN_FORMAT_THD) != (kv_format == FUSEDATTN_FORMAT_THD)) continue;
+        fusedattn_config c = BaseConfig();
+        c.q_format = c.o_format = c.do_format = q_format;
+        c.kv_format = c.dqkv_format = kv_format;
+        c.is_training = 1;
+        if (q_format == FUSEDATTN_FORMAT_THD) c.mask = FUSEDATTN_MASK_PADDING;
+        if (variant == 1) {
+          c.bias_type = FUSEDATTN_BIAS_POST_SCALE, c.bias_heads = c.heads_q,
+          c.bias_requires_grad = 1;
+        }
+        if (variant == 2) c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK, c.dropout = 0.2;
+        SCOPED_TRACE(Format("q %s kv %s variant %d", FormatName(q_format), FormatName(kv_format),
+                            variant));
+        testing::TensorOptions options;
+        options.bias_dtype = c.qkv_dtype;
+        testing::ProblemTensors host = testing::MakeProblemTensors(c, options);
+        Problem p = MakeOk(c);
+        FwdTensors ft;
+        fusedattn_fwd_args fa = host.fwd_args();
+        ASSERT_TRUE(MakeFwdTensors(p, &fa, &ft).ok());
+        BwdTensors bt;
+        fusedattn_bwd_args ba = host.bwd_args();
+        ASSERT_TRUE(MakeBwdTensors(p, &ba, &bt).ok());
+        DeviceInfo device{0, 90, 91900};
+        EXPECT_EQ(MakePlanKey(ForwardSpec(p, ft), device),
+                  MakePlanKey(ForwardSpec(p, CanonicalFwdTensors(p)), device));
+        EXPECT_EQ(MakePlanKey(BackwardSpec(p, bt), device),
+                  MakePlanKey(BackwardSpec(p, CanonicalBwdTensors(p)), device));
+      }
+}
+
+TEST(CudnnSpec, MapsMasksToCudnnBoundsAndAlignment) {
+  {  // causal top-left with a window: keys j > i - (left + 1), j <= i
+    fusedattn_config c = BaseConfig();
+    c.mask = FUSEDATTN_MASK_CAUSAL, c.window_left = 4;
+    Problem p = MakeCuda(c);
+    SdpaGraphSpec s = ForwardSpec(p, CanonicalFwdTensors(p));
+    EXPECT_TRUE(s.has_left_bound);
+    EXPECT_EQ(s.left_bound, 5);
+    EXPECT_TRUE(s.has_right_bound);
+    EXPECT_EQ(s.right_bound, 0);
+    EXPECT_FALSE(s.bottom_right);
+    EXPECT_FALSE(s.padding);
+  }
+  {  // a non-causal window aligns bottom-right when sq != skv
+    fusedattn_config c = BaseConfig();
+    c.window_left = 2, c.window_right = 3;
+    Problem p = MakeCuda(c);
+    SdpaGraphSpec s = ForwardSpec(p, CanonicalFwdTensors(p));
+    EXPECT_TRUE(s.bottom_right);
+    EXPECT_EQ(s.left_bound, 3);
+    EXPECT_EQ(s.right_bound, 3);
+  }
+  {  // ... and top-left (the same diagonal) when sq == skv without padding
+    fusedattn_config c = BaseConfig();
+    c.max_seqlen_kv = c.max_seqlen_q;
+    c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    Problem p = MakeCuda(c);
+    SdpaGraphSpec s = ForwardSpec(p, CanonicalFwdTensors(p));
+    EXPECT_FALSE(s.bottom_right);
+    EXPECT_EQ(s.right_bound, 0);
+  }
+  {  // a window wider than sq + skv hides nothing: no bound
+    fusedattn_config c = BaseConfig();
+    c.window_left = c.max_seqlen_q + c.max_seqlen_kv;
+    c.window_right = 1000;
+    Problem p = MakeCuda(c);
+    SdpaGraphSpec s = ForwardSpec(p, CanonicalFwdTensors(p));
+    EXPECT_FALSE(s.has_left_bound || s.has_right_bound);
+  }
+  {  // no band: no bounds at all
+    Problem p = MakeCuda(BaseConfig());
+    SdpaGraphSpec s = ForwardSpec(p, CanonicalFwdTensors(p));
+    EXPECT_FALSE(s.has_left_bound || s.has_right_bound || s.padding);
+  }
+  {  // bottom-right causal with sq > skv: cuDNN's padded kernels with all-maximum lengths
+    fusedattn_config c = BaseConfig();
+    c.max_seqlen_q = 32, c.max_seqlen_kv = 8;
+    c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    Problem p = MakeCuda(c);
+    SdpaGraphSpec s = ForwardSpec(p, CanonicalFwdTensors(p));
+    EXPECT_TRUE(s.padding);
+    EXPECT_TRUE(s.bottom_right);
+    CallPlan call = ForwardCallPlan(p, CanonicalFwdTensors(p));
+    EXPECT_TRUE(call.const_lengths);
+    EXPECT_TRUE(call.prep);
+    EXPECT_TRUE(call.fixup) << "the first 24 rows see no key";
+  }
+}
+
+TEST(CudnnCallPlan, PlainProblemsRunTheGraphAlone) {
+  fusedattn_config c = BaseConfig();
+  c.is_training = 1;
+  for (fusedattn_mask mask : {FUSEDATTN_MASK_NONE, FUSEDATTN_MASK_CAUSAL}) {
+    c.mask = mask;
+    c.max_seqlen_kv = c.max_seqlen_q;
+    Problem p = MakeCuda(c);
+    CallPlan f = ForwardCallPlan(p, CanonicalFwdTensors(p));
+    EXPECT_FALSE(f.prep || f.fixup || f.stage_stats) << MaskName(mask);
+    CallPlan b = BackwardCallPlan(p, CanonicalBwdTensors(p));
+    EXPECT_FALSE(b.prep || b.fixup || b.stage_stats || b.fixup_dbias || b.dsink)
+        << MaskName(mask);
+    EXPECT_EQ(WorkspaceBytes(ForwardScratch(p, f).bytes, 0), 0u);
+  }
+}
+
+TEST(CudnnCallPlan, PaddingAndThdPrepareFixAndStage) {
+  fusedattn_config c = BaseConfig();
+  c.is_training = 1, c.mask = FUSEDATTN_MASK_PADDING;
+  Problem p = MakeCuda(c);
+  CallPlan f = ForwardCallPlan(p, CanonicalFwdTensors(p));
+  EXPECT_TRUE(f.prep && f.fixup && f.stage_stats && f.padding);
+  CallPlan b = BackwardCallPlan(p, CanonicalBwdTensors(p));
+  EXPECT_TRUE(b.prep && b.fixup && b.stage_stats);
+  SetThd(&c);
+  Problem thd = MakeCuda(c);
+  Scratch s = BackwardScratch(thd, BackwardCallPlan(thd, CanonicalBwdTensors(thd)));
+  for (int slot = 0; slot < kRaggedSlots; ++slot) EXPECT_NE(s.ragged[slot], Scratch::kNone);
+}
+
+TEST(CudnnCallPlan, ForwardStagesAnLseThatIsNotPackedBhsdKeepingTheGraph) {
+  fusedattn_config c = BaseConfig();
+  c.is_training = 1;
+  c.max_seqlen_kv = c.max_seqlen_q;
+  Problem p = MakeCuda(c);
+  FwdTensors t = CanonicalFwdTensors(p);
+  EXPECT_FALSE(ForwardCallPlan(p, t).stage_stats);
+  FwdTensors strided = t;
+  strided.lse.stride_h = 1, strided.lse.stride_s = c.heads_q;  // [batch, seq, heads] in memory
+  CallPlan call = ForwardCallPlan(p, strided);
+  EXPECT_TRUE(call.stage_stats && call.fixup);
+  DeviceInfo device{0, 90, 91900};
+  EXPECT_EQ(MakePlanKey(ForwardSpec(p, t), device), MakePlanKey(ForwardSpec(p, strided), device));
+}
+
+TEST(CudnnCallPlan, BackwardStagesAnLseThatIsNotPackedBhsd) {
+  fusedattn_config c = BaseConfig();
+  c.is_training = 1;
+  c.max_seqlen_kv = c.max_seqlen_q;
+  Problem p = MakeCuda(c);
+  BwdTensors t = CanonicalBwdTensors(p);
+  EXPECT_FALSE(BackwardCallPlan(p, t).stage_stats);
+  t.lse.stride_h = 1, t.lse.stride_s = c.heads_q;  // [batch, seq, heads] in memory
+  EXPECT_TRUE(BackwardCallPlan(p, t).stage_stats);
+}
+
+TEST(CudnnKey, SeparatesWhatChangesTheGraph) {
+  DeviceInfo device{0, 90, 91900};
+  fusedattn_config c = BaseConfig();
+  c.is_training = 1;
+  Problem base = MakeCuda(c);
+  PlanKey key = MakePlanKey(ForwardSpec(base, CanonicalFwdTensors(base)), device);
+  auto key_of = [&](const fusedattn_config& config) {
+    Problem p = MakeCuda(config);
+    return MakePlanKey(ForwardSpec(p, CanonicalFwdTensors(p)), device);
+  };
+  EXPECT_EQ(key, key_of(c));
+  fusedattn_config other = c;
+  other.batch = 4;
+  EXPECT_FALSE(key == key_of(other)) << "batch";
+  other = c, other.head_dim_qk = other.head_dim_v = 128;
+  EXPECT_FALSE(key == key_of(other)) << "head dim";
+  other = c, other.attn_scale = 0.5;
+  EXPECT_FALSE(key == key_of(other)) << "scale";
+  other = c, other.dropout = 0.1;
+  EXPECT_FALSE(key == key_of(other)) << "dropout";
+  other = c, other.is_training = 0;
+  EXPECT_FALSE(key == key_of(other)) << "stats";
+  other = c, other.backend = FUSEDATTN_BACKEND_CUDNN;
+  EXPECT_EQ(key, key_of(other)) << "forcing the backend does not change the graph";
+  other = c, other.deterministic = 1;
+  EXPECT_EQ(key, key_of(other)) << "the forward is deterministic anyway";
+  EXPECT_FALSE(key == MakePlanKey(ForwardSpec(base, CanonicalFwdTensors(base)),
+                                  DeviceInfo{1, 90, 91900}))
+      << "device";
+  EXPECT_FALSE(key == MakePlanKey(ForwardSpec(base, CanonicalFwdTensors(base)),
+                                  DeviceInfo{0, 90, 91400}))
+      << "cuDNN version";
+  FwdTensors strided = CanonicalFwdTensors(base);
+  strided.q.stride_s *= 3;  // q inside an interleaved QKV buffer
+  EXPECT_FALSE(key == MakePlanKey(ForwardSpec(base, strided), device)) << "strides";
+}
+
+TEST(CudnnKey, ThdBatchesWithinOnePowerOfTwoShareAGraph) {
+  DeviceInfo device{0, 90, 91900};
+  fusedattn_config c = BaseConfig();
+  SetThd(&c);
+  auto key_of = [&](int64_t batch) {
+    fusedattn_config config = c;
+    config.batch = batch;
+    Problem p = MakeCuda(config);
+    return MakePlanKey(ForwardSpec(p, CanonicalFwdTensors(p)), device);
+  };
+  EXPECT_EQ(key_of(5), key_of(8));
+  EXPECT_EQ(key_of(5), key_of(7));
+  EXPECT_FALSE(key_of(8) == key_of(9));
+  EXPECT_FALSE(key_of(4) == key_of(5));
+  c.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+  c.bias_batch = 5;
+  c.batch = 5;
+  EXPECT_EQ(GraphBatch(MakeCuda(c)), 5) << "a per-sequence bias pins the batch";
+  c.bias_batch = 1;
+  EXPECT_EQ(GraphBatch(MakeCuda(c)), 8);
+  fusedattn_config bshd = BaseConfig();
+  bshd.batch = 5;
+  EXPECT_EQ(GraphBatch(MakeCuda(bshd)), 5);
+}
+
+TEST(CudnnKey, TheLargestSpecFitsTheKey) {
+  fusedattn_config c = BaseConfig();
+  SetThd(&c);
+  c.is_training = 1, c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT, c.window_left = 3;
+  c.bias_type = FUSEDATTN_BIAS_POST_SCALE, c.bias_requires_grad = 1, c.dropout = 0.1;
+  c.deterministic = 1;
+  Problem p = MakeCuda(c);
+  PlanKey key = MakePlanKey(BackwardSpec(p, CanonicalBwdTensors(p)), DeviceInfo{0, 90, 91900});
+  EXPECT_LE(key.used, PlanKey::kWords);
+}
+
+TEST(CudnnScratch, RegionsAreAlignedAndDisjoint) {
+  fusedattn_config c = BaseConfig();
+  SetThd(&c);
+  c.is_training = 1, c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+  Problem p = MakeCuda(c);
+  CallPlan call = BackwardCallPlan(p, CanonicalBwdTensors(p));
+  Scratch s = BackwardScratch(p, call);
+  std::vector<std::pair<size_t, size_t>> regions;  // [offset, end)
+  const int64_t batch = GraphBatch(p);
+  auto add = [&](size_t offset, size_t bytes) {
+    ASSERT_NE(offset, Scratch::kNone);
+    EXPECT_EQ(offset % kWorkspaceAlignment, 0u);
+    regions.emplace_back(offset, offset + bytes);
+  };
+  add(s.seq_len_q, 4 * batch);
+  add(s.seq_len_kv, 4 * batch);
+  for (int slot = 0; slot < kRaggedSlots; ++slot) add(s.ragged[slot], 4 * (batch + 1));
+  add(s.stats, 4 * batch * c.heads_q * c.max_seqlen_q);
+  add(s.dsink_partials, 4 * kDsinkChunks * c.heads_q);
+  std::sort(regions.begin(), regions.end());
+  for (size_t i = 0; i + 1 < regions.size(); ++i)
+    EXPECT_LE(regions[i].second, regions[i + 1].first);
+  EXPECT_LE(regions.back().second, s.bytes);
+  EXPECT_GE(WorkspaceBytes(s.bytes, 1000), s.bytes + 1000 + kWorkspaceAlignment);
+}
+
+TEST(CudnnRuntimeLayout, NamesTheTensorCudnnCannotTake) {
+  TensorView v;
+  v.dtype = FUSEDATTN_DTYPE_BFLOAT16;
+  v.data = reinterpret_cast<void*>(uintptr_t{4096});
+  v.stride_d = 1, v.stride_h = 64, v.stride_s = 4 * 64, v.stride_b = 16 * 4 * 64;
+  EXPECT_TRUE(CheckRuntimeLayout("args.q", v, 2, 4, 16, 64, false).ok());
+  TensorView bad = v;
+  bad.stride_d = 2;
+  EXPECT_NE(CheckRuntimeLayout("args.q", bad, 2, 4, 16, 64, false).message().find("args.q"),
+            std::string::npos);
+  bad = v;
+  bad.stride_s = 4 * 64 + 3;
+  Status s = CheckRuntimeLayout("args.k", bad, 2, 4, 16, 64, false);
+  EXPECT_EQ(s.code(), FUSEDATTN_ERROR_NOT_SUPPORTED);
+  EXPECT_NE(s.message().find("args.k has sequence stride"), std::string::npos) << s.message();
+  bad = v;
+  bad.data = reinterpret_cast<void*>(uintptr_t{4098});
+  EXPECT_NE(CheckRuntimeLayout("args.v", bad, 2, 4, 16, 64, false).message().find("aligned"),
+            std::string::npos);
+  bad = v;
+  bad.stride_b = 0, bad.num_tokens = (int64_t{1} << 31) / 64;  // THD beyond int32 offsets
+  EXPECT_FALSE(CheckRuntimeLayout("args.q", bad, 1, 4, 16, 64, true).ok());
+}
+
+}  // namespace
+}  // namespace fusedattn::cudnn
+
+#endif  // FUSEDATTN_WITH_CUDNN
