@@ -5,7 +5,7 @@ compiled FlexAttention, on the same input tensors, in one run.
 
     python bench/bench.py --grid prefill|varlen|small_seq|decode|all [--quick] [--out DIR]
 
-writes bench/results/<grid>-<device>-<date>.{md,json,png}.
+writes bench/results/<grid>-<device>-<date>.{md,json,png} (one section per grid for "all").
 
 How it measures
 * Every (point, implementation, direction) is a task run by a worker subprocess; the driver (this
@@ -341,55 +341,63 @@ def failure_notes(rows):
     return notes
 
 
-def write_markdown(path, grid, rows, device, unit):
-    lines = ["# %s grid on %s" % (grid, device.get("name", "?")), ""]
+def write_markdown(path, sections, device):
+    """sections: [(grid, rows, unit)]."""
+    lines = ["# fusedattn benchmark: %s on %s" % (", ".join(g for g, _, _ in sections),
+                                                  device.get("name", "?")), ""]
     lines.append("%s; torch %s, cuDNN %s (torch) / %s (fusedattn), fusedattn %s." % (
         device.get("date", "?"), device.get("torch", "?"), device.get("torch_cudnn", "?"),
         device.get("fusedattn_cudnn", "?"), device.get("fusedattn", "?")))
     lines.append("Device copy bandwidth %.2f TB/s (read + write), bf16 GEMM %.0f TFLOP/s." % (
         device.get("copy_tbps") or 0, device.get("gemm_tflops") or 0))
-    lines.append("")
-    lines.append(markdown_table(rows, unit))
-    notes = failure_notes(rows)
-    if notes:
-        lines += ["Failures:", ""] + notes + [""]
+    lines.append("fusedattn backends: %s." % ", ".join(
+        "%s: %s" % kv for kv in (device.get("backends") or {}).items()))
+    for grid, rows, unit in sections:
+        lines += ["", "## %s" % grid, "", markdown_table(rows, unit)]
+        notes = failure_notes(rows)
+        if notes:
+            lines += ["Failures:", ""] + notes + [""]
     with open(path, "w") as f:
         f.write("\n".join(lines))
 
 
-def write_json(path, grid, rows, device, points, raw):
-    data = {"grid": grid, "device": device, "points": [p.to_dict() for p in points],
-            "rows": rows, "raw": raw}
+def write_json(path, sections, device, points, raw):
+    data = {"grids": [g for g, _, _ in sections], "device": device,
+            "points": [p.to_dict() for p in points],
+            "rows": [row for _, rows, _ in sections for row in rows], "raw": raw}
     with open(path, "w") as f:
         json.dump(data, f, indent=1, default=str)
 
 
-def write_plot(path, grid, rows, unit):
-    """Bars of each implementation's rate per point, one panel per direction."""
+def write_plot(path, sections):
+    """Bars of each implementation's rate per point, one panel per grid and direction."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    directions = [d for d in DIRECTIONS if any(r["direction"] == d for r in rows)]
-    impls = []
-    for row in rows:
-        for impl in row["impls"]:
-            if impl not in impls:
-                impls.append(impl)
-    fig, axes = plt.subplots(len(directions), 1, figsize=(max(8, 1.1 * len(rows)), 4.5 *
-                                                         len(directions)), squeeze=False)
-    for ax, direction in zip(axes[:, 0], directions):
-        drows = [r for r in rows if r["direction"] == direction]
+    panels = []
+    for grid, rows, unit in sections:
+        for direction in DIRECTIONS:
+            drows = [r for r in rows if r["direction"] == direction]
+            if drows:
+                panels.append((grid, direction, drows, unit))
+    widest = max(len(p[2]) for p in panels)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(max(8, 1.1 * widest), 4.5 * len(panels)),
+                             squeeze=False)
+    for ax, (grid, direction, drows, unit) in zip(axes[:, 0], panels):
+        impls = []
+        for row in drows:
+            impls += [i for i in row["impls"] if i not in impls]
         width = 0.8 / max(1, len(impls))
         for n, impl in enumerate(impls):
             values = [r["impls"].get(impl, {}).get(unit) or 0.0 for r in drows]
             ax.bar([i + n * width for i in range(len(drows))], values, width, label=impl)
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(drows))])
-        ax.set_xticklabels([r["point"] for r in drows], rotation=60, ha="right", fontsize=7)
+        ax.set_xticklabels([r["point"] for r in drows], rotation=30, ha="right", fontsize=7)
         ax.set_ylabel("TFLOP/s" if unit == "tflops" else "TB/s")
         ax.set_title("%s, %s" % (grid, direction))
         ax.legend(fontsize=7, ncol=4)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
@@ -428,6 +436,7 @@ def run_tasks(tasks, worker_command, settings, log=print, max_restarts=50):
             json.dump({"tasks": pending, "settings": settings}, f)
             task_file = f.name
         started = None
+        progressed = False
         stderr_tail = []
         try:
             process = subprocess.Popen(worker_command(task_file), stdout=subprocess.PIPE,
@@ -443,6 +452,7 @@ def run_tasks(tasks, worker_command, settings, log=print, max_restarts=50):
             for line in process.stdout:
                 if line.startswith("BEGIN "):
                     started = int(line.split()[1])
+                    progressed = True
                 elif line.startswith("RESULT "):
                     result = json.loads(line[len("RESULT "):])
                     results[result["id"]] = result
@@ -459,8 +469,9 @@ def run_tasks(tasks, worker_command, settings, log=print, max_restarts=50):
                                          % (code, " | ".join(stderr_tail[-5:]))}
             log(describe_result(results[started], tasks))
             pending = [t for t in pending if t["id"] != started]
-        elif pending:
-            # Died between tasks (or at start): give the next task the blame to make progress.
+        elif pending and not progressed:
+            # Died before its first task (it cannot start?): blame the next task, so that the
+            # run ends.
             blamed = pending.pop(0)
             results[blamed["id"]] = {"id": blamed["id"], "status": "crashed",
                                      "error": "worker exited with code %s before this task: %s"
@@ -870,21 +881,22 @@ def main(argv=None):
         print("device measurement failed: %s" % device.get("error"), file=sys.stderr)
         device = {"name": "unknown-device", "date": datetime.date.today().isoformat()}
     os.makedirs(args.out, exist_ok=True)
+    # One set of files: <grid>-<device>-<date>, or all-<device>-<date> with a section per grid.
+    sections = []
     for grid in grids:
         grid_points = [p for p in points if p.grid == grid]
         rows = build_rows(grid_points, tasks, results, device)
-        paths = output_paths(args.out, grid, device.get("name", "device"),
-                             device.get("date", datetime.date.today().isoformat()))
-        unit = grid_points[0].unit if grid_points else "tflops"
-        raw = [dict(task, result=results.get(task["id"])) for task in tasks
-               if task["kind"] == "measure" and Point.from_dict(task["point"]).grid == grid]
-        write_markdown(paths["md"], grid, rows, device, unit)
-        write_json(paths["json"], grid, rows, device, grid_points, raw)
-        try:
-            write_plot(paths["png"], grid, rows, unit)
-        except Exception as error:  # matplotlib missing: the tables still stand
-            print("plot not written: %s" % error, file=sys.stderr)
-        print("wrote %s" % ", ".join(paths.values()))
+        sections.append((grid, rows, grid_points[0].unit if grid_points else "tflops"))
+    paths = output_paths(args.out, args.grid, device.get("name", "device"),
+                         device.get("date", datetime.date.today().isoformat()))
+    raw = [dict(task, result=results.get(task["id"])) for task in tasks]
+    write_markdown(paths["md"], sections, device)
+    write_json(paths["json"], sections, device, points, raw)
+    try:
+        write_plot(paths["png"], sections)
+    except Exception as error:  # matplotlib missing: the tables still stand
+        print("plot not written: %s" % error, file=sys.stderr)
+    print("wrote %s" % ", ".join(paths.values()))
     print("done in %.0f s" % (time.time() - started))
     return 0
 
