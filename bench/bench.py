@@ -217,8 +217,21 @@ def decode_grid(quick=False):
     return points
 
 
+def smoke_grid(quick=False):
+    """Tiny problems of every kind: checks the harness end to end in seconds (also on the CPU
+    with --device cpu); its figures mean nothing."""
+    return [Point("smoke", "bf16", 2, 4, 4, 128, 128, 64, "causal"),
+            Point("smoke", "bf16", 3, 4, 4, 192, 192, 64, "causal", lens=(64, 128, 192)),
+            Point("smoke", "bf16", 64, 4, 4, 1, 4, 64, "none", directions=("fwd", "bwd"),
+                  unit="tbps"),
+            Point("smoke", "bf16", 2, 8, 2, 4, 256, 64, "causal_bottom_right",
+                  directions=("fwd",), unit="tbps")]
+
+
 GRIDS = {"prefill": prefill_grid, "varlen": varlen_grid, "small_seq": small_seq_grid,
          "decode": decode_grid}
+# Not part of "all".
+EXTRA_GRIDS = {"smoke": smoke_grid}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,7 +249,7 @@ def implementations(point):
         impls += ["torch:varlen", "flex"]
     else:
         impls += ["torch:cudnn", "torch:flash", "torch:efficient"]
-        if point.grid == "small_seq":
+        if point.grid in ("small_seq", "smoke"):
             impls.append("torch:math")
         impls.append("flex")
     return impls
@@ -256,7 +269,8 @@ def analyze(point, direction, results, device):
     f, b = flops(point, direction), bytes_moved(point, direction)
     floor_s = max(f / (device["gemm_tflops"] * 1e12) if device.get("gemm_tflops") else 0.0,
                   b / (device["copy_tbps"] * 1e12) if device.get("copy_tbps") else 0.0)
-    row = {"point": point.label, "grid": point.grid, "direction": direction, "flops": f,
+    row = {"point": point.label, "grid": point.grid, "direction": direction, "unit": point.unit,
+           "flops": f,
            "bytes": b, "floor_ms": floor_s * 1e3, "bound": None, "impls": {}}
     if device.get("gemm_tflops") and device.get("copy_tbps"):
         compute_s = f / (device["gemm_tflops"] * 1e12)
@@ -296,28 +310,36 @@ def _short_status(entry):
     return "fail"
 
 
+def three_digits(x):
+    """605 / 60.5 / 6.05 / 0.605: three significant digits, no exponent."""
+    for limit, fmt in ((100, "%.0f"), (10, "%.1f"), (1, "%.2f")):
+        if x >= limit:
+            return fmt % x
+    return "%.3f" % x
+
+
 def format_rate(entry, unit):
     short = _short_status(entry)
     if short:
         return short
-    return "%.0f" % entry["tflops"] if unit == "tflops" else "%.2f" % entry["tbps"]
+    return three_digits(entry["tflops"] if unit == "tflops" else entry["tbps"])
 
 
 def markdown_table(rows, unit):
-    """A Markdown table of rows (from analyze) with one column per implementation."""
+    """A Markdown table of rows (from analyze) with one column per implementation; rates in
+    unit ("tflops" or "tbps"), or in each row's own unit where it has one."""
     impls = []
     for row in rows:
         for impl in row["impls"]:
             if impl not in impls:
                 impls.append(impl)
-    unit_name = "TFLOP/s" if unit == "tflops" else "TB/s"
     header = ["point", "dir"] + impls + ["ours/best", "ours floor"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [row["point"], row["direction"]]
         for impl in impls:
             entry = row["impls"].get(impl)
-            cell = format_rate(entry, unit) if entry else ""
+            cell = format_rate(entry, row.get("unit", unit)) if entry else ""
             if impl == OURS and entry and entry.get("backend"):
                 cell += " (%s)" % entry["backend"]
             cells.append(cell)
@@ -326,8 +348,10 @@ def markdown_table(rows, unit):
         fraction = row.get("ours_floor_fraction")
         cells.append("%.0f%%" % (100 * fraction) if fraction is not None else "-")
         lines.append("| " + " | ".join(cells) + " |")
+    units = sorted({row.get("unit", unit) for row in rows}) or [unit]
+    unit_name = " or ".join("TFLOP/s" if u == "tflops" else "TB/s" for u in units)
     return "\n".join(lines) + "\n\nRates in %s. n/a: not supported; OOM: out of memory; " \
-        "fail/crash: see the JSON for the error.\n" % unit_name
+        "fail/crash: see the failures below and the JSON.\n" % unit_name
 
 
 def failure_notes(rows):
@@ -384,12 +408,12 @@ def write_plot(path, sections):
     fig, axes = plt.subplots(len(panels), 1, figsize=(max(8, 1.1 * widest), 4.5 * len(panels)),
                              squeeze=False)
     for ax, (grid, direction, drows, unit) in zip(axes[:, 0], panels):
-        impls = []
+        impls = []  # those with at least one measurement in this panel
         for row in drows:
-            impls += [i for i in row["impls"] if i not in impls]
+            impls += [i for i, e in row["impls"].items() if e["status"] == "ok" and i not in impls]
         width = 0.8 / max(1, len(impls))
         for n, impl in enumerate(impls):
-            values = [r["impls"].get(impl, {}).get(unit) or 0.0 for r in drows]
+            values = [r["impls"].get(impl, {}).get(r.get("unit", unit)) or 0.0 for r in drows]
             ax.bar([i + n * width for i in range(len(drows))], values, width, label=impl)
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(drows))])
         ax.set_xticklabels([r["point"] for r in drows], rotation=30, ha="right", fontsize=7)
@@ -517,40 +541,57 @@ def _torch_dtype(name):
 
 
 def measure_device(settings):
-    """Name, versions, copy bandwidth and GEMM rate."""
+    """Name, versions, copy bandwidth and GEMM rate of the device the run uses."""
     import torch
     import fusedattn
-    props = torch.cuda.get_device_properties(0)
-    info = {"name": props.name, "date": datetime.date.today().isoformat(),
-            "torch": torch.__version__, "torch_cudnn": torch.backends.cudnn.version(),
-            "cuda": torch.version.cuda, "fusedattn": fusedattn.version(),
-            "fusedattn_cudnn": fusedattn.cudnn_version(), "backends": fusedattn.backends(),
-            "sm_count": props.multi_processor_count,
-            "l2_bytes": getattr(props, "L2_cache_size", 50 * 2**20),
-            "memory_bytes": props.total_memory}
+    device = settings.get("device", "cuda")
+    info = {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
+            "torch_cudnn": torch.backends.cudnn.version(), "cuda": torch.version.cuda,
+            "fusedattn": fusedattn.version(), "fusedattn_cudnn": fusedattn.cudnn_version(),
+            "backends": fusedattn.backends()}
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        info.update(name=props.name, sm_count=props.multi_processor_count,
+                    l2_bytes=getattr(props, "L2_cache_size", 50 * 2**20),
+                    memory_bytes=props.total_memory)
+        copy_bytes, gemm_size, gemm_dtype = 1 << 30, 8192, torch.bfloat16
+    else:
+        import platform
+        info.update(name="cpu " + (platform.processor() or platform.machine()),
+                    l2_bytes=4 * 2**20)
+        copy_bytes, gemm_size, gemm_dtype = 1 << 26, 1024, torch.float32
     runs = settings.get("device_runs", 20)
-    n = 1 << 30  # 1 GiB copies
-    src = torch.empty(n, dtype=torch.uint8, device="cuda")
+    src = torch.empty(copy_bytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    copy_ms = _time_call(lambda: dst.copy_(src), runs=runs, warmup=3)
-    info["copy_tbps"] = 2 * n / (copy_ms / 1e3) / 1e12
+    copy_ms = _time_call(lambda: dst.copy_(src), runs, 3, device=device)
+    info["copy_tbps"] = 2 * copy_bytes / (copy_ms / 1e3) / 1e12
     del src, dst
-    m = 8192
-    a = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
-    gemm_ms = _time_call(lambda: a @ b, runs=runs, warmup=3)
+    m = gemm_size
+    a = torch.randn(m, m, device=device, dtype=gemm_dtype)
+    b = torch.randn(m, m, device=device, dtype=gemm_dtype)
+    gemm_ms = _time_call(lambda: a @ b, runs, 3, device=device)
     info["gemm_tflops"] = 2 * m**3 / (gemm_ms / 1e3) / 1e12
     return info
 
 
-def _time_call(fn, runs, warmup, sleep_cycles=0, before=None):
-    """Median device time of fn() in ms, with CUDA events. before(i) runs outside the timing
-    (input rotation); a GPU sleep before each start event hides the host's launch overhead."""
+def _time_call(fn, runs, warmup, sleep_cycles=0, before=None, device="cuda"):
+    """Median time of fn() in ms: CUDA events on the GPU (a GPU sleep before each start event
+    hides the host's launch overhead, so device time is measured), the host clock on the CPU.
+    before(i) runs outside the timing (input rotation)."""
     import torch
     for i in range(warmup):
         if before:
             before(i)
         fn()
+    if device != "cuda":
+        times = []
+        for i in range(runs):
+            if before:
+                before(warmup + i)
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
     torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
@@ -569,16 +610,17 @@ def _time_call(fn, runs, warmup, sleep_cycles=0, before=None):
 class InputSets:
     """Several sets of (q, k, v, dO) for a point, rotated so the whole exceeds L2."""
 
-    def __init__(self, point, l2_bytes, max_sets=8):
+    def __init__(self, point, l2_bytes, device="cuda", max_sets=8):
         import torch
         self.point = point
+        self.device = device
         dtype = _torch_dtype(point.dtype)
         set_bytes = bytes_moved(point, "fwd") + bytes_moved(point, "fwd") // 4
         count = min(max_sets, max(1, math.ceil(4 * l2_bytes / max(1, set_bytes))))
-        generator = torch.Generator(device="cuda").manual_seed(0)
+        generator = torch.Generator(device=device).manual_seed(0)
 
         def randn(shape):
-            return torch.randn(shape, generator=generator, device="cuda", dtype=dtype)
+            return torch.randn(shape, generator=generator, device=device, dtype=dtype)
 
         self.sets = []
         p = point
@@ -597,10 +639,9 @@ class InputSets:
             cu = [0]
             for n in p.lens:
                 cu.append(cu[-1] + n)
-            self.cu_seqlens = torch.tensor(cu, dtype=torch.int32, device="cuda")
+            self.cu_seqlens = torch.tensor(cu, dtype=torch.int32, device=device)
             self.document = torch.repeat_interleave(
-                torch.arange(len(p.lens), device="cuda"),
-                torch.tensor(p.lens, device="cuda"))
+                torch.arange(len(p.lens), device=device), torch.tensor(p.lens, device=device))
 
 
 def _sdpa_mask(point):
@@ -712,7 +753,8 @@ def _flex_forward(p, inputs):
             same = document[q_idx] == document[kv_idx]
             return same & (q_idx >= kv_idx) if p.causal else same
         tokens = sum(p.lens)
-        block_mask = create_block_mask(mask_mod, None, None, tokens, tokens, device="cuda")
+        block_mask = create_block_mask(mask_mod, None, None, tokens, tokens,
+                                       device=inputs.device)
 
         def forward(s):
             o = compiled(s["q"].transpose(0, 1).unsqueeze(0), s["k"].transpose(0, 1).unsqueeze(0),
@@ -727,7 +769,7 @@ def _flex_forward(p, inputs):
         def mask_mod(b, h, q_idx, kv_idx):
             return q_idx + shift >= kv_idx
         block_mask = create_block_mask(mask_mod, None, None, p.seqlen_q, p.seqlen_kv,
-                                       device="cuda")
+                                       device=inputs.device)
 
     def forward(s):
         o = compiled(s["q"].transpose(1, 2), s["k"].transpose(1, 2), s["v"].transpose(1, 2),
@@ -740,10 +782,12 @@ def measure(task, settings, state):
     """Times one (point, implementation, direction); returns the result dict."""
     import torch
     point = Point.from_dict(task["point"])
+    device = settings.get("device", "cuda")
     if state.get("point_key") != point.key:
         state.pop("inputs", None)
-        torch.cuda.empty_cache()
-        state["inputs"] = InputSets(point, state.get("l2_bytes", 50 * 2**20))
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        state["inputs"] = InputSets(point, state.get("l2_bytes", 50 * 2**20), device)
         state["point_key"] = point.key
     inputs = state["inputs"]
     forward = make_forward(task["impl"], point, inputs)
@@ -758,7 +802,8 @@ def measure(task, settings, state):
         with torch.no_grad():
             current = {}
             ms = _time_call(lambda: forward(current["s"]), runs, warmup, sleep,
-                            before=lambda i: current.__setitem__("s", sets[i % len(sets)]))
+                            before=lambda i: current.__setitem__("s", sets[i % len(sets)]),
+                            device=device)
     else:
         leaves = [{"q": s["q"].detach().requires_grad_(), "k": s["k"].detach().requires_grad_(),
                    "v": s["v"].detach().requires_grad_(), "do": s["do"]} for s in sets]
@@ -779,7 +824,7 @@ def measure(task, settings, state):
         def rotate(i):
             current["i"] = i % len(leaves)
             current["s"] = leaves[current["i"]]
-        ms = _time_call(call, runs, warmup, sleep, before=rotate)
+        ms = _time_call(call, runs, warmup, sleep, before=rotate, device=device)
     result.update(status="ok", time_ms=ms)
     return result
 
@@ -791,15 +836,32 @@ def _sticky_cuda_error(error):
                                    "illegal instruction", "cuda error: an illegal"))
 
 
+def classify_error(error):
+    """(status, message) of an exception raised by a measurement: "unsupported" when the
+    implementation refuses the problem (PyTorch SDPA's "No available kernel", fusedattn's
+    NotSupportedError), "crashed" when the CUDA context is unusable after it, else "failed"
+    (out of memory included: the tables show OOM)."""
+    text = "%s: %s" % (type(error).__name__, error)
+    if isinstance(error, Unsupported):
+        return "unsupported", str(error)
+    if any(s in str(error) for s in ("No available kernel", "No viable backend")) or \
+            type(error).__name__ == "NotSupportedError":
+        return "unsupported", text
+    if _sticky_cuda_error(error):
+        return "crashed", text
+    return "failed", text
+
+
 def worker_main(task_file):
-    """Runs tasks from task_file, printing BEGIN <id> and RESULT <json> lines. Exits after a
-    CUDA error that leaves the context unusable (the driver starts a new worker)."""
+    """Runs tasks from task_file, printing BEGIN <id> and RESULT <json> lines. Exits (code 3)
+    after a CUDA error that leaves the context unusable; the driver starts a new worker."""
     with open(task_file) as f:
         job = json.load(f)
     settings = job["settings"]
+    device = settings.get("device", "cuda")
     state = {}
     import torch
-    if torch.cuda.is_available():
+    if device == "cuda" and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         state["l2_bytes"] = getattr(props, "L2_cache_size", 50 * 2**20)
     for task in job["tasks"]:
@@ -811,22 +873,19 @@ def worker_main(task_file):
                 result["status"] = "ok"
             else:
                 result = measure(task, settings, state)
-        except Unsupported as error:
-            result = {"status": "unsupported", "error": str(error)}
-        except Exception as error:  # recorded, the run goes on
-            result = {"status": "failed", "error": "%s: %s" % (type(error).__name__, error)}
-            if _sticky_cuda_error(error):
-                result["id"] = task["id"]
-                result["status"] = "crashed"
-                print("RESULT " + json.dumps(result, default=str), flush=True)
-                sys.exit(3)
-            if "out of memory" in str(error).lower():
-                state.pop("inputs", None)
-                state.pop("point_key", None)
+        except Exception as error:  # recorded; the run goes on
+            status, message = classify_error(error)
+            result = {"status": status, "error": message}
+            # Drop this point's inputs (and whatever the failure left) before the next task.
+            state.pop("inputs", None)
+            state.pop("point_key", None)
+            if device == "cuda" and status != "crashed":
                 torch.cuda.empty_cache()
         result["id"] = task["id"]
         result["seconds"] = round(time.time() - started, 2)
         print("RESULT " + json.dumps(result, default=str), flush=True)
+        if result["status"] == "crashed":
+            sys.exit(3)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -857,25 +916,28 @@ def settings_for(quick):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--grid", choices=sorted(GRIDS) + ["all"], default="prefill")
+    parser.add_argument("--grid", choices=sorted(GRIDS) + sorted(EXTRA_GRIDS) + ["all"],
+                        default="prefill")
     parser.add_argument("--quick", action="store_true", help="a few points (about 2 minutes)")
     parser.add_argument("--out", default=DEFAULT_OUT, help="output folder (bench/results)")
     parser.add_argument("--only", default=None,
                         help="comma-separated implementations to run (e.g. fusedattn:auto,flex)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="cpu: a dry run of the harness on CPU tensors (with --grid smoke)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         worker_main(args.worker)
         return 0
     grids = sorted(GRIDS) if args.grid == "all" else [args.grid]
-    points = [p for g in grids for p in GRIDS[g](args.quick)]
+    points = [p for g in grids for p in dict(GRIDS, **EXTRA_GRIDS)[g](args.quick)]
     tasks = make_tasks(points)
     if args.only:
         wanted = set(args.only.split(","))
         tasks = [t for t in tasks if t["kind"] == "device" or t["impl"] in wanted]
     started = time.time()
-    results = run_tasks(tasks, worker_command_for(os.path.abspath(__file__)),
-                        settings_for(args.quick))
+    settings = dict(settings_for(args.quick), device=args.device)
+    results = run_tasks(tasks, worker_command_for(os.path.abspath(__file__)), settings)
     device = results.get(0, {})
     if device.get("status") != "ok":
         print("device measurement failed: %s" % device.get("error"), file=sys.stderr)

@@ -165,7 +165,7 @@ def test_markdown_table_shows_rates_statuses_and_ratios():
     assert header.split(" | ")[2:4] == ["fusedattn:auto", "torch:cudnn"]
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[0] == p.label and cells[1] == "fwd"
-    assert cells[2] == "%.0f (cudnn)" % (bench.flops(p) / 2e-3 / 1e12)
+    assert cells[2] == "%s (cudnn)" % bench.three_digits(bench.flops(p) / 2e-3 / 1e12)
     assert cells[4:7] == ["n/a", "OOM", "crash"]
     assert cells[7] == "1.25"
     assert bench.failure_notes(rows)[0].startswith("- %s fwd torch:efficient" % p.label)
@@ -175,7 +175,12 @@ def test_markdown_table_in_tb_per_second():
     p = bench.small_seq_grid()[0]
     rows = [bench.analyze(p, "fwd", _results(fusedattn_auto=1.0), DEVICE)]
     table = bench.markdown_table(rows, "tbps")
-    assert "%.2f" % (bench.bytes_moved(p) / 1e-3 / 1e12) in table and "TB/s" in table
+    assert bench.three_digits(bench.bytes_moved(p) / 1e-3 / 1e12) in table and "TB/s" in table
+
+
+def test_rates_show_three_significant_digits():
+    assert [bench.three_digits(x) for x in (605.4, 60.54, 6.054, 0.6054)] == [
+        "605", "60.5", "6.05", "0.605"]
 
 
 def test_output_paths_name_grid_device_and_date(tmp_path):

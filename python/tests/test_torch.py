@@ -382,3 +382,33 @@ def test_import_order_torch_after_fusedattn_still_dispatches():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "Tensor (1, 8, 2, 16)"
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_bench_smoke_grid_runs_end_to_end(device, tmp_path):
+    """bench/bench.py on its tiny grid: workers, timing, every direction, failure records and
+    the three output files."""
+    import json
+    import os
+    import subprocess
+    import sys
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench",
+                          "bench.py")
+    only = "fusedattn:auto,fusedattn:flash,torch:flash,torch:efficient,torch:math"
+    out = subprocess.run([sys.executable, script, "--grid", "smoke", "--quick", "--device",
+                          device, "--only", only, "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    files = sorted(os.listdir(tmp_path))
+    assert [f.rsplit(".", 1)[1] for f in files] == ["json", "md", "png"], files
+    data = json.loads((tmp_path / [f for f in files if f.endswith(".json")][0]).read_text())
+    assert data["device"]["copy_tbps"] > 0 and data["device"]["gemm_tflops"] > 0
+    rows = data["rows"]
+    assert len(rows) == 3 + 3 + 2 + 1
+    for row in rows:
+        statuses = {impl: e["status"] for impl, e in row["impls"].items()}
+        if "torch:math" in statuses:
+            assert statuses["torch:math"] == "ok", row
+        assert statuses["fusedattn:auto"] in ("ok", "unsupported"), row
+        if device == "cpu":
+            assert statuses["fusedattn:auto"] == "ok", row  # the reference backend
