@@ -794,7 +794,7 @@ def measure(task, settings, state):
     sets = inputs.sets
     direction = task["direction"]
     runs, warmup = settings.get("runs", 30), settings.get("warmup", 5)
-    sleep = settings.get("sleep_cycles", 400_000)
+    sleep = settings.get("sleep_cycles", 2_000_000)
     result = {}
     if getattr(forward, "backends", None):
         result["backend"] = forward.backends["fwd" if direction == "fwd" else "train"]
@@ -910,8 +910,8 @@ def build_rows(points, tasks, results, device):
 
 def settings_for(quick):
     if quick:
-        return {"runs": 10, "warmup": 3, "device_runs": 5, "sleep_cycles": 400_000}
-    return {"runs": 30, "warmup": 5, "device_runs": 20, "sleep_cycles": 400_000}
+        return {"runs": 10, "warmup": 3, "device_runs": 5, "sleep_cycles": 2_000_000}
+    return {"runs": 30, "warmup": 5, "device_runs": 20, "sleep_cycles": 2_000_000}
 
 
 def main(argv=None):

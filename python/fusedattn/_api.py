@@ -5,6 +5,7 @@ A framework is a small adapter (`Arrays` below: NumPy here, PyTorch in _torch.py
 functions: the dtype name of a tensor, an allocator, the device name and the CUDA stream.
 """
 
+import functools
 import random
 from collections import namedtuple
 
@@ -178,7 +179,17 @@ def lse_shape(layout, q_shape):
 
 def build_config(dims, options, dtype, device="auto", is_training=False, return_lse=False,
                  bias_shape=None, bias_requires_grad=False):
-    """The _C.Config of a problem."""
+    """The _C.Config of a problem (cached: the same problem gets the same object; never change
+    it)."""
+    return _build_config(Dims(*(int(x) for x in dims)), options, dtype, device,
+                         bool(is_training), bool(return_lse),
+                         None if bias_shape is None else tuple(int(x) for x in bias_shape),
+                         bool(bias_requires_grad))
+
+
+@functools.lru_cache(maxsize=1024)
+def _build_config(dims, options, dtype, device, is_training, return_lse, bias_shape,
+                  bias_requires_grad):
     if dtype not in DTYPES:
         raise InvalidArgumentError("q has dtype %s: fusedattn computes on float32, float16 and "
                                    "bfloat16 tensors" % (dtype,))
@@ -232,12 +243,20 @@ def _tensors(inputs):
 
 
 def _exported(tensors):
-    """tensors for _C: NumPy bfloat16 arrays (ml_dtypes) become (uint16 view, "bfloat16"), since
-    NumPy exports no bfloat16 through DLPack or the buffer protocol."""
+    """tensors for _C.fwd / _C.bwd:
+    * torch tensors become DLPack capsules through torch.utils.dlpack.to_dlpack: no stream
+      synchronization and no device check (Tensor.__dlpack__ may do both, and costs tens of
+      microseconds a tensor), safe under CUDA-graph capture; the op runs on the stream given;
+    * NumPy bfloat16 arrays (ml_dtypes) become (uint16 view, "bfloat16"), since NumPy exports no
+      bfloat16 through DLPack or the buffer protocol;
+    * anything else goes as is, through its __dlpack__."""
     out = {}
     for name, t in tensors.items():
-        dtype = getattr(t, "dtype", None)
-        if getattr(dtype, "name", None) == "bfloat16" and type(t).__module__ == "numpy":
+        module = type(t).__module__
+        if module == "torch" or module.startswith("torch."):
+            import torch.utils.dlpack
+            t = torch.utils.dlpack.to_dlpack(t)
+        elif module == "numpy" and getattr(t.dtype, "name", None) == "bfloat16":
             import numpy as np
             t = (t.view(np.uint16), "bfloat16")
         out[name] = t

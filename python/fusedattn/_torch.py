@@ -8,7 +8,7 @@ be captured in a CUDA graph.
 """
 
 import contextlib
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -55,27 +55,40 @@ def _on_device_of(t):
     return contextlib.nullcontext()
 
 
-def _options(layout, mask, window_left, window_right, bias_type, softcap, softmax, dropout_p,
-             dropout_seed, scale, max_seqlen_q, max_seqlen_kv, deterministic, backend):
-    return _api.Options(layout, mask, window_left, window_right, bias_type, softcap, softmax,
-                        dropout_p, dropout_seed, scale, max_seqlen_q, max_seqlen_kv,
-                        deterministic, backend)
+# The ops take the problem's scalars as one string and a list of ints (see encode_problem): torch's
+# custom-op autograd wrapper costs time quadratic in the number of schema arguments, so few
+# arguments keep the per-call overhead small. The ints (max_seqlen_q, max_seqlen_kv,
+# dropout_seed) stay ints so that they may be symbolic under torch.compile.
+def encode_problem(options, is_training, return_lse, bias_requires_grad):
+    """(problem string, ints) of the ops from _api.Options and the call's flags."""
+    flags = "".join("1" if x else "0" for x in (options.deterministic, is_training, return_lse,
+                                                  bias_requires_grad))
+    problem = "|".join((options.layout, options.mask, str(options.window_left),
+                        str(options.window_right), options.bias_type, repr(options.softcap),
+                        options.softmax, repr(options.dropout_p), repr(options.scale),
+                        options.backend, flags))
+    return problem, [options.max_seqlen_q, options.max_seqlen_kv, options.dropout_seed]
 
 
-# The ops' scalar arguments are _api.Options' fields, in order (the problem), then the call's.
+def decode_problem(problem, ints):
+    """(_api.Options, is_training, return_lse, bias_requires_grad) from the ops' arguments."""
+    (layout, mask, window_left, window_right, bias_type, softcap, softmax, dropout_p, scale,
+     backend, flags) = problem.split("|")
+    deterministic, is_training, return_lse, bias_requires_grad = (c == "1" for c in flags)
+    max_seqlen_q, max_seqlen_kv, dropout_seed = (int(x) for x in ints)
+    options = _api.Options(layout, mask, int(window_left), int(window_right), bias_type,
+                           float(softcap), softmax, float(dropout_p), dropout_seed, float(scale),
+                           max_seqlen_q, max_seqlen_kv, deterministic, backend)
+    return options, is_training, return_lse, bias_requires_grad
+
 
 @torch.library.custom_op("fusedattn::fwd", mutates_args=())
 def fwd(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], alibi_slopes: Optional[Tensor],
         sinks: Optional[Tensor], cu_seqlens_q: Optional[Tensor], cu_seqlens_kv: Optional[Tensor],
-        seq_offsets_q: Optional[Tensor], seq_offsets_kv: Optional[Tensor], layout: str,
-        mask: str, window_left: int, window_right: int, bias_type: str, softcap: float,
-        softmax: str, dropout_p: float, dropout_seed: int, scale: float, max_seqlen_q: int,
-        max_seqlen_kv: int, deterministic: bool, backend: str, is_training: bool,
-        return_lse: bool, bias_requires_grad: bool) -> Tuple[Tensor, Tensor]:
-    """(o, lse); lse is empty unless is_training or return_lse."""
-    options = _options(layout, mask, window_left, window_right, bias_type, softcap, softmax,
-                       dropout_p, dropout_seed, scale, max_seqlen_q, max_seqlen_kv,
-                       deterministic, backend)
+        seq_offsets_q: Optional[Tensor], seq_offsets_kv: Optional[Tensor], problem: str,
+        ints: List[int]) -> Tuple[Tensor, Tensor]:
+    """(o, lse); lse is empty unless the problem's flags ask for it (training or return_lse)."""
+    options, is_training, return_lse, bias_requires_grad = decode_problem(problem, ints)
     inputs = _api.Inputs(bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_kv, seq_offsets_q,
                          seq_offsets_kv)
     with _on_device_of(q):
@@ -88,9 +101,9 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], alibi_slopes: O
 
 @fwd.register_fake
 def _fwd_fake(q, k, v, bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_kv, seq_offsets_q,
-              seq_offsets_kv, layout, mask, window_left, window_right, bias_type, softcap,
-              softmax, dropout_p, dropout_seed, scale, max_seqlen_q, max_seqlen_kv,
-              deterministic, backend, is_training, return_lse, bias_requires_grad):
+              seq_offsets_kv, problem, ints):
+    layout = problem.split("|", 1)[0]
+    _, is_training, return_lse, _ = decode_problem(problem, [0, 0, 0])
     o = q.new_empty(_api.output_shape(q.shape, v.shape))
     if is_training or return_lse:
         lse = q.new_empty(_api.lse_shape(layout, q.shape), dtype=torch.float32)
@@ -103,16 +116,11 @@ def _fwd_fake(q, k, v, bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_kv, s
 def bwd(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
         bias: Optional[Tensor], alibi_slopes: Optional[Tensor], sinks: Optional[Tensor],
         cu_seqlens_q: Optional[Tensor], cu_seqlens_kv: Optional[Tensor],
-        seq_offsets_q: Optional[Tensor], seq_offsets_kv: Optional[Tensor], layout: str,
-        mask: str, window_left: int, window_right: int, bias_type: str, softcap: float,
-        softmax: str, dropout_p: float, dropout_seed: int, scale: float, max_seqlen_q: int,
-        max_seqlen_kv: int, deterministic: bool, backend: str,
-        bias_requires_grad: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(dq, dk, dv, dbias, dsink); dbias is empty unless bias_requires_grad, dsink unless the
+        seq_offsets_q: Optional[Tensor], seq_offsets_kv: Optional[Tensor], problem: str,
+        ints: List[int]) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, dbias, dsink); dbias is empty unless the flags ask for it, dsink unless the
     softmax has a learnable sink."""
-    options = _options(layout, mask, window_left, window_right, bias_type, softcap, softmax,
-                       dropout_p, dropout_seed, scale, max_seqlen_q, max_seqlen_kv,
-                       deterministic, backend)
+    options, _, _, bias_requires_grad = decode_problem(problem, ints)
     inputs = _api.Inputs(bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_kv, seq_offsets_q,
                          seq_offsets_kv)
     with _on_device_of(q):
@@ -126,9 +134,8 @@ def bwd(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
 
 @bwd.register_fake
 def _bwd_fake(d_o, q, k, v, o, lse, bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_kv,
-              seq_offsets_q, seq_offsets_kv, layout, mask, window_left, window_right, bias_type,
-              softcap, softmax, dropout_p, dropout_seed, scale, max_seqlen_q, max_seqlen_kv,
-              deterministic, backend, bias_requires_grad):
+              seq_offsets_q, seq_offsets_kv, problem, ints):
+    options, _, _, bias_requires_grad = decode_problem(problem, [0, 0, 0])
     dq = q.new_empty(q.shape)
     dk = k.new_empty(k.shape)
     dv = v.new_empty(v.shape)
@@ -136,41 +143,32 @@ def _bwd_fake(d_o, q, k, v, o, lse, bias, alibi_slopes, sinks, cu_seqlens_q, cu_
         dbias = bias.new_empty(bias.shape)
     else:
         dbias = q.new_empty((0,), dtype=torch.float32)
-    if softmax == "learnable_sink":
+    if options.softmax == "learnable_sink":
         dsink = q.new_empty((q.shape[-2],), dtype=torch.float32)
     else:
         dsink = q.new_empty((0,), dtype=torch.float32)
     return dq, dk, dv, dbias, dsink
 
 
-_NUM_TENSOR_INPUTS = 10  # q, k, v, bias, alibi_slopes, sinks, cu_seqlens_q/kv, seq_offsets_q/kv
-
-
 def _setup_context(ctx, inputs, output):
-    q, k, v, bias, alibi_slopes, sinks, cu_q, cu_kv, off_q, off_kv = inputs[:_NUM_TENSOR_INPUTS]
-    scalars = inputs[_NUM_TENSOR_INPUTS:]
+    q, k, v, bias, alibi_slopes, sinks, cu_q, cu_kv, off_q, off_kv, problem, ints = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse, bias, alibi_slopes, sinks, cu_q, cu_kv, off_q, off_kv)
-    ctx.problem = scalars[:len(_api.Options._fields)]
-    ctx.is_training = scalars[len(_api.Options._fields)]
-    ctx.bias_requires_grad = scalars[-1]
-    ctx.num_scalars = len(scalars)
+    ctx.problem, ctx.ints = problem, ints
 
 
 def _backward(ctx, grad_o, grad_lse):
     # lse is returned detached by attention(): grad_lse is never a real gradient.
     q, k, v, o, lse, bias, alibi_slopes, sinks, cu_q, cu_kv, off_q, off_kv = ctx.saved_tensors
-    if not ctx.is_training:
+    flags = ctx.problem.rsplit("|", 1)[1]
+    is_training, bias_requires_grad = flags[1] == "1", flags[3] == "1"
+    if not is_training:
         raise RuntimeError("fusedattn: the forward ran with is_training=False (no LSE saved) but "
                            "a gradient was asked for")
     dq, dk, dv, dbias, dsink = bwd(grad_o, q, k, v, o, lse, bias, alibi_slopes, sinks, cu_q,
-                                   cu_kv, off_q, off_kv, *ctx.problem, ctx.bias_requires_grad)
-    return ((dq, dk, dv,
-             dbias if ctx.bias_requires_grad else None,
-             None,
-             dsink if sinks is not None else None,
-             None, None, None, None)
-            + (None,) * ctx.num_scalars)
+                                   cu_kv, off_q, off_kv, ctx.problem, ctx.ints)
+    return (dq, dk, dv, dbias if bias_requires_grad else None, None,
+            dsink if sinks is not None else None, None, None, None, None, None, None)
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -210,8 +208,9 @@ def attention(q, k, v, *, layout="bshd", mask=None, window=(-1, -1), bias=None,
     bias_requires_grad = grad and bias is not None and bias.requires_grad
     is_training = grad and (q.requires_grad or k.requires_grad or v.requires_grad
                             or bias_requires_grad or (sinks is not None and sinks.requires_grad))
+    problem, ints = encode_problem(options, is_training, return_lse, bias_requires_grad)
     o, lse = fwd(q, k, v, bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_kv, seq_offsets_q,
-                 seq_offsets_kv, *options, is_training, return_lse, bias_requires_grad)
+                 seq_offsets_kv, problem, ints)
     if return_lse:
         return o, lse.detach()
     return o

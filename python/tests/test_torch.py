@@ -213,15 +213,16 @@ def test_custom_ops_pass_opcheck(device):
     k = torch.randn(2, 24, 2, 32, device=device, dtype=dtype, requires_grad=True)
     v = torch.randn(2, 24, 2, 32, device=device, dtype=dtype, requires_grad=True)
     sinks = torch.randn(4, device=device, requires_grad=True)
-    scalars = ("bshd", "causal_bottom_right", -1, -1, "none", 0.0, "learnable_sink", 0.0, 0,
-               0.0, 0, 0, False, "auto")
-    args = (q, k, v, None, None, sinks, None, None, None, None) + scalars + (True, True, False)
+    from fusedattn import _api, _torch
+    options = _api.normalize_options(mask="causal_bottom_right", has_sinks=True)
+    problem, ints = _torch.encode_problem(options, True, True, False)
+    args = (q, k, v, None, None, sinks, None, None, None, None, problem, ints)
     _run_or_skip(lambda: torch.ops.fusedattn.fwd(*args))
     torch.library.opcheck(torch.ops.fusedattn.fwd.default, args)
     o, lse = torch.ops.fusedattn.fwd(*args)
     d_o = torch.randn_like(o)
-    bwd_args = ((d_o, q.detach(), k.detach(), v.detach(), o.detach(), lse.detach(), None, None,
-                 sinks.detach(), None, None, None, None) + scalars + (False,))
+    bwd_args = (d_o, q.detach(), k.detach(), v.detach(), o.detach(), lse.detach(), None, None,
+                sinks.detach(), None, None, None, None, problem, ints)
     torch.library.opcheck(torch.ops.fusedattn.bwd.default, bwd_args)
 
 
