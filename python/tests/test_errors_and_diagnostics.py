@@ -190,3 +190,10 @@ def test_import_does_not_load_torch():
     code = "import sys, fusedattn; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_workspace_size_of_the_reference_backend_is_zero():
+    config = dict(batch=2, heads_q=4, heads_kv=4, max_seqlen_q=8, max_seqlen_kv=8, head_dim_qk=16,
+                  head_dim_v=16, qkv_dtype="float32", o_dtype="float32", device="cpu")
+    assert fusedattn.workspace_size(config) == 0
+    assert fusedattn.workspace_size(config, backward=True) == 0

@@ -351,12 +351,15 @@ def test_cuda_forward_and_backward_do_not_synchronize():
 @needs_cuda
 def test_runs_on_the_current_stream():
     q, k, v = _cuda_graph_inputs()
-    expected = _run_or_skip(lambda: fusedattn.attention(q, k, v))
+    expected = _run_or_skip(lambda: fusedattn.attention(q * 2, k, v))
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        torch.cuda._sleep(10_000_000)  # keeps the stream busy: a wrong stream races ahead
-        o = fusedattn.attention(q, k, v)
+        # q2 is written on this stream after a long sleep: an op on another stream reads it
+        # before it exists.
+        torch.cuda._sleep(50_000_000)
+        q2 = q * 2
+        o = fusedattn.attention(q2, k, v)
     torch.cuda.current_stream().wait_stream(stream)
     assert torch.equal(o, expected)
 
@@ -368,8 +371,11 @@ def test_cupy_arrays_through_the_low_level_api():
                             dtype=cupy.float16) for i in range(3))
     o = cupy.empty_like(q)
     config = dict(batch=2, heads_q=4, heads_kv=4, max_seqlen_q=64, max_seqlen_kv=64,
-                  head_dim_qk=64, head_dim_v=64, qkv_dtype="float16", o_dtype="float16")
-    _run_or_skip(lambda: fusedattn.forward(config, q=q, k=k, v=v, o=o))
+                  head_dim_qk=64, head_dim_v=64, qkv_dtype="float16", o_dtype="float16",
+                  device="cuda")
+    nbytes = _run_or_skip(lambda: fusedattn.workspace_size(config))
+    workspace = cupy.empty(max(nbytes, 1), dtype=cupy.uint8)
+    fusedattn.forward(config, q=q, k=k, v=v, o=o, workspace=workspace, stream=0)
     cupy.cuda.Device().synchronize()
     ref, _ = Problem().forward(*(cupy.asnumpy(x).astype(np.float32) for x in (q, k, v)))
     assert relative_error(cupy.asnumpy(o), ref) < TOLERANCE["float16"]

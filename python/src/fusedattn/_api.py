@@ -500,6 +500,13 @@ def backward(config, *, q, k, v, o, lse, d_o, dq, dk, dv, dbias=None, dsink=None
            workspace=workspace, stream=stream)
 
 
+def workspace_size(config, backward=False):
+    """Bytes of workspace fusedattn.forward (or backward) needs for config (a _C.Config or a
+    dict of fields) on the device config.device names (auto: CUDA when present)."""
+    config = make_config(**config) if isinstance(config, dict) else config
+    return (_C.bwd_workspace_size if backward else _C.fwd_workspace_size)(config)
+
+
 def _low_level_resources(config, q, workspace, stream, workspace_size):
     torch_impl = _torch_module_if_tensor(q)
     if stream is None:

@@ -15,12 +15,13 @@ import sys as _sys
 from ._errors import Error, InvalidArgumentError, NotSupportedError, OutOfMemoryError
 from . import _C
 from ._api import (Gradients, attention, attention_backward, backends, backward, config_dict,
-                   cudnn_version, explain, forward, make_config, version)
+                   cudnn_version, explain, forward, make_config, version, workspace_size)
 
 __version__ = _C.version()
 
 __all__ = ["attention", "attention_backward", "explain", "backends", "version", "cudnn_version",
-           "forward", "backward", "make_config", "config_dict", "Gradients", "Error",
+           "forward", "backward", "make_config", "config_dict", "workspace_size", "Gradients",
+           "Error",
            "InvalidArgumentError", "NotSupportedError", "OutOfMemoryError"]
 
 # Register the torch ops now when torch is already loaded (torch.compile then finds them);

@@ -165,6 +165,10 @@ def _backward(ctx, grad_o, grad_lse):
     if not is_training:
         raise RuntimeError("fusedattn: the forward ran with is_training=False (no LSE saved) but "
                            "a gradient was asked for")
+    # Autograd may hand over an expanded gradient (o.sum() gives stride 0 everywhere); the GPU
+    # backends read dO like O, so give them a dense one.
+    if not grad_o.is_contiguous():
+        grad_o = grad_o.contiguous()
     dq, dk, dv, dbias, dsink = bwd(grad_o, q, k, v, o, lse, bias, alibi_slopes, sinks, cu_q,
                                    cu_kv, off_q, off_kv, ctx.problem, ctx.ints)
     return (dq, dk, dv, dbias if bias_requires_grad else None, None,
