@@ -94,8 +94,11 @@ def test_decode_grid_is_bottom_right_with_sq_much_smaller_than_skv():
 def test_quick_grids_are_small():
     for name, grid in bench.GRIDS.items():
         points = grid(quick=True)
-        tasks = bench.make_tasks(points)
+        tasks = bench.make_tasks(points, quick=True)
         assert 1 <= len(points) <= 2 and len(tasks) <= 45, name
+    all_quick = [p for grid in bench.GRIDS.values() for p in grid(quick=True)]
+    flex_points = {p.key for p in all_quick if "flex" in bench.implementations(p, quick=True)}
+    assert len(flex_points) <= 3  # each costs a FlexAttention compile
 
 
 def test_every_point_times_ours_and_flex():
@@ -254,6 +257,16 @@ def test_driver_records_a_dying_worker_and_goes_on(tmp_path):
         assert results[i]["status"] == "crashed"
         assert "code 139" in results[i]["error"] and "dying" in results[i]["error"]
     assert results[3]["status"] == "crashed" and "illegal" in results[3]["error"]
+
+
+def test_driver_stops_when_the_worker_cannot_start(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text("import sys; print('ImportError: no torch', file=sys.stderr); sys.exit(1)")
+    tasks = [{"id": i, "kind": "measure", "impl": "a"} for i in range(4)]
+    results = bench.run_tasks(tasks, lambda f: [sys.executable, str(script), f], {},
+                              log=lambda line: None)
+    assert [results[i]["status"] for i in range(4)] == ["failed"] * 4
+    assert "cannot start" in results[0]["error"] and "no torch" in results[0]["error"]
 
 
 def test_driver_gives_up_after_too_many_restarts(tmp_path):
