@@ -153,10 +153,10 @@ def test_cuda_thd_varlen_matches_the_oracle(dtype):
         assert error < TOLERANCE[dtype], "%s: %.3g" % (name, error)
 
 
-@needs_cuda
-@pytest.mark.parametrize("dtype", ["bfloat16"])
+@pytest.mark.parametrize("device,dtype", [("cpu", "float32"),
+                                          pytest.param("cuda", "bfloat16", marks=needs_cuda)])
 @pytest.mark.parametrize("feature", ["sinks", "softcap", "alibi", "off_by_one"])
-def test_cuda_features_match_the_oracle(feature, dtype):
+def test_features_match_the_oracle(feature, device, dtype):
     b, s, h, d = 2, 96, 4, 64
     generator = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(b, s, h, d, generator=generator).to(DTYPES[dtype]) for _ in range(3))
@@ -170,8 +170,9 @@ def test_cuda_features_match_the_oracle(feature, dtype):
         kwargs["alibi_slopes"] = 0.5 ** torch.arange(1, h + 1, dtype=torch.float32)
     if feature == "off_by_one":
         kwargs["softmax"] = "off_by_one"
-    qc, kc, vc = (x.cuda().requires_grad_() for x in (q, k, v))
-    cuda_kwargs = {n: (x.cuda() if isinstance(x, torch.Tensor) else x) for n, x in kwargs.items()}
+    qc, kc, vc = (x.to(device).requires_grad_() for x in (q, k, v))
+    cuda_kwargs = {n: (x.to(device) if isinstance(x, torch.Tensor) else x)
+                   for n, x in kwargs.items()}
     if "sinks" in cuda_kwargs:
         cuda_kwargs["sinks"] = leaves["sinks"] = cuda_kwargs["sinks"].requires_grad_()
     o = _run_or_skip(lambda: fusedattn.attention(qc, kc, vc, **cuda_kwargs))
@@ -181,7 +182,7 @@ def test_cuda_features_match_the_oracle(feature, dtype):
     ref_o, _ = oracle.forward(to_np(q), to_np(k), to_np(v))
     assert relative_error(to_np(o), ref_o) < TOLERANCE[dtype]
     d_o = torch.randn(o.shape, generator=generator).to(o.dtype)
-    o.backward(d_o.cuda())
+    o.backward(d_o.to(device))
     dq, dk, dv, _, dsink = oracle.backward(to_np(d_o), to_np(q), to_np(k), to_np(v))
     for name, x, want in (("dq", qc, dq), ("dk", kc, dk), ("dv", vc, dv)):
         assert relative_error(to_np(x.grad), want) < TOLERANCE[dtype], name
