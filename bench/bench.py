@@ -572,7 +572,7 @@ def measure_device(settings):
     dst = torch.empty_like(src)
     copy_ms = _time_call(lambda: dst.copy_(src), runs, 3, device=device)
     info["copy_tbps"] = 2 * copy_bytes / (copy_ms / 1e3) / 1e12
-    del src, dst
+    src = dst = None  # free the copy buffers before the GEMM
     m = gemm_size
     a = torch.randn(m, m, device=device, dtype=gemm_dtype)
     b = torch.randn(m, m, device=device, dtype=gemm_dtype)
