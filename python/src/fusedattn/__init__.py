@@ -1,0 +1,32 @@
+"""fusedattn: fused scaled-dot-product attention (forward and backward) with automatic backend
+selection, for PyTorch (autograd, torch.compile, CUDA graphs), NumPy and any DLPack framework.
+
+    import fusedattn
+    o = fusedattn.attention(q, k, v, mask="causal")        # q: [batch, seqlen, heads, head_dim]
+    print(fusedattn.explain(q, k, v, mask="causal"))        # which backend, and why
+    fusedattn.backends()                                    # {name: "available" or why not}
+
+The C API (include/fusedattn/fusedattn.h) specifies what is computed; fusedattn.forward and
+fusedattn.backward expose it on preallocated tensors with a full config (make_config).
+"""
+
+import sys as _sys
+
+from ._errors import Error, InvalidArgumentError, NotSupportedError, OutOfMemoryError
+from . import _C
+from ._api import (Gradients, attention, attention_backward, backends, backward, config_dict,
+                   cudnn_version, explain, forward, make_config, version, workspace_size)
+
+__version__ = _C.version()
+
+__all__ = ["attention", "attention_backward", "explain", "backends", "version", "cudnn_version",
+           "forward", "backward", "make_config", "config_dict", "workspace_size", "Gradients",
+           "Error",
+           "InvalidArgumentError", "NotSupportedError", "OutOfMemoryError"]
+
+# Register the torch ops now when torch is already loaded (torch.compile then finds them);
+# otherwise the first torch tensor passed in loads them.
+if "torch" in _sys.modules:
+    from . import _torch as _torch_ops  # noqa: F401
+    from . import _api as _api_module
+    _api_module._torch_impl = _torch_ops

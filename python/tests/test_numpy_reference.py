@@ -1,0 +1,303 @@
+"""fusedattn on NumPy arrays (the reference backend on the CPU) against the independent float64
+oracle in oracle.py: forward (o, lse) and backward (dq, dk, dv, dbias, dsink) for every feature."""
+
+import numpy as np
+import pytest
+
+import fusedattn
+from helpers import TOLERANCE, numpy_dtype, relative_error
+from oracle import Problem, philox4x32_10
+
+
+class Case:
+    """One problem: shapes, and attention()'s arguments. bias: None, "1h" ([1, heads, sq, skv]) or
+    "b1" ([batch, 1, sq, skv]). THD cases give per-sequence lengths (lens_q, lens_kv)."""
+
+    def __init__(self, name, batch=2, sq=7, skv=9, hq=4, hkv=4, d=16, dv=None, layout="bshd",
+                 bias=None, alibi=False, sinks=False, lens_q=None, lens_kv=None, gaps=False,
+                 padding_lens=None, input_scale=1.0, **kwargs):
+        self.name, self.batch, self.sq, self.skv = name, batch, sq, skv
+        self.hq, self.hkv, self.d, self.dv = hq, hkv, d, dv or d
+        self.layout, self.bias, self.alibi, self.sinks = layout, bias, alibi, sinks
+        self.lens_q, self.lens_kv, self.gaps = lens_q, lens_kv, gaps
+        self.padding_lens, self.input_scale, self.kwargs = padding_lens, input_scale, kwargs
+
+    def __repr__(self):
+        return self.name
+
+    def make(self, dtype, seed=0):
+        """(q, k, v, attention kwargs) with fresh random inputs in dtype."""
+        rng = np.random.default_rng(seed)
+        dt = numpy_dtype(dtype)
+
+        def tensor(shape, scale=1.0):
+            return (scale * rng.standard_normal(shape)).astype(np.float32).astype(dt)
+
+        kwargs = dict(self.kwargs, layout=self.layout)
+        if self.layout == "thd":
+            batch = len(self.lens_q)
+            cu_q = np.concatenate([[0], np.cumsum(self.lens_q)]).astype(np.int32)
+            cu_kv = np.concatenate([[0], np.cumsum(self.lens_kv)]).astype(np.int32)
+            tokens_q, tokens_kv = int(cu_q[-1]), int(cu_kv[-1])
+            if self.gaps:  # two unused tokens before every sequence, one at the end
+                off_q = (cu_q + 2 * np.arange(batch + 1)).astype(np.int32)
+                off_kv = (cu_kv + 2 * np.arange(batch + 1)).astype(np.int32)
+                tokens_q, tokens_kv = int(off_q[-1]) + 1, int(off_kv[-1]) + 1
+                kwargs.update(seq_offsets_q=off_q, seq_offsets_kv=off_kv)
+            kwargs.update(cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv)
+            q_shape, k_shape = (tokens_q, self.hq, self.d), (tokens_kv, self.hkv, self.d)
+            v_shape = (tokens_kv, self.hkv, self.dv)
+            sq, skv = max(self.lens_q), max(self.lens_kv)
+        else:
+            batch, sq, skv = self.batch, self.sq, self.skv
+            shape = {"bshd": lambda s, h, d: (batch, s, h, d),
+                     "sbhd": lambda s, h, d: (s, batch, h, d),
+                     "bhsd": lambda s, h, d: (batch, h, s, d)}[self.layout]
+            q_shape, k_shape, v_shape = (shape(sq, self.hq, self.d), shape(skv, self.hkv, self.d),
+                                         shape(skv, self.hkv, self.dv))
+            if self.padding_lens is not None:
+                lens_q, lens_kv = self.padding_lens
+                kwargs.update(
+                    cu_seqlens_q=np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32),
+                    cu_seqlens_kv=np.concatenate([[0], np.cumsum(lens_kv)]).astype(np.int32))
+        q = tensor(q_shape, self.input_scale)
+        k = tensor(k_shape, self.input_scale)
+        v = tensor(v_shape)
+        if self.bias == "1h":
+            kwargs["bias"] = tensor((1, self.hq, sq, skv))
+        elif self.bias == "b1":
+            kwargs["bias"] = tensor((batch, 1, sq, skv))
+        if self.alibi:
+            kwargs["alibi_slopes"] = (0.5 ** np.arange(1, self.hq + 1)).astype(np.float32)
+        if self.sinks:
+            kwargs["sinks"] = rng.standard_normal(self.hq).astype(np.float32)
+        return q, k, v, kwargs
+
+
+CASES = [
+    Case("plain"),
+    Case("causal_top_left_sq_lt_skv", sq=5, skv=9, mask="causal"),
+    Case("causal_top_left_sq_gt_skv", sq=9, skv=5, mask="causal"),
+    Case("causal_bottom_right", sq=5, skv=9, mask="causal_bottom_right"),
+    Case("causal_bottom_right_fully_masked_rows", sq=9, skv=5, mask="causal_bottom_right"),
+    Case("window_without_causal", sq=8, skv=8, window=(3, 2)),
+    Case("window_causal", sq=8, skv=11, mask="causal", window=(4, 0)),
+    Case("gqa", hq=6, hkv=2),
+    Case("mqa_causal", hq=4, hkv=1, mask="causal"),
+    Case("layout_sbhd", layout="sbhd", mask="causal"),
+    Case("layout_bhsd", layout="bhsd", hq=4, hkv=2),
+    Case("head_dim_v_differs", d=16, dv=8),
+    Case("bias_post_scale", bias="1h"),
+    Case("bias_pre_scale_per_batch", bias="b1", bias_type="pre_scale", mask="causal"),
+    Case("alibi", alibi=True, mask="causal_bottom_right", sq=6, skv=9),
+    Case("softcap", softcap=2.0, input_scale=2.0),
+    Case("sinks", sinks=True),
+    Case("off_by_one", softmax="off_by_one"),
+    Case("scale", scale=0.3),
+    Case("padding_bshd", padding_lens=([5, 7], [9, 3]), mask="padding"),
+    Case("padding_causal_bshd", padding_lens=([5, 7], [9, 3]), mask="padding_causal"),
+    Case("thd_uneven", layout="thd", lens_q=[3, 0, 7, 5], lens_kv=[4, 2, 7, 9], hq=4, hkv=2),
+    Case("thd_causal", layout="thd", lens_q=[3, 6, 7], lens_kv=[3, 6, 7], mask="causal"),
+    Case("thd_bottom_right_window", layout="thd", lens_q=[2, 5, 4], lens_kv=[6, 5, 9],
+         mask="causal_bottom_right", window=(3, 0)),
+    Case("thd_seq_offsets_with_gaps", layout="thd", lens_q=[3, 5], lens_kv=[4, 6], gaps=True,
+         mask="causal_bottom_right"),
+    Case("dropout", dropout_p=0.3, dropout_seed=1234567890123),
+    Case("thd_dropout", layout="thd", lens_q=[3, 6], lens_kv=[5, 6], dropout_p=0.25,
+         dropout_seed=77),
+    Case("everything", hq=4, hkv=2, sq=6, skv=10, mask="causal_bottom_right", window=(5, 0),
+         bias="1h", softcap=3.0, sinks=True, input_scale=1.5),
+]
+
+DTYPE_CASES = ["plain", "causal_bottom_right", "gqa", "thd_uneven", "bias_post_scale",
+               "sinks", "everything"]
+
+
+def _params():
+    for case in CASES:
+        yield pytest.param(case, "float32", id="%s-float32" % case.name)
+        if case.name in DTYPE_CASES:
+            for dtype in ("float16", "bfloat16"):
+                yield pytest.param(case, dtype, id="%s-%s" % (case.name, dtype))
+
+
+def _token_mask(kwargs, tokens):
+    """THD: which tokens belong to a sequence."""
+    cu = kwargs["cu_seqlens_q"]
+    starts = kwargs.get("seq_offsets_q", cu)
+    inside = np.zeros(tokens, dtype=bool)
+    for b in range(len(cu) - 1):
+        inside[starts[b]:starts[b] + cu[b + 1] - cu[b]] = True
+    return inside
+
+
+def _check_lse(lse, ref_lse, kwargs, layout):
+    lse = np.asarray(lse, dtype=np.float64)
+    if layout == "thd":
+        inside = _token_mask(kwargs, lse.shape[0])
+        lse, ref_lse = lse[inside], ref_lse[inside]
+    assert np.array_equal(np.isneginf(lse), np.isneginf(ref_lse)), "-inf rows differ"
+    finite = np.isfinite(ref_lse)
+    assert np.all(np.isfinite(lse[finite]))
+    np.testing.assert_allclose(lse[finite], ref_lse[finite], rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("case,dtype", list(_params()))
+def test_forward_matches_oracle(case, dtype):
+    q, k, v, kwargs = case.make(dtype)
+    o, lse = fusedattn.attention(q, k, v, return_lse=True, **kwargs)
+    assert o.dtype == q.dtype and o.shape == q.shape[:-1] + (v.shape[-1],)
+    ref_o, ref_lse = Problem(**kwargs).forward(q, k, v)
+    o64 = np.asarray(o, dtype=np.float64)
+    assert not np.isnan(o64).any(), "NaN in o"
+    error = relative_error(o64, ref_o)
+    assert error < TOLERANCE[dtype], "%s %s: ||o - ref|| / ||ref|| = %.3g" % (case, dtype, error)
+    _check_lse(lse, ref_lse, kwargs, case.layout)
+
+
+@pytest.mark.parametrize("case,dtype", list(_params()))
+def test_backward_matches_oracle(case, dtype):
+    q, k, v, kwargs = case.make(dtype)
+    o, lse = fusedattn.attention(q, k, v, return_lse=True, **kwargs)
+    rng = np.random.default_rng(1)
+    d_o = rng.standard_normal(o.shape).astype(np.float32).astype(o.dtype)
+    grads = fusedattn.attention_backward(d_o, q, k, v, o, lse, **kwargs)
+    ref = Problem(**kwargs).backward(d_o, q, k, v)
+    names = ("dq", "dk", "dv", "dbias", "dsink")
+    for name, got, want in zip(names, grads, ref):
+        if name == "dbias" and "bias" not in kwargs:
+            assert got is None
+            continue
+        if name == "dsink" and not case.sinks:
+            assert got is None
+            continue
+        got64 = np.asarray(got, dtype=np.float64)
+        assert not np.isnan(got64).any(), "NaN in %s" % name
+        error = relative_error(got64, want)
+        assert error < TOLERANCE[dtype], "%s %s: %s relative error %.3g" % (case, dtype, name,
+                                                                           error)
+
+
+def test_oracle_backward_matches_finite_differences_of_oracle_forward():
+    """The oracle's gradients are themselves checked: central differences in float64."""
+    case = Case("tiny_everything", batch=1, hq=2, hkv=1, sq=3, skv=4, d=3,
+                mask="causal_bottom_right", window=(2, 0), bias="1h", softcap=2.0, sinks=True)
+    q, k, v, kwargs = case.make("float32")
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    kwargs["bias"] = kwargs["bias"].astype(np.float64)
+    kwargs["sinks"] = kwargs["sinks"].astype(np.float64)
+    d_o = np.random.default_rng(2).standard_normal(q.shape[:-1] + (v.shape[-1],))
+
+    def loss():
+        o, _ = Problem(**kwargs).forward(q, k, v)
+        return float((o * d_o).sum())
+
+    grads = Problem(**kwargs).backward(d_o, q, k, v)
+    for name, x, g in (("q", q, grads[0]), ("k", k, grads[1]), ("v", v, grads[2]),
+                       ("bias", kwargs["bias"], grads[3]), ("sinks", kwargs["sinks"], grads[4])):
+        numeric = np.zeros_like(x)
+        for index in np.ndindex(x.shape):
+            keep = x[index]
+            x[index] = keep + 1e-6
+            up = loss()
+            x[index] = keep - 1e-6
+            down = loss()
+            x[index] = keep
+            numeric[index] = (up - down) / 2e-6
+        np.testing.assert_allclose(g, numeric, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_oracle_philox_matches_random123_known_answers():
+    # Random123's kat_vectors: philox4x32_10, counter 0 key 0, and counter/key all ones.
+    zero = philox4x32_10(0, 0, 0, 0, 0, 0)
+    assert [int(w) for w in zero] == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+    ones = philox4x32_10(*([0xFFFFFFFF] * 4), 0xFFFFFFFF, 0xFFFFFFFF)
+    assert [int(w) for w in ones] == [0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD]
+
+
+def test_dropout_depends_on_the_seed_and_is_reproducible():
+    q, k, v, kwargs = Case("d", dropout_p=0.5).make("float32")
+    kwargs.pop("dropout_seed", None)
+    a = fusedattn.attention(q, k, v, dropout_seed=1, **kwargs)
+    b = fusedattn.attention(q, k, v, dropout_seed=1, **kwargs)
+    c = fusedattn.attention(q, k, v, dropout_seed=2, **kwargs)
+    assert np.array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def test_fully_masked_rows_give_zero_output_and_negative_infinite_lse():
+    q, k, v, kwargs = Case("m", sq=6, skv=3, mask="causal_bottom_right").make("float32")
+    o, lse = fusedattn.attention(q, k, v, return_lse=True, **kwargs)
+    # Bottom-right: row i sees keys j <= i + 3 - 6, so rows 0..2 see none.
+    assert np.all(o[:, :3] == 0)
+    assert np.all(np.isneginf(lse[:, :, :3]))
+    assert np.all(np.isfinite(lse[:, :, 3:]))
+    grads = fusedattn.attention_backward(np.ones_like(o), q, k, v, o, lse, **kwargs)
+    assert np.all(grads.dq[:, :3] == 0)
+
+
+def test_thd_tokens_outside_sequences_are_zero():
+    q, k, v, kwargs = Case("g", layout="thd", lens_q=[3, 5], lens_kv=[4, 6],
+                           gaps=True).make("float32")
+    o = fusedattn.attention(q, k, v, **kwargs)
+    outside = ~_token_mask(kwargs, q.shape[0])
+    assert outside.any() and np.all(o[outside] == 0)
+
+
+def test_thd_max_seqlen_given_or_derived_agree():
+    q, k, v, kwargs = CASES[[c.name for c in CASES].index("thd_uneven")].make("float32")
+    derived = fusedattn.attention(q, k, v, **kwargs)
+    given = fusedattn.attention(q, k, v, max_seqlen_q=7, max_seqlen_kv=9, **kwargs)
+    padded = fusedattn.attention(q, k, v, max_seqlen_q=12, max_seqlen_kv=12, **kwargs)
+    assert np.array_equal(derived, given)
+    assert np.array_equal(derived, padded)
+
+
+def test_strided_inputs_are_read_through_their_strides():
+    q, k, v, kwargs = Case("s", layout="bhsd", mask="causal").make("float32")
+    # The same data as non-contiguous bshd views.
+    qt, kt, vt = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
+    assert not qt.flags.c_contiguous
+    strided = fusedattn.attention(qt, kt, vt, mask="causal")
+    packed = fusedattn.attention(*(np.ascontiguousarray(x) for x in (qt, kt, vt)), mask="causal")
+    assert np.array_equal(strided, packed)
+
+
+def test_bfloat16_numpy_arrays_return_bfloat16():
+    q, k, v, kwargs = Case("b").make("bfloat16")
+    o = fusedattn.attention(q, k, v)
+    assert o.dtype.name == "bfloat16"
+
+
+def test_low_level_forward_and_backward_with_a_config_dict_match_attention():
+    q, k, v, kwargs = Case("l", mask="causal", hq=4, hkv=2, sinks=True).make("float32")
+    o_ref, lse_ref = fusedattn.attention(q, k, v, return_lse=True, **kwargs)
+    config = dict(batch=2, heads_q=4, heads_kv=2, max_seqlen_q=7, max_seqlen_kv=9,
+                  head_dim_qk=16, head_dim_v=16, qkv_dtype="float32", o_dtype="float32",
+                  mask="causal", softmax_type="learnable_sink", is_training=True)
+    o = np.full_like(o_ref, np.nan)
+    lse = np.full_like(lse_ref, np.nan)
+    max_logit = np.full(4, np.nan, dtype=np.float32)
+    fusedattn.forward(dict(config, return_max_logit=True), q=q, k=k, v=v, o=o, lse=lse,
+                      max_logit=max_logit, sink_logits=kwargs["sinks"])
+    assert np.array_equal(o, o_ref) and np.array_equal(lse, lse_ref)
+    assert np.all(np.isfinite(max_logit))
+
+    d_o = np.random.default_rng(3).standard_normal(o.shape).astype(np.float32)
+    grads = fusedattn.attention_backward(d_o, q, k, v, o, lse, **kwargs)
+    dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
+    dsink = np.empty(4, dtype=np.float32)
+    fusedattn.backward(config, q=q, k=k, v=v, o=o, lse=lse, d_o=d_o, dq=dq, dk=dk, dv=dv,
+                       dsink=dsink, sink_logits=kwargs["sinks"])
+    for got, want in ((dq, grads.dq), (dk, grads.dk), (dv, grads.dv), (dsink, grads.dsink)):
+        assert np.array_equal(got, want)
+
+
+def test_make_config_round_trips_through_config_dict():
+    config = fusedattn.make_config(batch=3, heads_q=8, mask="causal_bottom_right",
+                                   qkv_dtype="float16", backend="reference", deterministic=True)
+    fields = fusedattn.config_dict(config)
+    assert fields["batch"] == 3 and fields["heads_q"] == 8
+    assert fields["mask"] == "causal_bottom_right" and fields["qkv_dtype"] == "float16"
+    assert fields["backend"] == "reference" and fields["deterministic"] == 1
+    assert fields["window_left"] == -1  # FUSEDATTN_CONFIG_INIT's default
