@@ -306,3 +306,47 @@ TEST(SmallSeqEmulated, MatchesReferenceWithDropoutMaskBitForBit) {
       CheckAgainstReference(c, {});
     }
 }
+
+TEST(SmallSeqEmulated, OutOfRangeSequenceLengthsAndOffsetsStayInsideTheTensors) {
+  // Lengths above max_seqlen, negative lengths, THD offsets past the tokens: the kernels clamp.
+  // Under FUSEDATTN_EMULATION_SANITIZE, AddressSanitizer reports any access outside a tensor.
+  for (fusedattn_format format : {FUSEDATTN_FORMAT_BSHD, FUSEDATTN_FORMAT_THD})
+    for (bool gaps : {false, true}) {
+      fusedattn_config c = SmallSeqConfig(4, 4, 2, 8, 128, FUSEDATTN_DTYPE_BFLOAT16);
+      SetAllFormats(&c, format);
+      c.mask = FUSEDATTN_MASK_PADDING;
+      c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+      c.device = FUSEDATTN_DEVICE_CUDA;
+      TensorOptions o;
+      o.thd_gaps = gaps && format == FUSEDATTN_FORMAT_THD;
+      ProblemTensors t = MakeProblemTensors(c, o);
+      const int32_t cu_q[] = {0, 1, 6, 3, 1 << 30};
+      const int32_t cu_kv[] = {0, 8, 1008, 2, 1 << 30};
+      for (int i = 0; i < 5; ++i) {
+        t.cu_seqlens_q.set(i, cu_q[i]);
+        t.cu_seqlens_kv.set(i, cu_kv[i]);
+      }
+      if (!t.seq_offsets_q.empty()) {
+        const int32_t offsets[] = {0, 1 << 29, -50, 7, 9};
+        for (int i = 0; i < 5; ++i) {
+          t.seq_offsets_q.set(i, offsets[i]);
+          t.seq_offsets_kv.set(i, offsets[i]);
+        }
+      }
+      fusedattn::Problem problem;
+      ASSERT_TRUE(fusedattn::MakeProblem(&c, true, &problem).ok());
+      fusedattn::Backend* backend = fusedattn::SmallSeqBackend();
+      fusedattn_fwd_args fwd = t.fwd_args();
+      fusedattn::FwdTensors fwd_tensors;
+      ASSERT_TRUE(fusedattn::MakeFwdTensors(problem, &fwd, &fwd_tensors).ok());
+      EXPECT_TRUE(backend->forward(problem, fwd_tensors, nullptr, 0, nullptr).ok());
+      fusedattn_bwd_args bwd = t.bwd_args();
+      fusedattn::BwdTensors bwd_tensors;
+      ASSERT_TRUE(fusedattn::MakeBwdTensors(problem, &bwd, &bwd_tensors).ok());
+      size_t bytes = 0;
+      ASSERT_TRUE(backend->bwd_workspace_size(problem, &bytes).ok());
+      std::vector<unsigned char> workspace(bytes);
+      EXPECT_TRUE(
+          backend->backward(problem, bwd_tensors, workspace.data(), bytes, nullptr).ok());
+    }
+}
