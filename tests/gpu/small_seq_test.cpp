@@ -11,7 +11,9 @@
 //     --gtest_filter='SmallSeq.*EveryFormat*:SmallSeq.*Strided*:SmallSeq.*OutOfRange*:SmallSeq.*Gqa*:SmallSeq.*EmptyAndShort*'
 #include <gtest/gtest.h>
 
+#ifdef FUSEDATTN_WITH_CUDA
 #include <cuda_runtime_api.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -87,15 +89,19 @@ std::string Describe(const fusedattn_config& c, const TensorOptions& o) {
   return text;
 }
 
-// A device buffer that frees itself.
+// A device buffer that frees itself (the tests skip before making one in a build without CUDA).
 struct DeviceBuffer {
   void* ptr = nullptr;
   size_t bytes = 0;
   explicit DeviceBuffer(size_t n) : bytes(n) {
+#ifdef FUSEDATTN_WITH_CUDA
     if (n > 0 && cudaMalloc(&ptr, n) != cudaSuccess) ptr = nullptr;
+#endif
   }
   ~DeviceBuffer() {
+#ifdef FUSEDATTN_WITH_CUDA
     if (ptr) cudaFree(ptr);
+#endif
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
