@@ -55,13 +55,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock,
   T* dk_rows = static_cast<T*>(p.dk.data) + RowOffset(p.dk, b, kv_head, seq.start_kv);
   T* dv_rows = static_cast<T*>(p.dv.data) + RowOffset(p.dv, b, kv_head, seq.start_kv);
 
-  // A row with a visible key has its query token (lo < hi needs len_q = 1).
+  // A row with a visible key has its query token (lo < hi needs len_q = 1). Its LSE, q, dO and
+  // O are loaded together; the row takes part only if the forward gave it a finite LSE.
+  const bool has_row = lo < hi;
   float lse = -INFINITY;
-  if (lo < hi) {
+  if (has_row)
     lse = __ldg(static_cast<const float*>(p.lse.data) + b * p.lse.stride_b +
                 (p.lse_packed ? seq.start_q : 0) * p.lse.stride_s + h * p.lse.stride_h);
-  }
-  const bool active = lo < hi && isfinite(lse);
 
   // This lane's columns of q and dO, and D = dO . O (over the whole row).
   float q[kQkVecs][kVec], d_o[kVVecs][kVec];
@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock,
     float partial = 0.0f;
 #pragma unroll
     for (int c = 0; c < kQkVecs; ++c) {
-      if (active) {
+      if (has_row) {
         LoadFloats<T, kVec>(q_row, QkLayout::column(lane, c), p.q.stride_d, p.q.vectorized,
                             q[c]);
       } else {
@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock,
     }
 #pragma unroll
     for (int c = 0; c < kVVecs; ++c) {
-      if (active) {
+      if (has_row) {
         float o[kVec];
         LoadFloatsOfDtype<kVec>(p.d_o.data, p.d_o.dtype, do_row, VLayout::column(lane, c),
                                 p.d_o.stride_d, p.d_o.vectorized, d_o[c]);
@@ -97,6 +97,19 @@ __global__ void __launch_bounds__(kThreadsPerBlock,
       }
     }
     delta = GroupSum<VLayout::kLanesPerRow>(partial);
+  }
+  // A row without a finite LSE has no gradient at all: exact zeros whatever its inputs hold.
+  const bool active = has_row && isfinite(lse);
+  if (!active) {
+    delta = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kQkVecs; ++c)
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) q[c][e] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kVVecs; ++c)
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) d_o[c][e] = 0.0f;
   }
 
   float dq[kQkVecs][kVec];
