@@ -1,8 +1,10 @@
 // The small_seq kernels, compiled as host C++ and run by the warp emulator, against the CPU
 // reference: the kernels' indexing, masks, softmax and gradients checked where there is no GPU
 // (CI). The backend's host side (small_seq_backend.cpp) runs unchanged; host memory stands in for
-// device memory. Build with -DFUSEDATTN_EMULATION_SANITIZE=ON for AddressSanitizer (every access
-// outside a tensor's storage) and UBSan (misaligned vector accesses, which fault on a GPU).
+// device memory. Built in builds without CUDA (-DFUSEDATTN_CUDA=OFF); with
+// -DFUSEDATTN_EMULATION_SANITIZE=ON, AddressSanitizer reports every access outside a tensor's
+// storage and UBSan (with the shims' alignment checks) every misaligned vector access, which
+// would fault on a GPU.
 //
 // What this cannot see: real GPU scheduling, memory ordering between warps, performance. The GPU
 // tests (tests/gpu/small_seq_test.cpp) run the same comparisons on the device.
