@@ -89,9 +89,18 @@ Status LaunchSumPartials(const float* partials, int64_t batch, int64_t heads, in
                          int64_t out_batch, int64_t out_heads, const KernelBias& out, void*) {
   const int64_t outputs = out_batch * out_heads * keys;
   if (outputs <= 0) return Status::Ok();
-  emulation::Launch(static_cast<unsigned>(outputs), kSumThreads, [&] {
-    SumPartialsKernel(partials, batch, heads, keys, out_batch, out_heads, out);
-  });
+  const int64_t items = PartialSumOf(0, batch, heads, keys, out_batch, out_heads).items();
+  if (items <= kItemsPerThread) {
+    emulation::Launch(static_cast<unsigned>((outputs + kThreadSumThreads - 1) / kThreadSumThreads),
+                      kThreadSumThreads, [&] {
+                        SumPartialsByThreadKernel(partials, batch, heads, keys, out_batch,
+                                                  out_heads, outputs, out);
+                      });
+  } else {
+    emulation::Launch(static_cast<unsigned>(outputs), kSumThreads, [&] {
+      SumPartialsKernel(partials, batch, heads, keys, out_batch, out_heads, out);
+    });
+  }
   return Status::Ok();
 }
 

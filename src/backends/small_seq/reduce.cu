@@ -29,9 +29,16 @@ Status LaunchSumPartials(const float* partials, int64_t batch, int64_t heads, in
                          void* stream) {
   const int64_t outputs = out_batch * out_heads * keys;
   if (outputs <= 0) return Status::Ok();
-  SumPartialsKernel<<<static_cast<unsigned>(outputs), kSumThreads, 0,
-                      static_cast<cudaStream_t>(stream)>>>(partials, batch, heads, keys,
-                                                           out_batch, out_heads, out);
+  auto s = static_cast<cudaStream_t>(stream);
+  const int64_t items = PartialSumOf(0, batch, heads, keys, out_batch, out_heads).items();
+  if (items <= kItemsPerThread) {
+    const auto blocks = static_cast<unsigned>((outputs + kThreadSumThreads - 1) / kThreadSumThreads);
+    SumPartialsByThreadKernel<<<blocks, kThreadSumThreads, 0, s>>>(
+        partials, batch, heads, keys, out_batch, out_heads, outputs, out);
+  } else {
+    SumPartialsKernel<<<static_cast<unsigned>(outputs), kSumThreads, 0, s>>>(
+        partials, batch, heads, keys, out_batch, out_heads, out);
+  }
   return LaunchStatus("partial sums");
 }
 
