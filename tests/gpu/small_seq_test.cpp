@@ -372,6 +372,19 @@ TEST(SmallSeq, MatchesReferenceForBiasAndItsGradient) {
       }
 }
 
+TEST(SmallSeq, MatchesReferenceForGradientsSummedOverManySequences) {
+  SKIP_WITHOUT_DEVICE();
+  // More than 64 terms per dsink / dbias element: the block-wide fixed-order sums.
+  fusedattn_config c = SmallSeqConfig(150, 4, 2, 6, 64, FUSEDATTN_DTYPE_FLOAT32);
+  c.mask = FUSEDATTN_MASK_PADDING;
+  c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+  c.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+  c.bias_batch = 1;
+  c.bias_heads = 1;
+  c.bias_requires_grad = 1;
+  CheckAgainstReference(c, {});
+}
+
 TEST(SmallSeq, MatchesReferenceWithDropoutMaskBitForBit) {
   SKIP_WITHOUT_DEVICE();
   // The forward and backward draw the reference's Philox mask; in float32 a single differing bit
@@ -390,16 +403,18 @@ TEST(SmallSeq, MatchesReferenceWithDropoutMaskBitForBit) {
 TEST(SmallSeq, MatchesReferenceForABatchOf30720) {
   SKIP_WITHOUT_DEVICE();
   // The user's shape (batch 30720, 8 heads), with fewer keys and a smaller head dim so that the
-  // reference finishes quickly; random lengths cover every key count.
+  // reference finishes quickly; random lengths cover every key count. The sink's gradient sums
+  // over all 30720 sequences (the block-wide partial sums).
   fusedattn_config c = SmallSeqConfig(30720, 8, 8, 4, 64, FUSEDATTN_DTYPE_BFLOAT16);
   c.mask = FUSEDATTN_MASK_PADDING;
+  c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
   CheckAgainstReference(c, {});
 }
 
 TEST(SmallSeq, BackwardIsDeterministic) {
   SKIP_WITHOUT_DEVICE();
   // GQA (workspace coefficients), dsink and a batch-broadcast dbias (fixed-order sums).
-  fusedattn_config c = SmallSeqConfig(64, 8, 2, 16, 128, FUSEDATTN_DTYPE_FLOAT32);
+  fusedattn_config c = SmallSeqConfig(100, 8, 2, 16, 128, FUSEDATTN_DTYPE_FLOAT32);
   c.device = FUSEDATTN_DEVICE_CUDA;
   c.backend = FUSEDATTN_BACKEND_SMALL_SEQ;
   c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;

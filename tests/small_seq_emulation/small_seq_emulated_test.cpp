@@ -297,6 +297,18 @@ TEST(SmallSeqEmulated, MatchesReferenceForBiasAndItsGradient) {
       }
 }
 
+TEST(SmallSeqEmulated, MatchesReferenceForGradientsSummedOverManySequences) {
+  // More than 64 terms per dsink / dbias element: the block-wide fixed-order sums.
+  fusedattn_config c = SmallSeqConfig(70, 2, 1, 6, 64, FUSEDATTN_DTYPE_FLOAT32);
+  c.mask = FUSEDATTN_MASK_PADDING;
+  c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+  c.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+  c.bias_batch = 1;
+  c.bias_heads = 1;
+  c.bias_requires_grad = 1;
+  CheckAgainstReference(c, {});
+}
+
 TEST(SmallSeqEmulated, MatchesReferenceWithDropoutMaskBitForBit) {
   for (fusedattn_dtype dtype : {FUSEDATTN_DTYPE_FLOAT32, FUSEDATTN_DTYPE_BFLOAT16})
     for (int64_t d : {64, 256}) {
