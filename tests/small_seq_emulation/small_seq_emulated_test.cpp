@@ -298,8 +298,9 @@ TEST(SmallSeqEmulated, MatchesReferenceForBiasAndItsGradient) {
 }
 
 TEST(SmallSeqEmulated, MatchesReferenceForGradientsSummedOverManySequences) {
-  // More than 64 terms per dsink / dbias element: the block-wide fixed-order sums.
-  fusedattn_config c = SmallSeqConfig(70, 2, 1, 6, 64, FUSEDATTN_DTYPE_FLOAT32);
+  // More terms per dsink / dbias element than one thread takes (64) or a block has threads
+  // (512): the block-wide fixed-order sums with every thread busy.
+  fusedattn_config c = SmallSeqConfig(600, 2, 1, 6, 64, FUSEDATTN_DTYPE_FLOAT32);
   c.mask = FUSEDATTN_MASK_PADDING;
   c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
   c.bias_type = FUSEDATTN_BIAS_POST_SCALE;
