@@ -4,8 +4,13 @@
 // (seqlen_kv * d per kv head) and o (d), so the kernels stream every byte once with 16-byte loads
 // and keep the scores in registers. Nothing here is a matrix product.
 //
-// This header is shared by the host side (small_seq_backend.cpp, plain C++) and the kernels
-// (*.cu): it holds only plain data.
+// Files: small_seq_backend.cpp (check, workspace, parameters; plain C++), device.cuh (row layout,
+// loads/stores, masks, score pipeline, dropout), forward.cuh, backward.cuh (the kernels and what
+// they save and exchange), reduce.cuh (fixed-order sums), launch.cuh + kernels_<dtype>.cu (the
+// instances, one file per dtype). Tuning knobs: kChunkVectors and MinBlocksPerSm (device.cuh),
+// kWarpsPerBlock (here). tests/small_seq_emulation runs these kernels on the CPU.
+//
+// This header is shared by the host side and the kernels: it holds only plain data.
 #pragma once
 
 #include <cstddef>
@@ -16,14 +21,17 @@
 
 namespace fusedattn::small_seq {
 
-// The longest K/V this backend takes. Every key of a chunk lives in registers; 16 keeps the whole
-// key range of a warp in at most a few chunks at every head dim. Longer sequences go to cuDNN or
-// flash, whose tiled kernels are at speed there.
+// The longest K/V this backend takes. The kernels themselves stream any number of keys in
+// chunks; 16 is the bound the issue set (one query against at most 16 keys), at which every
+// sequence is a few chunks. Raise it only after bench/small_seq_bench shows the same kernels at
+// memory speed for the longer K/V (the GQA backward's workspace also grows with it). Longer
+// sequences go to cuDNN or flash.
 constexpr int64_t kMaxSeqlenKv = 16;
 
 // Head dims with compiled kernels: head_dim_qk = head_dim_v in {64, 128, 256, 512}. The kernels
-// are written for any pair of these (each dim has its own row layout), but every pair costs six
-// more instantiations, so only equal pairs are built.
+// are written for any pair of these (q.k and v have separate row layouts; pairs such as
+// (128, 64) and (64, 512) matched the reference in the CPU emulation), but every pair costs nine
+// more kernel instances, so only equal pairs are built.
 constexpr bool HasKernelsForHeadDims(int64_t head_dim_qk, int64_t head_dim_v) {
   return head_dim_qk == head_dim_v &&
          (head_dim_qk == 64 || head_dim_qk == 128 || head_dim_qk == 256 || head_dim_qk == 512);
