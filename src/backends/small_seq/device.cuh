@@ -222,16 +222,18 @@ __device__ __forceinline__ void StoreFloats(S* row, int column, int64_t stride_d
     uint32_t words[kWords];
 #pragma unroll
     for (int w = 0; w < kWords; ++w) words[w] = Storage<S>::PackWord(in + w * kPerWord);
+    // __stwb: an explicit vector store (plain assignments through a cast pointer were split
+    // into 4-byte stores by the compiler).
     S* address = row + column;
     if constexpr (kBytes % 16 == 0) {
 #pragma unroll
       for (int piece = 0; piece < kBytes / 16; ++piece)
-        reinterpret_cast<uint4*>(address)[piece] =
-            make_uint4(words[4 * piece], words[4 * piece + 1], words[4 * piece + 2],
-                       words[4 * piece + 3]);
+        __stwb(reinterpret_cast<uint4*>(address) + piece,
+               make_uint4(words[4 * piece], words[4 * piece + 1], words[4 * piece + 2],
+                          words[4 * piece + 3]));
     } else {
       static_assert(kBytes == 8, "chunks are 8, 16 or 32 bytes");
-      *reinterpret_cast<uint2*>(address) = make_uint2(words[0], words[1]);
+      __stwb(reinterpret_cast<uint2*>(address), make_uint2(words[0], words[1]));
     }
   } else {
 #pragma unroll

@@ -57,6 +57,12 @@ inline T __ldg(const T* address) {
   return *address;
 }
 
+template <typename T>
+inline void __stwb(T* address, T value) {
+  emulation::CheckAligned(address, alignof(T));
+  *address = value;
+}
+
 inline float __shfl_sync(unsigned int, float value, int source_lane) {
   return emulation::ShuffleFrom(value, source_lane & 31);
 }
