@@ -6,9 +6,10 @@
 // nothing left unwritten, nothing written that the reference leaves alone). Both backwards take
 // the reference forward's O and LSE, so they differentiate the same point.
 //
-// A compute-sanitizer memcheck subset (small problems, every layout path):
-//   compute-sanitizer --tool memcheck build/tests/fusedattn_gpu_tests \
-//     --gtest_filter='SmallSeq.*EveryFormat*:SmallSeq.*Strided*:SmallSeq.*OutOfRange*:SmallSeq.*Gqa*:SmallSeq.*EmptyAndShort*'
+// compute-sanitizer subsets (scripts/gpu_run.sh picks them by name):
+//   memcheck:  --gtest_filter='SmallSeqSanitize.*'  (small problems through every load/store
+//              path, every workspace path, out-of-range cu_seqlens and offsets)
+//   racecheck: --gtest_filter='SmallSeqRacecheck.*' (the block-wide sums in shared memory)
 #include <gtest/gtest.h>
 
 #ifdef FUSEDATTN_WITH_CUDA
@@ -181,6 +182,40 @@ const fusedattn_dtype kDtypes[] = {FUSEDATTN_DTYPE_FLOAT32, FUSEDATTN_DTYPE_FLOA
 const int64_t kHeadDims[] = {64, 128, 256, 512};
 
 }  // namespace
+
+TEST(SmallSeqSanitize, EveryLoadStoreAndWorkspacePathMatchesReference) {
+  SKIP_WITHOUT_DEVICE();
+  // Small problems, one per path: vectorized and element-wise rows, each format, THD with gaps and
+  // packed LSE, empty sequences, GQA (workspace coefficients, a group not aligned to blocks),
+  // dsink and broadcast dbias (partial sums), dropout, an output dtype other than the inputs'.
+  fusedattn_config c = SmallSeqConfig(3, 4, 4, 5, 64, FUSEDATTN_DTYPE_BFLOAT16);
+  CheckAgainstReference(c, {});
+  TensorOptions padded;
+  padded.padded_strides = true;
+  CheckAgainstReference(c, padded);
+  c = SmallSeqConfig(4, 4, 2, 7, 128, FUSEDATTN_DTYPE_FLOAT32);
+  c.mask = FUSEDATTN_MASK_PADDING;
+  c.q_format = FUSEDATTN_FORMAT_BHSD;
+  c.kv_format = FUSEDATTN_FORMAT_SBHD;
+  c.dqkv_format = FUSEDATTN_FORMAT_SBHD;
+  c.o_dtype = FUSEDATTN_DTYPE_FLOAT16;
+  CheckAgainstReference(c, WithLengths({1, 0, 1, 1}, {7, 3, 0, 1}));
+  c = SmallSeqConfig(4, 6, 2, 9, 256, FUSEDATTN_DTYPE_FLOAT16);
+  SetAllFormats(&c, FUSEDATTN_FORMAT_THD);
+  c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+  c.bias_type = FUSEDATTN_BIAS_PRE_SCALE;
+  c.bias_batch = 1;
+  c.bias_heads = 6;
+  c.bias_requires_grad = 1;
+  c.dropout = 0.25;
+  TensorOptions thd;
+  thd.thd_gaps = true;
+  thd.lse_packed = true;
+  CheckAgainstReference(c, thd);
+  c = SmallSeqConfig(2, 2, 1, 16, 512, FUSEDATTN_DTYPE_FLOAT32);
+  c.return_max_logit = 1;
+  CheckAgainstReference(c, {});
+}
 
 TEST(SmallSeq, IsChosenAutomaticallyForOneQueryAgainstSixteenKeys) {
   SKIP_WITHOUT_DEVICE();
@@ -372,7 +407,7 @@ TEST(SmallSeq, MatchesReferenceForBiasAndItsGradient) {
       }
 }
 
-TEST(SmallSeq, MatchesReferenceForGradientsSummedOverManySequences) {
+TEST(SmallSeqRacecheck, MatchesReferenceForGradientsSummedOverManySequences) {
   SKIP_WITHOUT_DEVICE();
   // More terms per dsink / dbias element than one thread takes (64) or a block has threads
   // (512): the block-wide fixed-order sums with every thread busy.
@@ -444,7 +479,7 @@ TEST(SmallSeq, BackwardIsDeterministic) {
         << name << " differs between two runs";
 }
 
-TEST(SmallSeq, OutOfRangeSequenceLengthsAndOffsetsDoNotFault) {
+TEST(SmallSeqSanitize, OutOfRangeSequenceLengthsAndOffsetsDoNotFault) {
   SKIP_WITHOUT_DEVICE();
   // cu_seqlens giving lengths above max_seqlen, negative lengths, and THD offsets past the
   // tensors' tokens: the kernels clamp (results for those sequences are undefined) and must

@@ -365,3 +365,29 @@ TEST(SmallSeqEmulated, OutOfRangeSequenceLengthsAndOffsetsStayInsideTheTensors) 
           backend->backward(problem, bwd_tensors, workspace.data(), bytes, nullptr).ok());
     }
 }
+
+TEST(SmallSeqEmulated, MatchesReferenceWithManyFeaturesAtOnce) {
+  // The GPU memcheck subset's cases (SmallSeqSanitize in tests/gpu/small_seq_test.cpp).
+  fusedattn_config c = SmallSeqConfig(4, 4, 2, 7, 128, FUSEDATTN_DTYPE_FLOAT32);
+  c.mask = FUSEDATTN_MASK_PADDING;
+  c.q_format = FUSEDATTN_FORMAT_BHSD;
+  c.kv_format = FUSEDATTN_FORMAT_SBHD;
+  c.dqkv_format = FUSEDATTN_FORMAT_SBHD;
+  c.o_dtype = FUSEDATTN_DTYPE_FLOAT16;
+  CheckAgainstReference(c, WithLengths({1, 0, 1, 1}, {7, 3, 0, 1}));
+  c = SmallSeqConfig(4, 6, 2, 9, 256, FUSEDATTN_DTYPE_FLOAT16);
+  SetAllFormats(&c, FUSEDATTN_FORMAT_THD);
+  c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+  c.bias_type = FUSEDATTN_BIAS_PRE_SCALE;
+  c.bias_batch = 1;
+  c.bias_heads = 6;
+  c.bias_requires_grad = 1;
+  c.dropout = 0.25;
+  TensorOptions thd;
+  thd.thd_gaps = true;
+  thd.lse_packed = true;
+  CheckAgainstReference(c, thd);
+  c = SmallSeqConfig(2, 2, 1, 16, 512, FUSEDATTN_DTYPE_FLOAT32);
+  c.return_max_logit = 1;
+  CheckAgainstReference(c, {});
+}
