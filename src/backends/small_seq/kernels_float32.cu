@@ -1,0 +1,17 @@
+// small_seq kernels for float32 q/k/v (one file per dtype so that the build compiles them in
+// parallel).
+#include "backends/small_seq/launch.cuh"
+
+namespace fusedattn::small_seq {
+
+Status LaunchForwardFloat32(const KernelParams& params, int head_dim_qk, int head_dim_v,
+                            void* stream) {
+  return LaunchForwardTyped<float>(params, head_dim_qk, head_dim_v, stream);
+}
+
+Status LaunchBackwardFloat32(const KernelParams& params, int head_dim_qk, int head_dim_v,
+                             void* stream) {
+  return LaunchBackwardTyped<float>(params, head_dim_qk, head_dim_v, stream);
+}
+
+}  // namespace fusedattn::small_seq

@@ -1,0 +1,79 @@
+// Launchers: the head dims and heads-per-warp a problem needs, mapped to kernel instances.
+// Each kernels_<dtype>.cu includes this once for its element type.
+#pragma once
+
+#include "backends/small_seq/backward.cuh"
+#include "backends/small_seq/forward.cuh"
+
+namespace fusedattn::small_seq {
+
+inline Status LaunchStatus(const char* what) {
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess)
+    return Status(FUSEDATTN_ERROR_CUDA,
+                  Format("small_seq: launching the %s kernel failed: %s", what,
+                         cudaGetErrorString(err)));
+  return Status::Ok();
+}
+
+// One block holds kWarpsPerBlock warps; check() bounds the warps to 31-bit block counts.
+inline dim3 BlocksFor(int64_t warps) {
+  return dim3(static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock));
+}
+
+template <typename T, int kDimQk, int kDimV>
+Status LaunchForwardForDims(const KernelParams& p, cudaStream_t stream) {
+  ForwardKernel<T, kDimQk, kDimV>
+      <<<BlocksFor(p.batch * p.heads_q), kThreadsPerBlock, 0, stream>>>(p);
+  return LaunchStatus("forward");
+}
+
+template <typename T, int kDimQk, int kDimV>
+Status LaunchBackwardForDims(const KernelParams& p, cudaStream_t stream) {
+  BackwardKernel<T, kDimQk, kDimV>
+      <<<BlocksFor(p.batch * p.heads_q), kThreadsPerBlock, 0, stream>>>(p);
+  FUSEDATTN_RETURN_IF_ERROR(LaunchStatus("backward"));
+  if (p.group > 1) {
+    GroupSumKernel<T, kDimQk, kDimV>
+        <<<BlocksFor(p.batch * p.heads_kv), kThreadsPerBlock, 0, stream>>>(p);
+    FUSEDATTN_RETURN_IF_ERROR(LaunchStatus("backward group sum"));
+  }
+  return Status::Ok();
+}
+
+inline Status NoKernelFor(int head_dim_qk, int head_dim_v) {
+  return InternalError("small_seq: no kernel for head_dim_qk = %d, head_dim_v = %d", head_dim_qk,
+                       head_dim_v);
+}
+
+template <typename T>
+Status LaunchForwardTyped(const KernelParams& p, int head_dim_qk, int head_dim_v, void* stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  if (head_dim_qk == head_dim_v) {
+    switch (head_dim_qk) {
+      case 64: return LaunchForwardForDims<T, 64, 64>(p, s);
+      case 128: return LaunchForwardForDims<T, 128, 128>(p, s);
+      case 256: return LaunchForwardForDims<T, 256, 256>(p, s);
+      case 512: return LaunchForwardForDims<T, 512, 512>(p, s);
+      default: break;
+    }
+  }
+  return NoKernelFor(head_dim_qk, head_dim_v);
+}
+
+template <typename T>
+Status LaunchBackwardTyped(const KernelParams& p, int head_dim_qk, int head_dim_v, void* stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  if (head_dim_qk == head_dim_v) {
+    switch (head_dim_qk) {
+      case 64: return LaunchBackwardForDims<T, 64, 64>(p, s);
+      case 128: return LaunchBackwardForDims<T, 128, 128>(p, s);
+      case 256: return LaunchBackwardForDims<T, 256, 256>(p, s);
+      case 512: return LaunchBackwardForDims<T, 512, 512>(p, s);
+      default: break;
+    }
+  }
+  return NoKernelFor(head_dim_qk, head_dim_v);
+}
+
+}  // namespace fusedattn::small_seq
