@@ -159,6 +159,12 @@ __host__ __device__ __forceinline__ bool HasScoreMods(const FlashParams& p) {
   return p.bias_type != FUSEDATTN_BIAS_NONE || p.softcap > 0.f;
 }
 
+// Whether the fast path needs its full kernel (score modifiers or dropout) rather than the plain
+// one, which keeps registers free for vanilla attention.
+__host__ __device__ __forceinline__ bool NeedsFullKernel(const FlashParams& p) {
+  return HasScoreMods(p) || p.dropout;
+}
+
 // The score s of fusedattn.h from qk = q.k, for a query i < len_q and key j < len_kv.
 // *dcap receives ds/dt of the softcap (1 without it), t = scale * (qk + pre_bias).
 __device__ __forceinline__ float ScoreOf(const FlashParams& p, float qk, int b, int h, int64_t i,
@@ -191,10 +197,66 @@ __device__ __forceinline__ float ExtraLogit(const FlashParams& p, int h) {
   }
 }
 
+// ex2.approx: 2^x to about 2 ulp, 2^-inf = 0 (the softmax's exponentials on the fast path).
+__device__ __forceinline__ float FastExp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ DropoutRow DropoutRowOf(const FlashParams& p, int b, int h,
                                                    int64_t i) {
   return MakeDropoutRow(p.dropout_seed, p.dropout_offset, p.dropout_threshold, b, h, i,
                         p.heads_q, p.max_seqlen_q);
+}
+
+// LSE of row i as the backward uses it: a row without a visible key, or with a non-finite LSE,
+// contributes nothing (reported as +inf so that exp(s - lse) = 0).
+__device__ __forceinline__ float BackwardLse(const FlashParams& p, int b, int h, const SeqInfo& seq, int64_t i) {
+  int lo, hi;
+  VisibleKeys(p, i, seq.len_q, seq.len_kv, &lo, &hi);
+  if (lo >= hi) return INFINITY;
+  float lse = p.lse.data[LseOffset(p.lse, b, h, seq.start_q, i)];
+  return isfinite(lse) ? lse : INFINITY;
+}
+
+__device__ __forceinline__ int64_t RowIndex(const FlashParams& p, int b, int h, int64_t i) {
+  return (int64_t{b} * p.heads_q + h) * p.max_seqlen_q + i;
+}
+
+// Element (b, h, i, j) of dbias (broadcast axes have stride 0 in p.dbias).
+__device__ __forceinline__ int64_t DbiasOffset(const FlashParams& p, int b, int h, int64_t i,
+                                               int64_t j) {
+  return b * p.dbias.stride_b + h * p.dbias.stride_h + i * p.dbias.stride_q +
+         j * p.dbias.stride_kv;
+}
+
+// Adds a bias gradient per p.dbias_mode: stored (each element written once) or added atomically
+// (float32 dbias).
+__device__ __forceinline__ void WriteDbias(const FlashParams& p, int b, int h, int64_t i,
+                                           int64_t j, float value) {
+  const int64_t at = DbiasOffset(p, b, h, i, j);
+  if (p.dbias_mode == kDbiasStore)
+    StoreElem(p.dbias.data, p.dbias.dtype, at, value);
+  else
+    atomicAdd(static_cast<float*>(p.dbias.data) + at, value);
+}
+
+// Whether keys j and j + 1 (j even) of a dropout row are kept: both come from one Philox call.
+__device__ __forceinline__ void DropoutKeep2(const DropoutRow& row, int64_t j, bool* keep0,
+                                             bool* keep1) {
+  const Philox4 r = row.Words(static_cast<uint32_t>(j >> 2));
+  const bool high = (j & 2) != 0;
+  *keep0 = (high ? r.z : r.x) >= row.threshold;
+  *keep1 = (high ? r.w : r.y) >= row.threshold;
+}
+
+// Whether key j of a dropout row is kept.
+__device__ __forceinline__ bool DropoutKeep1(const DropoutRow& row, int64_t j) {
+  const Philox4 r = row.Words(static_cast<uint32_t>(j >> 2));
+  const int which = static_cast<int>(j & 3);
+  const uint32_t word = which == 0 ? r.x : which == 1 ? r.y : which == 2 ? r.z : r.w;
+  return word >= row.threshold;
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -25,6 +25,18 @@
 #include "select/backend.h"
 
 namespace fusedattn {
+
+namespace flash {
+int FastHeadDimFor(int head_dim_qk, int head_dim_v) {
+  // cp.async moves 8 elements at a time: both head dims must be multiples of 8.
+  if (head_dim_qk % 8 != 0 || head_dim_v % 8 != 0) return 0;
+  const int dim = head_dim_qk > head_dim_v ? head_dim_qk : head_dim_v;
+  for (int instance : {64, 128, 256})  // the head dims of generate_kernels.py
+    if (dim <= instance) return instance;
+  return 0;
+}
+}  // namespace flash
+
 namespace {
 
 using flash::FlashParams;

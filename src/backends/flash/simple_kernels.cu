@@ -173,20 +173,6 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32)
 // Backward
 // ------------------------------------------------------------------------------------------------
 
-// LSE of row i as the backward uses it: a row without a visible key, or with a non-finite LSE,
-// contributes nothing (reported as +inf so that exp(s - lse) = 0).
-__device__ float BackwardLse(const FlashParams& p, int b, int h, const SeqInfo& seq, int64_t i) {
-  int lo, hi;
-  VisibleKeys(p, i, seq.len_q, seq.len_kv, &lo, &hi);
-  if (lo >= hi) return INFINITY;
-  float lse = p.lse.data[LseOffset(p.lse, b, h, seq.start_q, i)];
-  return isfinite(lse) ? lse : INFINITY;
-}
-
-__device__ __forceinline__ int64_t RowIndex(const FlashParams& p, int b, int h, int64_t i) {
-  return (int64_t{b} * p.heads_q + h) * p.max_seqlen_q + i;
-}
-
 // One warp per row (b, h, i < max_seqlen_q): delta, sink partial, zeroed dq_accum.
 __global__ void __launch_bounds__(256) PreprocessKernel(const FlashParams p, int64_t rows) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -282,12 +268,6 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32)
       StoreElem(p.dq.data, p.qkv_dtype, Offset(p.dq, b, h, seq.start_q, i, x), dqs[x]);
 }
 
-__device__ __forceinline__ int64_t DbiasOffset(const FlashParams& p, int b, int h, int64_t i,
-                                               int64_t j) {
-  return b * p.dbias.stride_b + h * p.dbias.stride_h + i * p.dbias.stride_q +
-         j * p.dbias.stride_kv;
-}
-
 // dK and dV (and dbias per p.dbias_mode): one warp per key row of kv head hk, summing over the
 // group's query heads and the query rows that see the block's keys, in a fixed order.
 __global__ void __launch_bounds__(kRowsPerBlock * 32)
@@ -355,14 +335,8 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32)
         pk = prob * keep;
         const float ds = prob * (dp * keep - delta_s[lane]);
         g = ds * dcap * p.scale;
-        if (p.dbias_mode != kDbiasNone) {
-          const float value = p.bias_type == FUSEDATTN_BIAS_PRE_SCALE ? g : ds;
-          const int64_t at = DbiasOffset(p, b, h, i, j);
-          if (p.dbias_mode == kDbiasStore)
-            StoreElem(p.dbias.data, p.dbias.dtype, at, value);
-          else
-            atomicAdd(static_cast<float*>(p.dbias.data) + at, value);
-        }
+        if (p.dbias_mode != kDbiasNone)
+          WriteDbias(p, b, h, i, j, p.bias_type == FUSEDATTN_BIAS_PRE_SCALE ? g : ds);
       }
       ps[lane] = pk;
       gs[lane] = g;
