@@ -197,41 +197,68 @@ __global__ void __launch_bounds__(kWarps * 32)
         }
       }
 
+      // P^T = 2^(S^T scale log2(e) - LSE): rows past the sequence or without keys have LSE +inf
+      // (P = 0); keys the mask hides get P = 0 on tiles that cross the mask's boundary (tiles
+      // inside it run no mask code).
       const bool interior = m0 + kBlockM <= seq.len_q && n0 + kBlockN <= seq.len_kv &&
                             (p.window_left < 0 || n0 >= RawLo(p, m0 + kBlockM - 1, shift)) &&
                             (p.window_right < 0 || n0 + kBlockN <= RawHi(p, m0, shift));
+      float dcap[kFull ? kNT1 : 1][4];
 #pragma unroll
       for (int nt = 0; nt < kNT1; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int key_local = key_row0 + g + 8 * (e >> 1);
           const int query_local = q_col0 + nt * 8 + 2 * t + (e & 1);
-          const int64_t j = n0 + key_local, i = m0 + query_local;
-          bool visible = interior;
-          if (!interior) {
+          float u;
+          if constexpr (kFull) dcap[nt][e] = 1.f;
+          if (!score_mods) {
+            u = st[nt][e] * scale_log2;
+          } else {
+            const int64_t j = n0 + key_row0 + g + 8 * (e >> 1), i = m0 + query_local;
             int lo, hi;
             VisibleKeys(p, i, seq.len_q, seq.len_kv, &lo, &hi);
-            visible = j >= lo && j < hi;
+            float derivative = 1.f;
+            u = j >= lo && j < hi
+                    ? ScoreOf(p, st[nt][e], b, h, i, j, seq.len_q, seq.len_kv, &derivative) *
+                          kLog2e
+                    : -INFINITY;
+            if constexpr (kFull) dcap[nt][e] = derivative;
           }
-          const float lse = lse_s[query_local];
-          float prob = 0.f, dcap = 1.f;
-          if (visible && lse != INFINITY) {
-            const float u = score_mods ? ScoreOf(p, st[nt][e], b, h, i, j, seq.len_q, seq.len_kv,
-                                                 &dcap) *
-                                             kLog2e
-                                       : st[nt][e] * scale_log2;
-            prob = FastExp2(u - lse);
+          st[nt][e] = FastExp2(u - lse_s[query_local]);
+        }
+      if (!interior && !score_mods) {
+#pragma unroll
+        for (int nt = 0; nt < kNT1; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int64_t j = n0 + key_row0 + g + 8 * (e >> 1);
+            const int64_t i = m0 + q_col0 + nt * 8 + 2 * t + (e & 1);
+            int lo, hi;
+            VisibleKeys(p, i, seq.len_q, seq.len_kv, &lo, &hi);
+            if (j < lo || j >= hi) st[nt][e] = 0.f;
           }
+      }
+      // dS^T = P^T o (dP^T - D) * softcap' * scale; P^T gets the dropout mask and scale.
+#pragma unroll
+      for (int nt = 0; nt < kNT1; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int query_local = q_col0 + nt * 8 + 2 * t + (e & 1);
+          const float prob = st[nt][e];
           float keep = 1.f;
           if (kFull && p.dropout && prob != 0.f) {
             DropoutRow drop = drop_row0;
-            drop.row += static_cast<uint32_t>(i);
-            keep = DropoutKeep1(drop, j) ? p.keep_scale : 0.f;
+            drop.row += static_cast<uint32_t>(m0 + query_local);
+            keep = DropoutKeep1(drop, n0 + key_row0 + g + 8 * (e >> 1)) ? p.keep_scale : 0.f;
           }
           const float ds = prob * (dpt[nt][e] * keep - delta_s[query_local]);
-          const float grad = ds * dcap * p.scale;  // d loss / d (q.k)
-          if (kFull && p.dbias_mode != kDbiasNone && prob != 0.f)
-            WriteDbias(p, b, h, i, j, p.bias_type == FUSEDATTN_BIAS_PRE_SCALE ? grad : ds);
+          float grad = ds * p.scale;  // d loss / d (q.k)
+          if constexpr (kFull) {
+            grad *= dcap[nt][e];
+            if (p.dbias_mode != kDbiasNone && prob != 0.f)
+              WriteDbias(p, b, h, m0 + query_local, n0 + key_row0 + g + 8 * (e >> 1),
+                         p.bias_type == FUSEDATTN_BIAS_PRE_SCALE ? grad : ds);
+          }
           st[nt][e] = prob * keep;
           dpt[nt][e] = grad;
         }
@@ -457,32 +484,54 @@ __global__ void __launch_bounds__(kWarps * 32)
     const bool interior = m0 + kBlockM <= seq.len_q && n0 + kBlockN <= seq.len_kv &&
                           (p.window_left < 0 || n0 >= RawLo(p, m0 + kBlockM - 1, shift)) &&
                           (p.window_right < 0 || n0 + kBlockN <= RawHi(p, m0, shift));
+    float dcap[kFull ? kNTiles : 1][4];
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1;
+        const int64_t j = n0 + nt * 8 + 2 * t + (e & 1);
+        float u;
+        if constexpr (kFull) dcap[nt][e] = 1.f;
+        if (!score_mods) {
+          u = s[nt][e] * scale_log2;
+        } else {
+          float derivative = 1.f;
+          u = j >= key_lo[r] && j < key_hi[r]
+                  ? ScoreOf(p, s[nt][e], b, h, row_index[r], j, seq.len_q, seq.len_kv,
+                            &derivative) *
+                        kLog2e
+                  : -INFINITY;
+          if constexpr (kFull) dcap[nt][e] = derivative;
+        }
+        s[nt][e] = FastExp2(u - lse[r]);  // lse = +inf: the row has no gradient
+      }
+    if (!interior && !score_mods) {
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = n0 + nt * 8 + 2 * t + (e & 1);
+          if (j < key_lo[e >> 1] || j >= key_hi[e >> 1]) s[nt][e] = 0.f;
+        }
+    }
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int64_t j0 = n0 + nt * 8 + 2 * t;
         bool keep[2] = {true, true};
         if (kFull && p.dropout) {
           DropoutRow drop = drop_row0;
           drop.row += static_cast<uint32_t>(row_index[r]);
-          DropoutKeep2(drop, j0, &keep[0], &keep[1]);
+          DropoutKeep2(drop, n0 + nt * 8 + 2 * t, &keep[0], &keep[1]);
         }
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const int e = 2 * r + c;
-          const int64_t j = j0 + c;
-          const bool visible = interior || (j >= key_lo[r] && j < key_hi[r]);
-          float prob = 0.f, dcap = 1.f;
-          if (visible && lse[r] != INFINITY) {
-            const float u = score_mods ? ScoreOf(p, s[nt][e], b, h, row_index[r], j, seq.len_q,
-                                                 seq.len_kv, &dcap) *
-                                             kLog2e
-                                       : s[nt][e] * scale_log2;
-            prob = FastExp2(u - lse[r]);
-          }
           const float keep_scale = kFull && p.dropout ? (keep[c] ? p.keep_scale : 0.f) : 1.f;
-          s[nt][e] = prob * (dp[nt][e] * keep_scale - delta[r]) * dcap * p.scale;
+          float grad = s[nt][e] * (dp[nt][e] * keep_scale - delta[r]) * p.scale;
+          if constexpr (kFull) grad *= dcap[nt][e];
+          s[nt][e] = grad;
         }
       }
 

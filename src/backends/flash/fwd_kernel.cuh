@@ -21,20 +21,21 @@
 
 namespace fusedattn::flash {
 
-// Tile shapes per padded head dim: kBlockM query rows, kBlockN keys, kWarps warps.
-template <int kHeadDim>
-struct FwdTile;
+// Tile shapes per padded head dim and variant: kBlockM query rows, kBlockN keys, kWarps warps.
+// kBlockM / kWarps rows per warp: 32 (two 16-row mma tiles) halves the shared-memory reads of K
+// and V per flop, where registers allow; the full variant (score modifiers, dropout) needs more
+// registers and takes 16 rows per warp. Measured on H100 (bf16, s=4096): see the report.
+template <int kHeadDim, bool kFull>
+struct FwdTile {
+  static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 8;
+};
 template <>
-struct FwdTile<64> {
+struct FwdTile<64, false> {
   static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4;
 };
 template <>
-struct FwdTile<128> {
-  static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 8;
-};
-template <>
-struct FwdTile<256> {
-  static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 8;
+struct FwdTile<128, false> {
+  static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4;
 };
 
 // O = 0 and LSE = -inf for the rows [m0, m0 + rows) of a tile whose rows see no key.
@@ -117,17 +118,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   load_k(n_tile_end - 1);
   CpAsyncCommit();
 
-  // This thread's rows: (mt, r) -> m0 + warp_row0 + 16 mt + g + 8 r.
+  // This thread's rows: (mt, r) -> m0 + warp_row0 + 16 mt + 8 r + g (recomputed where needed:
+  // registers are the scarce resource of this kernel).
   const int warp_row0 = warp * kRowsPerWarp;
-  int64_t row_index[kMTiles][2];
-  int key_lo[kMTiles][2], key_hi[kMTiles][2];
-#pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      row_index[mt][r] = m0 + warp_row0 + mt * 16 + g + 8 * r;
-      VisibleKeys(p, row_index[mt][r], seq.len_q, seq.len_kv, &key_lo[mt][r], &key_hi[mt][r]);
-    }
+  auto row_of = [&](int mt, int r) { return m0 + warp_row0 + mt * 16 + 8 * r + g; };
   const DropoutRow drop_row0 = DropoutRowOf(p, b, h, 0);  // row i's stream: .row + i
 
   float acc_o[kMTiles][kDTiles][4];
@@ -177,29 +171,54 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
 
-    // Scores in log2 units; -inf where the mask hides the key.
+    // Scores in log2 units; -inf where the mask hides the key. Tiles inside the mask (most of
+    // them) run no mask code at all.
     const bool interior = m0 + kBlockM <= seq.len_q && n0 + kBlockN <= seq.len_kv &&
                           (p.window_left < 0 || n0 >= RawLo(p, m0 + kBlockM - 1, shift)) &&
                           (p.window_right < 0 || n0 + kBlockN <= RawHi(p, m0, shift));
+    if (!score_mods) {
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
+      for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
+        for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = e >> 1;
-          const int j = n0 + nt * 8 + 2 * t + (e & 1);
-          const bool visible = interior || (j >= key_lo[mt][r] && j < key_hi[mt][r]);
-          float u;
-          if (!score_mods)
-            u = s[mt][nt][e] * scale_log2;
-          else
-            u = visible ? ScoreOf(p, s[mt][nt][e], b, h, row_index[mt][r], j, seq.len_q,
-                                  seq.len_kv, nullptr) *
-                              kLog2e
-                        : 0.f;
-          s[mt][nt][e] = visible ? u : -INFINITY;
+          for (int e = 0; e < 4; ++e) s[mt][nt][e] *= scale_log2;
+      if (!interior) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            int lo, hi;
+            VisibleKeys(p, row_of(mt, r), seq.len_q, seq.len_kv, &lo, &hi);
+#pragma unroll
+            for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+              for (int c = 0; c < 2; ++c) {
+                const int j = n0 + nt * 8 + 2 * t + c;
+                if (j < lo || j >= hi) s[mt][nt][2 * r + c] = -INFINITY;
+              }
+          }
+      }
+    } else {  // bias, ALiBi, softcap: only visible elements are read and computed
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int i = row_of(mt, r);
+          int lo, hi;
+          VisibleKeys(p, i, seq.len_q, seq.len_kv, &lo, &hi);
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const int j = n0 + nt * 8 + 2 * t + c;
+              float& x = s[mt][nt][2 * r + c];
+              x = j >= lo && j < hi
+                      ? ScoreOf(p, x, b, h, i, j, seq.len_q, seq.len_kv, nullptr) * kLog2e
+                      : -INFINITY;
+            }
         }
+    }
 
     // Online softmax: rescale the running sums and O by 2^(old max - new max).
 #pragma unroll
@@ -240,7 +259,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
           for (int nt = 0; nt < kNTiles; ++nt) {
             DropoutRow drop = drop_row0;
-            drop.row += static_cast<uint32_t>(row_index[mt][r]);
+            drop.row += static_cast<uint32_t>(row_of(mt, r));
             bool keep0, keep1;
             DropoutKeep2(drop, n0 + nt * 8 + 2 * t, &keep0, &keep1);
             if (!keep0) s[mt][nt][2 * r] = 0.f;
@@ -292,7 +311,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const float m = row_max[mt][r];
-      const int64_t i = row_index[mt][r];
+      const int64_t i = row_of(mt, r);
       float lse = -INFINITY, norm = 0.f;
       if (m != -INFINITY) {
         const float top = fmaxf(m, extra);
@@ -324,7 +343,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 template <typename Element, int kHeadDim, bool kFull>
 Status LaunchFastForwardVariant(const FlashParams& p, cudaStream_t stream) {
-  using Tile = FwdTile<kHeadDim>;
+  using Tile = FwdTile<kHeadDim, kFull>;
   using T = typename ElementTraits<Element>::Type;
   const size_t smem = size_t{Tile::kBlockM + 2 * Tile::kBlockN} * (kHeadDim + 8) * sizeof(T);
   const int m_tiles = (p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM;

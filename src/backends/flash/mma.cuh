@@ -136,20 +136,30 @@ __device__ __forceinline__ void LoadBFromColumns(uint32_t (&b)[4], const T* tile
 // Copies a tile of kRows x kCols elements (kCols % 8 == 0) from global rows
 // `source + r * row_stride` into shared memory (row stride kStride) with cp.async. Rows
 // r >= valid_rows and 8-element pieces at columns >= valid_cols are zero-filled; `any` is a
-// pointer the copies may name when they read nothing.
+// pointer the copies may name when they read nothing. Thread x copies the piece at column
+// 8 (x % kPieces) of rows x / kPieces + k * (kThreads / kPieces): one running pointer per thread
+// (cheap in registers, which the kernels are short of), and consecutive threads read consecutive
+// 16 bytes of a row.
 template <int kRows, int kCols, int kStride, int kThreads, typename T>
 __device__ __forceinline__ void LoadTile(T* tile, const T* source, int64_t row_stride,
                                          int valid_rows, int valid_cols, const void* any) {
   constexpr int kPieces = kCols / 8;
-  constexpr int kIterations = (kRows * kPieces + kThreads - 1) / kThreads;
+  static_assert(kThreads % kPieces == 0, "a whole number of rows per pass");
+  constexpr int kRowsPerPass = kThreads / kPieces;
+  constexpr int kPasses = (kRows + kRowsPerPass - 1) / kRowsPerPass;
+  const int c = (threadIdx.x % kPieces) * 8;
+  int r = threadIdx.x / kPieces;
+  const T* src = source + r * row_stride + c;
+  const int64_t step = kRowsPerPass * row_stride;
+  const bool column_valid = c < valid_cols;
 #pragma unroll
-  for (int it = 0; it < kIterations; ++it) {
-    const int piece = it * kThreads + static_cast<int>(threadIdx.x);
-    if (kRows * kPieces % kThreads != 0 && piece >= kRows * kPieces) break;
-    const int r = piece / kPieces, c = (piece % kPieces) * 8;
-    const bool valid = r < valid_rows && c < valid_cols;
-    CpAsync16(tile + r * kStride + c,
-              valid ? static_cast<const void*>(source + r * row_stride + c) : any, valid);
+  for (int pass = 0; pass < kPasses; ++pass) {
+    if (kRows % kRowsPerPass == 0 || r < kRows) {
+      const bool valid = column_valid && r < valid_rows;
+      CpAsync16(tile + r * kStride + c, valid ? static_cast<const void*>(src) : any, valid);
+    }
+    r += kRowsPerPass;
+    src += step;
   }
 }
 
