@@ -83,12 +83,12 @@ __global__ void __launch_bounds__(kWarps * 32)
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   T* Ks = reinterpret_cast<T*>(smem_bytes);
   T* Vs = Ks + kBlockN * kStride;
-  T* Qs = Vs + kBlockN * kStride;
-  T* dOs = Qs + kBlockM * kStride;
-  T* Ps = dOs + kBlockM * kStride;
+  T* q_buffers = Vs + kBlockN * kStride;             // [2][kBlockM][kStride]
+  T* do_buffers = q_buffers + 2 * kBlockM * kStride;  // [2][kBlockM][kStride]
+  T* Ps = do_buffers + 2 * kBlockM * kStride;
   T* dSs = Ps + kBlockN * kPStride;
-  float* lse_s = reinterpret_cast<float*>(dSs + kBlockN * kPStride);  // log2 units
-  float* delta_s = lse_s + kBlockM;
+  float* lse_buffers = reinterpret_cast<float*>(dSs + kBlockN * kPStride);  // [2][kBlockM], log2
+  float* delta_buffers = lse_buffers + 2 * kBlockM;                        // [2][kBlockM]
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
@@ -138,203 +138,235 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc_dk[nt][e] = acc_dv[nt][e] = 0.f;
 
-  for (int hh = 0; hh < p.group; ++hh) {
-    const int h = hk * p.group + hh;
-    const T* q_base = static_cast<const T*>(p.q.data) + Offset(p.q, b, h, seq.start_q, 0, 0);
-    const T* do_base = static_cast<const T*>(p.d_o.data) + Offset(p.d_o, b, h, seq.start_q, 0, 0);
+  // Step s covers query head hk * group + s / m_count and query tile m_first + s % m_count. Its
+  // Q and dO land in buffer s % 2 while step s - 1 computes; its LSE and D are read into
+  // registers during step s - 1 and stored into their buffer at the end of it.
+  const int m_first = first / kBlockM;
+  const int m_count = last / kBlockM - m_first + 1;
+  const int steps = p.group * m_count;
+  auto load_step = [&](int step) {
+    const int h = hk * p.group + step / m_count;
+    const int m0 = (m_first + step % m_count) * kBlockM;
+    const int buf = step & 1;
+    LoadTile<kBlockM, kHeadDim, kStride, kThreads>(
+        q_buffers + buf * kBlockM * kStride,
+        static_cast<const T*>(p.q.data) + Offset(p.q, b, h, seq.start_q, m0, 0), p.q.stride_s,
+        seq.len_q - m0, dqk, p.q.data);
+    LoadTile<kBlockM, kHeadDim, kStride, kThreads>(
+        do_buffers + buf * kBlockM * kStride,
+        static_cast<const T*>(p.d_o.data) + Offset(p.d_o, b, h, seq.start_q, m0, 0),
+        p.d_o.stride_s, seq.len_q - m0, dv, p.d_o.data);
+    CpAsyncCommit();
+  };
+  // LSE (log2 units, +inf for rows without a gradient) and D of row threadIdx.x of a step.
+  auto read_stats = [&](int step, float* lse, float* delta) {
+    *lse = INFINITY;
+    *delta = 0.f;
+    const int h = hk * p.group + step / m_count;
+    const int64_t i = (m_first + step % m_count) * int64_t{kBlockM} + threadIdx.x;
+    if (threadIdx.x < kBlockM && i < seq.len_q) {
+      const float l = BackwardLse(p, b, h, seq, i);
+      *lse = l == INFINITY ? INFINITY : l * kLog2e;
+      *delta = p.delta[RowIndex(p, b, h, i)];
+    }
+  };
+  load_step(0);
+  {
+    float lse, delta;
+    read_stats(0, &lse, &delta);
+    if (threadIdx.x < kBlockM) lse_buffers[threadIdx.x] = lse, delta_buffers[threadIdx.x] = delta;
+  }
+
+  for (int step = 0; step < steps; ++step) {
+    const int buf = step & 1;
+    const int h = hk * p.group + step / m_count;
+    const int m0 = (m_first + step % m_count) * kBlockM;
+    const T* Qs = q_buffers + buf * kBlockM * kStride;
+    const T* dOs = do_buffers + buf * kBlockM * kStride;
+    const float* lse_s = lse_buffers + buf * kBlockM;
+    const float* delta_s = delta_buffers + buf * kBlockM;
     const DropoutRow drop_row0 = DropoutRowOf(p, b, h, 0);
-    for (int m_tile = first / kBlockM; m_tile <= last / kBlockM; ++m_tile) {
-      const int m0 = m_tile * kBlockM;
-      __syncthreads();  // every warp is done with the previous tile's Q, dO, P^T, dS^T
-      LoadTile<kBlockM, kHeadDim, kStride, kThreads>(Qs, q_base + m0 * p.q.stride_s, p.q.stride_s,
-                                                     seq.len_q - m0, dqk, p.q.data);
-      LoadTile<kBlockM, kHeadDim, kStride, kThreads>(dOs, do_base + m0 * p.d_o.stride_s,
-                                                     p.d_o.stride_s, seq.len_q - m0, dv,
-                                                     p.d_o.data);
-      CpAsyncCommit();
-      for (int r = threadIdx.x; r < kBlockM; r += kThreads) {
-        const int64_t i = m0 + r;
-        float lse = INFINITY, delta = 0.f;
-        if (i < seq.len_q) {
-          lse = BackwardLse(p, b, h, seq, i);
-          delta = p.delta[RowIndex(p, b, h, i)];
-        }
-        lse_s[r] = lse == INFINITY ? INFINITY : lse * kLog2e;
-        delta_s[r] = delta;
-      }
-      CpAsyncWait<0>();
-      __syncthreads();
+    CpAsyncWait<0>();
+    __syncthreads();  // this step's Q, dO, LSE, D are in place; every warp is done with the last
+    float next_lse = INFINITY, next_delta = 0.f;
+    if (step + 1 < steps) {
+      load_step(step + 1);
+      read_stats(step + 1, &next_lse, &next_delta);
+    }
 
-      // Phase 1: S^T = K Q^T and dP^T = V dO^T for keys key_row0.., queries q_col0..
-      float st[kNT1][4], dpt[kNT1][4];
+    // Phase 1: S^T = K Q^T and dP^T = V dO^T for keys key_row0.., queries q_col0..
+    float st[kNT1][4], dpt[kNT1][4];
 #pragma unroll
-      for (int nt = 0; nt < kNT1; ++nt)
+    for (int nt = 0; nt < kNT1; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.f;
+      for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.f;
 #pragma unroll
-      for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-        if (ks * 16 < dqk) {
-          uint32_t a[4];
-          LoadA(a, Ks, kStride, key_row0, ks * 16, lane);
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      if (ks * 16 < dqk) {
+        uint32_t a[4];
+        LoadA(a, Ks, kStride, key_row0, ks * 16, lane);
 #pragma unroll
-          for (int np = 0; np < kNT1 / 2; ++np) {
-            uint32_t bq[4];
-            LoadBFromRows(bq, Qs, kStride, q_col0 + np * 16, ks * 16, lane);
-            Mma<Element>(st[2 * np], a, bq[0], bq[1]);
-            Mma<Element>(st[2 * np + 1], a, bq[2], bq[3]);
-          }
-        }
-        if (ks * 16 < dv) {
-          uint32_t a[4];
-          LoadA(a, Vs, kStride, key_row0, ks * 16, lane);
-#pragma unroll
-          for (int np = 0; np < kNT1 / 2; ++np) {
-            uint32_t bo[4];
-            LoadBFromRows(bo, dOs, kStride, q_col0 + np * 16, ks * 16, lane);
-            Mma<Element>(dpt[2 * np], a, bo[0], bo[1]);
-            Mma<Element>(dpt[2 * np + 1], a, bo[2], bo[3]);
-          }
+        for (int np = 0; np < kNT1 / 2; ++np) {
+          uint32_t bq[4];
+          LoadBFromRows(bq, Qs, kStride, q_col0 + np * 16, ks * 16, lane);
+          Mma<Element>(st[2 * np], a, bq[0], bq[1]);
+          Mma<Element>(st[2 * np + 1], a, bq[2], bq[3]);
         }
       }
+      if (ks * 16 < dv) {
+        uint32_t a[4];
+        LoadA(a, Vs, kStride, key_row0, ks * 16, lane);
+#pragma unroll
+        for (int np = 0; np < kNT1 / 2; ++np) {
+          uint32_t bo[4];
+          LoadBFromRows(bo, dOs, kStride, q_col0 + np * 16, ks * 16, lane);
+          Mma<Element>(dpt[2 * np], a, bo[0], bo[1]);
+          Mma<Element>(dpt[2 * np + 1], a, bo[2], bo[3]);
+        }
+      }
+    }
 
-      // P^T = 2^(S^T scale log2(e) - LSE): rows past the sequence or without keys have LSE +inf
-      // (P = 0); keys the mask hides get P = 0 on tiles that cross the mask's boundary (tiles
-      // inside it run no mask code).
-      const bool interior = m0 + kBlockM <= seq.len_q && n0 + kBlockN <= seq.len_kv &&
-                            (p.window_left < 0 || n0 >= RawLo(p, m0 + kBlockM - 1, shift)) &&
-                            (p.window_right < 0 || n0 + kBlockN <= RawHi(p, m0, shift));
-      float dcap[kFull ? kNT1 : 1][4];
+    // P^T = 2^(S^T scale log2(e) - LSE): rows past the sequence or without keys have LSE +inf
+    // (P = 0); keys the mask hides get P = 0 on tiles that cross the mask's boundary (tiles
+    // inside it run no mask code).
+    const bool interior = m0 + kBlockM <= seq.len_q && n0 + kBlockN <= seq.len_kv &&
+                          (p.window_left < 0 || n0 >= RawLo(p, m0 + kBlockM - 1, shift)) &&
+                          (p.window_right < 0 || n0 + kBlockN <= RawHi(p, m0, shift));
+    float dcap[kFull ? kNT1 : 1][4];
+#pragma unroll
+    for (int nt = 0; nt < kNT1; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int query_local = q_col0 + nt * 8 + 2 * t + (e & 1);
+        float u;
+        if constexpr (kFull) dcap[nt][e] = 1.f;
+        if (!score_mods) {
+          u = st[nt][e] * scale_log2;
+        } else {
+          const int64_t j = n0 + key_row0 + g + 8 * (e >> 1), i = m0 + query_local;
+          int lo, hi;
+          VisibleKeys(p, i, seq.len_q, seq.len_kv, &lo, &hi);
+          float derivative = 1.f;
+          u = j >= lo && j < hi
+                  ? ScoreOf(p, st[nt][e], b, h, i, j, seq.len_q, seq.len_kv, &derivative) *
+                        kLog2e
+                  : -INFINITY;
+          if constexpr (kFull) dcap[nt][e] = derivative;
+        }
+        st[nt][e] = FastExp2(u - lse_s[query_local]);
+      }
+    if (!interior && !score_mods) {
 #pragma unroll
       for (int nt = 0; nt < kNT1; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int query_local = q_col0 + nt * 8 + 2 * t + (e & 1);
-          float u;
-          if constexpr (kFull) dcap[nt][e] = 1.f;
-          if (!score_mods) {
-            u = st[nt][e] * scale_log2;
-          } else {
-            const int64_t j = n0 + key_row0 + g + 8 * (e >> 1), i = m0 + query_local;
-            int lo, hi;
-            VisibleKeys(p, i, seq.len_q, seq.len_kv, &lo, &hi);
-            float derivative = 1.f;
-            u = j >= lo && j < hi
-                    ? ScoreOf(p, st[nt][e], b, h, i, j, seq.len_q, seq.len_kv, &derivative) *
-                          kLog2e
-                    : -INFINITY;
-            if constexpr (kFull) dcap[nt][e] = derivative;
-          }
-          st[nt][e] = FastExp2(u - lse_s[query_local]);
+          const int64_t j = n0 + key_row0 + g + 8 * (e >> 1);
+          const int64_t i = m0 + q_col0 + nt * 8 + 2 * t + (e & 1);
+          int lo, hi;
+          VisibleKeys(p, i, seq.len_q, seq.len_kv, &lo, &hi);
+          if (j < lo || j >= hi) st[nt][e] = 0.f;
         }
-      if (!interior && !score_mods) {
+    }
+    // dS^T = P^T o (dP^T - D) * softcap' * scale; P^T gets the dropout mask and scale.
 #pragma unroll
-        for (int nt = 0; nt < kNT1; ++nt)
+    for (int nt = 0; nt < kNT1; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int64_t j = n0 + key_row0 + g + 8 * (e >> 1);
-            const int64_t i = m0 + q_col0 + nt * 8 + 2 * t + (e & 1);
-            int lo, hi;
-            VisibleKeys(p, i, seq.len_q, seq.len_kv, &lo, &hi);
-            if (j < lo || j >= hi) st[nt][e] = 0.f;
-          }
+      for (int e = 0; e < 4; ++e) {
+        const int query_local = q_col0 + nt * 8 + 2 * t + (e & 1);
+        const float prob = st[nt][e];
+        float keep = 1.f;
+        if (kFull && p.dropout && prob != 0.f) {
+          DropoutRow drop = drop_row0;
+          drop.row += static_cast<uint32_t>(m0 + query_local);
+          keep = DropoutKeep1(drop, n0 + key_row0 + g + 8 * (e >> 1)) ? p.keep_scale : 0.f;
+        }
+        const float ds = prob * (dpt[nt][e] * keep - delta_s[query_local]);
+        float grad = ds * p.scale;  // d loss / d (q.k)
+        if constexpr (kFull) {
+          grad *= dcap[nt][e];
+          if (p.dbias_mode != kDbiasNone && prob != 0.f)
+            WriteDbias(p, b, h, m0 + query_local, n0 + key_row0 + g + 8 * (e >> 1),
+                       p.bias_type == FUSEDATTN_BIAS_PRE_SCALE ? grad : ds);
+        }
+        st[nt][e] = prob * keep;
+        dpt[nt][e] = grad;
       }
-      // dS^T = P^T o (dP^T - D) * softcap' * scale; P^T gets the dropout mask and scale.
 #pragma unroll
-      for (int nt = 0; nt < kNT1; ++nt)
+    for (int nt = 0; nt < kNT1; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int query_local = q_col0 + nt * 8 + 2 * t + (e & 1);
-          const float prob = st[nt][e];
-          float keep = 1.f;
-          if (kFull && p.dropout && prob != 0.f) {
-            DropoutRow drop = drop_row0;
-            drop.row += static_cast<uint32_t>(m0 + query_local);
-            keep = DropoutKeep1(drop, n0 + key_row0 + g + 8 * (e >> 1)) ? p.keep_scale : 0.f;
-          }
-          const float ds = prob * (dpt[nt][e] * keep - delta_s[query_local]);
-          float grad = ds * p.scale;  // d loss / d (q.k)
-          if constexpr (kFull) {
-            grad *= dcap[nt][e];
-            if (p.dbias_mode != kDbiasNone && prob != 0.f)
-              WriteDbias(p, b, h, m0 + query_local, n0 + key_row0 + g + 8 * (e >> 1),
-                         p.bias_type == FUSEDATTN_BIAS_PRE_SCALE ? grad : ds);
-          }
-          st[nt][e] = prob * keep;
-          dpt[nt][e] = grad;
+      for (int r = 0; r < 2; ++r) {
+        const int at = (key_row0 + g + 8 * r) * kPStride + q_col0 + nt * 8 + 2 * t;
+        *reinterpret_cast<uint32_t*>(Ps + at) = Pack<Element>(st[nt][2 * r], st[nt][2 * r + 1]);
+        *reinterpret_cast<uint32_t*>(dSs + at) =
+            Pack<Element>(dpt[nt][2 * r], dpt[nt][2 * r + 1]);
+      }
+    __syncthreads();
+
+    // Phase 2: dV += P^T dO, dK += dS^T Q for keys key_row0.., dims dim0..
+#pragma unroll
+    for (int ks = 0; ks < kBlockM / 16; ++ks) {
+      uint32_t ap[4], ads[4];
+      LoadA(ap, Ps, kPStride, key_row0, ks * 16, lane);
+      LoadA(ads, dSs, kPStride, key_row0, ks * 16, lane);
+#pragma unroll
+      for (int np = 0; np < kNT2 / 2; ++np) {
+        const int col = dim0 + np * 16;
+        if (col < dv) {
+          uint32_t bo[4];
+          LoadBFromColumns(bo, dOs, kStride, col, ks * 16, lane);
+          Mma<Element>(acc_dv[2 * np], ap, bo[0], bo[1]);
+          Mma<Element>(acc_dv[2 * np + 1], ap, bo[2], bo[3]);
         }
+        if (col < dqk) {
+          uint32_t bq[4];
+          LoadBFromColumns(bq, Qs, kStride, col, ks * 16, lane);
+          Mma<Element>(acc_dk[2 * np], ads, bq[0], bq[1]);
+          Mma<Element>(acc_dk[2 * np + 1], ads, bq[2], bq[3]);
+        }
+      }
+    }
+    // dQ += dS K for queries q_row0.., dims dq_dim0.., added into the float32 workspace.
+    if (p.dq_accum) {
 #pragma unroll
-      for (int nt = 0; nt < kNT1; ++nt)
+      for (int chunk = 0; chunk < kDqCols / kDqChunk; ++chunk) {
+        const int col0 = dq_dim0 + chunk * kDqChunk;
+        if (col0 >= dqk) break;
+        float acc[kNTQ][4];
+#pragma unroll
+        for (int nt = 0; nt < kNTQ; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < kBlockN / 16; ++ks) {
+          uint32_t a[4];
+          LoadATransposed(a, dSs, kPStride, q_row0, ks * 16, lane);
+#pragma unroll
+          for (int np = 0; np < kNTQ / 2; ++np) {
+            uint32_t bk[4];
+            LoadBFromColumns(bk, Ks, kStride, col0 + np * 16, ks * 16, lane);
+            Mma<Element>(acc[2 * np], a, bk[0], bk[1]);
+            Mma<Element>(acc[2 * np + 1], a, bk[2], bk[3]);
+          }
+        }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int at = (key_row0 + g + 8 * r) * kPStride + q_col0 + nt * 8 + 2 * t;
-          *reinterpret_cast<uint32_t*>(Ps + at) = Pack<Element>(st[nt][2 * r], st[nt][2 * r + 1]);
-          *reinterpret_cast<uint32_t*>(dSs + at) =
-              Pack<Element>(dpt[nt][2 * r], dpt[nt][2 * r + 1]);
-        }
-      __syncthreads();
-
-      // Phase 2: dV += P^T dO, dK += dS^T Q for keys key_row0.., dims dim0..
+          const int64_t i = m0 + q_row0 + g + 8 * r;
+          if (i >= seq.len_q) continue;
+          float* row = p.dq_accum + RowIndex(p, b, h, i) * p.dq_accum_dim;
 #pragma unroll
-      for (int ks = 0; ks < kBlockM / 16; ++ks) {
-        uint32_t ap[4], ads[4];
-        LoadA(ap, Ps, kPStride, key_row0, ks * 16, lane);
-        LoadA(ads, dSs, kPStride, key_row0, ks * 16, lane);
-#pragma unroll
-        for (int np = 0; np < kNT2 / 2; ++np) {
-          const int col = dim0 + np * 16;
-          if (col < dv) {
-            uint32_t bo[4];
-            LoadBFromColumns(bo, dOs, kStride, col, ks * 16, lane);
-            Mma<Element>(acc_dv[2 * np], ap, bo[0], bo[1]);
-            Mma<Element>(acc_dv[2 * np + 1], ap, bo[2], bo[3]);
-          }
-          if (col < dqk) {
-            uint32_t bq[4];
-            LoadBFromColumns(bq, Qs, kStride, col, ks * 16, lane);
-            Mma<Element>(acc_dk[2 * np], ads, bq[0], bq[1]);
-            Mma<Element>(acc_dk[2 * np + 1], ads, bq[2], bq[3]);
-          }
-        }
-      }
-      // dQ += dS K for queries q_row0.., dims dq_dim0.., added into the float32 workspace.
-      if (p.dq_accum) {
-#pragma unroll
-        for (int chunk = 0; chunk < kDqCols / kDqChunk; ++chunk) {
-          const int col0 = dq_dim0 + chunk * kDqChunk;
-          if (col0 >= dqk) break;
-          float acc[kNTQ][4];
-#pragma unroll
-          for (int nt = 0; nt < kNTQ; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
-#pragma unroll
-          for (int ks = 0; ks < kBlockN / 16; ++ks) {
-            uint32_t a[4];
-            LoadATransposed(a, dSs, kPStride, q_row0, ks * 16, lane);
-#pragma unroll
-            for (int np = 0; np < kNTQ / 2; ++np) {
-              uint32_t bk[4];
-              LoadBFromColumns(bk, Ks, kStride, col0 + np * 16, ks * 16, lane);
-              Mma<Element>(acc[2 * np], a, bk[0], bk[1]);
-              Mma<Element>(acc[2 * np + 1], a, bk[2], bk[3]);
-            }
-          }
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int64_t i = m0 + q_row0 + g + 8 * r;
-            if (i >= seq.len_q) continue;
-            float* row = p.dq_accum + RowIndex(p, b, h, i) * p.dq_accum_dim;
-#pragma unroll
-            for (int nt = 0; nt < kNTQ; ++nt) {
-              const int x = col0 + nt * 8 + 2 * t;
-              if (x < dqk) {
-                atomicAdd(row + x, acc[nt][2 * r]);
-                atomicAdd(row + x + 1, acc[nt][2 * r + 1]);
-              }
+          for (int nt = 0; nt < kNTQ; ++nt) {
+            const int x = col0 + nt * 8 + 2 * t;
+            if (x < dqk) {
+              atomicAdd(row + x, acc[nt][2 * r]);
+              atomicAdd(row + x + 1, acc[nt][2 * r + 1]);
             }
           }
         }
       }
+    }
+    if (step + 1 < steps && threadIdx.x < kBlockM) {
+      lse_buffers[(buf ^ 1) * kBlockM + threadIdx.x] = next_lse;
+      delta_buffers[(buf ^ 1) * kBlockM + threadIdx.x] = next_delta;
     }
   }
 
@@ -573,9 +605,9 @@ template <typename Element, int kHeadDim, bool kFull>
 Status LaunchFastBackwardVariant(const FlashParams& p, cudaStream_t stream) {
   using Tile = BwdTile<kHeadDim>;
   using T = typename ElementTraits<Element>::Type;
-  const size_t smem = size_t{2 * Tile::kBlockN + 2 * Tile::kBlockM} * (kHeadDim + 8) * sizeof(T) +
+  const size_t smem = size_t{2 * Tile::kBlockN + 4 * Tile::kBlockM} * (kHeadDim + 8) * sizeof(T) +
                       size_t{2 * Tile::kBlockN} * (Tile::kBlockM + 8) * sizeof(T) +
-                      size_t{2 * Tile::kBlockM} * sizeof(float);
+                      size_t{4 * Tile::kBlockM} * sizeof(float);
   const int n_tiles = (p.max_seqlen_kv + Tile::kBlockN - 1) / Tile::kBlockN;
   const int64_t blocks = int64_t{n_tiles} * p.heads_kv * p.batch;
   if (blocks > INT_MAX) return NotSupported("flash: %lld backward blocks", (long long)blocks);
