@@ -201,28 +201,19 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.f;
 #pragma unroll
-    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-      if (ks * 16 < dqk) {
-        uint32_t a[4];
-        LoadA(a, Ks, kStride, key_row0, ks * 16, lane);
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {  // padded columns are zero: no branch here
+      uint32_t ak[4], av[4];
+      LoadA(ak, Ks, kStride, key_row0, ks * 16, lane);
+      LoadA(av, Vs, kStride, key_row0, ks * 16, lane);
 #pragma unroll
-        for (int np = 0; np < kNT1 / 2; ++np) {
-          uint32_t bq[4];
-          LoadBFromRows(bq, Qs, kStride, q_col0 + np * 16, ks * 16, lane);
-          Mma<Element>(st[2 * np], a, bq[0], bq[1]);
-          Mma<Element>(st[2 * np + 1], a, bq[2], bq[3]);
-        }
-      }
-      if (ks * 16 < dv) {
-        uint32_t a[4];
-        LoadA(a, Vs, kStride, key_row0, ks * 16, lane);
-#pragma unroll
-        for (int np = 0; np < kNT1 / 2; ++np) {
-          uint32_t bo[4];
-          LoadBFromRows(bo, dOs, kStride, q_col0 + np * 16, ks * 16, lane);
-          Mma<Element>(dpt[2 * np], a, bo[0], bo[1]);
-          Mma<Element>(dpt[2 * np + 1], a, bo[2], bo[3]);
-        }
+      for (int np = 0; np < kNT1 / 2; ++np) {
+        uint32_t bq[4], bo[4];
+        LoadBFromRows(bq, Qs, kStride, q_col0 + np * 16, ks * 16, lane);
+        LoadBFromRows(bo, dOs, kStride, q_col0 + np * 16, ks * 16, lane);
+        Mma<Element>(st[2 * np], ak, bq[0], bq[1]);
+        Mma<Element>(st[2 * np + 1], ak, bq[2], bq[3]);
+        Mma<Element>(dpt[2 * np], av, bo[0], bo[1]);
+        Mma<Element>(dpt[2 * np + 1], av, bo[2], bo[3]);
       }
     }
 
@@ -311,18 +302,13 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int np = 0; np < kNT2 / 2; ++np) {
         const int col = dim0 + np * 16;
-        if (col < dv) {
-          uint32_t bo[4];
-          LoadBFromColumns(bo, dOs, kStride, col, ks * 16, lane);
-          Mma<Element>(acc_dv[2 * np], ap, bo[0], bo[1]);
-          Mma<Element>(acc_dv[2 * np + 1], ap, bo[2], bo[3]);
-        }
-        if (col < dqk) {
-          uint32_t bq[4];
-          LoadBFromColumns(bq, Qs, kStride, col, ks * 16, lane);
-          Mma<Element>(acc_dk[2 * np], ads, bq[0], bq[1]);
-          Mma<Element>(acc_dk[2 * np + 1], ads, bq[2], bq[3]);
-        }
+        uint32_t bo[4], bq[4];
+        LoadBFromColumns(bo, dOs, kStride, col, ks * 16, lane);
+        LoadBFromColumns(bq, Qs, kStride, col, ks * 16, lane);
+        Mma<Element>(acc_dv[2 * np], ap, bo[0], bo[1]);
+        Mma<Element>(acc_dv[2 * np + 1], ap, bo[2], bo[3]);
+        Mma<Element>(acc_dk[2 * np], ads, bq[0], bq[1]);
+        Mma<Element>(acc_dk[2 * np + 1], ads, bq[2], bq[3]);
       }
     }
     // dQ += dS K for queries q_row0.., dims dq_dim0.., added into the float32 workspace.
@@ -488,28 +474,19 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
 #pragma unroll
-    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-      if (ks * 16 < dqk) {
-        uint32_t a[4];
-        LoadA(a, Qs, kStride, warp * 16, ks * 16, lane);
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {  // padded columns are zero: no branch here
+      uint32_t aq[4], ao[4];
+      LoadA(aq, Qs, kStride, warp * 16, ks * 16, lane);
+      LoadA(ao, dOs, kStride, warp * 16, ks * 16, lane);
 #pragma unroll
-        for (int np = 0; np < kNTiles / 2; ++np) {
-          uint32_t bk[4];
-          LoadBFromRows(bk, Ks, kStride, np * 16, ks * 16, lane);
-          Mma<Element>(s[2 * np], a, bk[0], bk[1]);
-          Mma<Element>(s[2 * np + 1], a, bk[2], bk[3]);
-        }
-      }
-      if (ks * 16 < dv) {
-        uint32_t a[4];
-        LoadA(a, dOs, kStride, warp * 16, ks * 16, lane);
-#pragma unroll
-        for (int np = 0; np < kNTiles / 2; ++np) {
-          uint32_t bv[4];
-          LoadBFromRows(bv, Vs, kStride, np * 16, ks * 16, lane);
-          Mma<Element>(dp[2 * np], a, bv[0], bv[1]);
-          Mma<Element>(dp[2 * np + 1], a, bv[2], bv[3]);
-        }
+      for (int np = 0; np < kNTiles / 2; ++np) {
+        uint32_t bk[4], bv[4];
+        LoadBFromRows(bk, Ks, kStride, np * 16, ks * 16, lane);
+        LoadBFromRows(bv, Vs, kStride, np * 16, ks * 16, lane);
+        Mma<Element>(s[2 * np], aq, bk[0], bk[1]);
+        Mma<Element>(s[2 * np + 1], aq, bk[2], bk[3]);
+        Mma<Element>(dp[2 * np], ao, bv[0], bv[1]);
+        Mma<Element>(dp[2 * np + 1], ao, bv[2], bv[3]);
       }
     }
 
@@ -577,7 +554,6 @@ __global__ void __launch_bounds__(kWarps * 32)
       a[3] = Pack<Element>(s[2 * kp + 1][2], s[2 * kp + 1][3]);
 #pragma unroll
       for (int dp2 = 0; dp2 < kDTiles / 2; ++dp2) {
-        if (dp2 * 16 >= dqk) break;
         uint32_t bk[4];
         LoadBFromColumns(bk, Ks, kStride, dp2 * 16, kp * 16, lane);
         Mma<Element>(acc[2 * dp2], a, bk[0], bk[1]);

@@ -154,8 +154,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
 #pragma unroll
-    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-      if (ks * 16 >= dqk) break;  // zero padding of a smaller head dim
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {  // padded columns are zero: no branch here
       uint32_t a[kMTiles][4];
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) LoadA(a[mt], Qs, kStride, warp_row0 + mt * 16, ks * 16, lane);
@@ -287,7 +286,6 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
 #pragma unroll
       for (int dp = 0; dp < kDTiles / 2; ++dp) {
-        if (dp * 16 >= dv) break;
         uint32_t bv[4];
         LoadBFromColumns(bv, Vs, kStride, dp * 16, kp * 16, lane);
 #pragma unroll
