@@ -69,6 +69,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   constexpr int kNT1 = kQueryCols / 8;
   constexpr int kDimCols = kHeadDim / kSplit;
   constexpr int kNT2 = kDimCols / 8;
+  // With one warp per key group the warp has all queries of its keys, and P^T stays in registers.
+  constexpr bool kPInRegisters = kSplit == 1;
   // dQ part of phase 2: warp w owns queries 16 (w % kQueryGroups) .. and a share of the dims,
   // processed in chunks of at most 64 columns.
   constexpr int kQueryGroups = kBlockM / 16;
@@ -282,33 +284,65 @@ __global__ void __launch_bounds__(kWarps * 32)
         st[nt][e] = prob * keep;
         dpt[nt][e] = grad;
       }
+    // dS^T to shared memory for dQ (every warp reads all keys there); P^T too unless the warp
+    // keeps it in registers.
 #pragma unroll
     for (int nt = 0; nt < kNT1; ++nt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int at = (key_row0 + g + 8 * r) * kPStride + q_col0 + nt * 8 + 2 * t;
-        *reinterpret_cast<uint32_t*>(Ps + at) = Pack<Element>(st[nt][2 * r], st[nt][2 * r + 1]);
+        if constexpr (!kPInRegisters)
+          *reinterpret_cast<uint32_t*>(Ps + at) = Pack<Element>(st[nt][2 * r], st[nt][2 * r + 1]);
         *reinterpret_cast<uint32_t*>(dSs + at) =
             Pack<Element>(dpt[nt][2 * r], dpt[nt][2 * r + 1]);
       }
-    __syncthreads();
 
     // Phase 2: dV += P^T dO, dK += dS^T Q for keys key_row0.., dims dim0..
+    if constexpr (kPInRegisters) {
+      // The warp computed all kBlockM queries of its keys: P^T and dS^T are A operands already
+      // (the accumulator layout of S^T is the A layout), no barrier needed before this.
 #pragma unroll
-    for (int ks = 0; ks < kBlockM / 16; ++ks) {
-      uint32_t ap[4], ads[4];
-      LoadA(ap, Ps, kPStride, key_row0, ks * 16, lane);
-      LoadA(ads, dSs, kPStride, key_row0, ks * 16, lane);
+      for (int ks = 0; ks < kBlockM / 16; ++ks) {
+        uint32_t ap[4], ads[4];
+        ap[0] = Pack<Element>(st[2 * ks][0], st[2 * ks][1]);
+        ap[1] = Pack<Element>(st[2 * ks][2], st[2 * ks][3]);
+        ap[2] = Pack<Element>(st[2 * ks + 1][0], st[2 * ks + 1][1]);
+        ap[3] = Pack<Element>(st[2 * ks + 1][2], st[2 * ks + 1][3]);
+        ads[0] = Pack<Element>(dpt[2 * ks][0], dpt[2 * ks][1]);
+        ads[1] = Pack<Element>(dpt[2 * ks][2], dpt[2 * ks][3]);
+        ads[2] = Pack<Element>(dpt[2 * ks + 1][0], dpt[2 * ks + 1][1]);
+        ads[3] = Pack<Element>(dpt[2 * ks + 1][2], dpt[2 * ks + 1][3]);
 #pragma unroll
-      for (int np = 0; np < kNT2 / 2; ++np) {
-        const int col = dim0 + np * 16;
-        uint32_t bo[4], bq[4];
-        LoadBFromColumns(bo, dOs, kStride, col, ks * 16, lane);
-        LoadBFromColumns(bq, Qs, kStride, col, ks * 16, lane);
-        Mma<Element>(acc_dv[2 * np], ap, bo[0], bo[1]);
-        Mma<Element>(acc_dv[2 * np + 1], ap, bo[2], bo[3]);
-        Mma<Element>(acc_dk[2 * np], ads, bq[0], bq[1]);
-        Mma<Element>(acc_dk[2 * np + 1], ads, bq[2], bq[3]);
+        for (int np = 0; np < kNT2 / 2; ++np) {
+          const int col = dim0 + np * 16;
+          uint32_t bo[4], bq[4];
+          LoadBFromColumns(bo, dOs, kStride, col, ks * 16, lane);
+          LoadBFromColumns(bq, Qs, kStride, col, ks * 16, lane);
+          Mma<Element>(acc_dv[2 * np], ap, bo[0], bo[1]);
+          Mma<Element>(acc_dv[2 * np + 1], ap, bo[2], bo[3]);
+          Mma<Element>(acc_dk[2 * np], ads, bq[0], bq[1]);
+          Mma<Element>(acc_dk[2 * np + 1], ads, bq[2], bq[3]);
+        }
+      }
+      __syncthreads();  // dS^T of every warp is in shared memory
+    } else {
+      __syncthreads();  // P^T and dS^T of every warp are in shared memory
+#pragma unroll
+      for (int ks = 0; ks < kBlockM / 16; ++ks) {
+        uint32_t ap[4], ads[4];
+        LoadA(ap, Ps, kPStride, key_row0, ks * 16, lane);
+        LoadA(ads, dSs, kPStride, key_row0, ks * 16, lane);
+#pragma unroll
+        for (int np = 0; np < kNT2 / 2; ++np) {
+          const int col = dim0 + np * 16;
+          uint32_t bo[4], bq[4];
+          LoadBFromColumns(bo, dOs, kStride, col, ks * 16, lane);
+          LoadBFromColumns(bq, Qs, kStride, col, ks * 16, lane);
+          Mma<Element>(acc_dv[2 * np], ap, bo[0], bo[1]);
+          Mma<Element>(acc_dv[2 * np + 1], ap, bo[2], bo[3]);
+          Mma<Element>(acc_dk[2 * np], ads, bq[0], bq[1]);
+          Mma<Element>(acc_dk[2 * np + 1], ads, bq[2], bq[3]);
+        }
       }
     }
     // dQ += dS K for queries q_row0.., dims dq_dim0.., added into the float32 workspace.
