@@ -146,10 +146,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int m_first = first / kBlockM;
   const int m_count = last / kBlockM - m_first + 1;
   const int steps = p.group * m_count;
-  auto load_step = [&](int step) {
-    const int h = hk * p.group + step / m_count;
-    const int m0 = (m_first + step % m_count) * kBlockM;
-    const int buf = step & 1;
+  auto load_step = [&](int h, int m0, int buf) {
     LoadTile<kBlockM, kHeadDim, kStride, kThreads>(
         q_buffers + buf * kBlockM * kStride,
         static_cast<const T*>(p.q.data) + Offset(p.q, b, h, seq.start_q, m0, 0), p.q.stride_s,
@@ -161,28 +158,30 @@ __global__ void __launch_bounds__(kWarps * 32)
     CpAsyncCommit();
   };
   // LSE (log2 units, +inf for rows without a gradient) and D of row threadIdx.x of a step.
-  auto read_stats = [&](int step, float* lse, float* delta) {
+  auto read_stats = [&](int h, int m0, float* lse, float* delta) {
     *lse = INFINITY;
     *delta = 0.f;
-    const int h = hk * p.group + step / m_count;
-    const int64_t i = (m_first + step % m_count) * int64_t{kBlockM} + threadIdx.x;
+    const int64_t i = int64_t{m0} + threadIdx.x;
     if (threadIdx.x < kBlockM && i < seq.len_q) {
       const float l = BackwardLse(p, b, h, seq, i);
       *lse = l == INFINITY ? INFINITY : l * kLog2e;
       *delta = p.delta[RowIndex(p, b, h, i)];
     }
   };
-  load_step(0);
+  load_step(hk * p.group, m_first * kBlockM, 0);
   {
     float lse, delta;
-    read_stats(0, &lse, &delta);
+    read_stats(hk * p.group, m_first * kBlockM, &lse, &delta);
     if (threadIdx.x < kBlockM) lse_buffers[threadIdx.x] = lse, delta_buffers[threadIdx.x] = delta;
   }
 
-  for (int step = 0; step < steps; ++step) {
+  for (int step = 0, h = hk * p.group, m_tile = m_first; step < steps; ++step) {
     const int buf = step & 1;
-    const int h = hk * p.group + step / m_count;
-    const int m0 = (m_first + step % m_count) * kBlockM;
+    const int m0 = m_tile * kBlockM;
+    // The next step: the next query tile, or the next head's first.
+    const bool next_head = m_tile + 1 >= m_first + m_count;
+    const int next_h = next_head ? h + 1 : h;
+    const int next_m_tile = next_head ? m_first : m_tile + 1;
     const T* Qs = q_buffers + buf * kBlockM * kStride;
     const T* dOs = do_buffers + buf * kBlockM * kStride;
     const float* lse_s = lse_buffers + buf * kBlockM;
@@ -192,8 +191,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncthreads();  // this step's Q, dO, LSE, D are in place; every warp is done with the last
     float next_lse = INFINITY, next_delta = 0.f;
     if (step + 1 < steps) {
-      load_step(step + 1);
-      read_stats(step + 1, &next_lse, &next_delta);
+      load_step(next_h, next_m_tile * kBlockM, buf ^ 1);
+      read_stats(next_h, next_m_tile * kBlockM, &next_lse, &next_delta);
     }
 
     // Phase 1: S^T = K Q^T and dP^T = V dO^T for keys key_row0.., queries q_col0..
@@ -368,17 +367,32 @@ __global__ void __launch_bounds__(kWarps * 32)
             Mma<Element>(acc[2 * np + 1], a, bk[2], bk[3]);
           }
         }
+        // Float4 atomics: lanes t and t ^ 1 swap halves so that the even lane adds 4 columns of
+        // tile nt = 2k and the odd lane 4 columns of tile 2k + 1.
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int64_t i = m0 + q_row0 + g + 8 * r;
-          if (i >= seq.len_q) continue;
-          float* row = p.dq_accum + RowIndex(p, b, h, i) * p.dq_accum_dim;
+          float* row = p.dq_accum + RowIndex(p, b, h, i < seq.len_q ? i : 0) * p.dq_accum_dim;
 #pragma unroll
-          for (int nt = 0; nt < kNTQ; ++nt) {
-            const int x = col0 + nt * 8 + 2 * t;
-            if (x < dqk) {
-              atomicAdd(row + x, acc[nt][2 * r]);
-              atomicAdd(row + x + 1, acc[nt][2 * r + 1]);
+          for (int k = 0; k < kNTQ / 2; ++k) {
+            const bool odd = (t & 1) != 0;
+            const float send0 = odd ? acc[2 * k][2 * r] : acc[2 * k + 1][2 * r];
+            const float send1 = odd ? acc[2 * k][2 * r + 1] : acc[2 * k + 1][2 * r + 1];
+            const float recv0 = __shfl_xor_sync(0xffffffffu, send0, 1);
+            const float recv1 = __shfl_xor_sync(0xffffffffu, send1, 1);
+            const int x = col0 + (odd ? (2 * k + 1) * 8 + 2 * (t - 1) : 2 * k * 8 + 2 * t);
+            const float4 value =
+                odd ? make_float4(recv0, recv1, acc[2 * k + 1][2 * r], acc[2 * k + 1][2 * r + 1])
+                    : make_float4(acc[2 * k][2 * r], acc[2 * k][2 * r + 1], recv0, recv1);
+            if (i < seq.len_q && x < dqk) {
+#if __CUDA_ARCH__ >= 900
+              atomicAdd(reinterpret_cast<float4*>(row + x), value);
+#else
+              atomicAdd(row + x, value.x);
+              atomicAdd(row + x + 1, value.y);
+              atomicAdd(row + x + 2, value.z);
+              atomicAdd(row + x + 3, value.w);
+#endif
             }
           }
         }
@@ -388,6 +402,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       lse_buffers[(buf ^ 1) * kBlockM + threadIdx.x] = next_lse;
       delta_buffers[(buf ^ 1) * kBlockM + threadIdx.x] = next_delta;
     }
+    h = next_h;
+    m_tile = next_m_tile;
   }
 
   // dK, dV of the block's keys (zero for keys past the sequence).
