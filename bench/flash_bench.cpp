@@ -1,0 +1,231 @@
+// Times forward, backward and forward+backward of a backend (flash by default) on a GPU and prints
+// TFLOP/s, for iterating on kernels on the device. The side-by-side comparison with PyTorch is
+// the Python harness's job.
+//
+// FLOPs (as in shared/DESIGN.md): forward 4 * b * h * sq * skv * d, halved when causal; backward
+// timed alone 2.5x that; forward+backward timed as one call 3.5x that.
+//
+// Usage: flash_bench [--backend flash|cudnn|...] [--dtype bf16|fp16|all] [--d 64|128|...|all]
+//                    [--seqlen N|all] [--causal 0|1|all] [--tokens 16384] [--hidden 2048]
+//                    [--iters 10] [--fwd-only] [--deterministic]
+// Defaults run the standard grid: bf16 and fp16, d 64 and 128, seqlen 1024..16384 at 16k tokens
+// (batch = tokens / seqlen, heads = hidden / d), causal and not. Exits 0 without a GPU.
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "fusedattn/fusedattn.h"
+
+namespace {
+
+struct Options {
+  fusedattn_backend backend = FUSEDATTN_BACKEND_FLASH;
+  std::vector<fusedattn_dtype> dtypes = {FUSEDATTN_DTYPE_BFLOAT16, FUSEDATTN_DTYPE_FLOAT16};
+  std::vector<int64_t> dims = {64, 128};
+  std::vector<int64_t> seqlens = {1024, 2048, 4096, 8192, 16384};
+  std::vector<int> causal = {0, 1};
+  int64_t tokens = 16384, hidden = 2048;
+  int iters = 10;
+  bool fwd_only = false, deterministic = false;
+};
+
+bool CudaOk(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return true;
+  std::printf("%s: %s\n", what, cudaGetErrorString(err));
+  return false;
+}
+
+bool ApiOk(fusedattn_status status, const char* what, const char* msg) {
+  if (status == FUSEDATTN_SUCCESS) return true;
+  std::printf("%s: %s: %s\n", what, fusedattn_status_string(status), msg);
+  return false;
+}
+
+// A contiguous device buffer filled with uniform values in [-1, 1] of `dtype`.
+struct DeviceTensor {
+  void* data = nullptr;
+  fusedattn_tensor desc{};
+  DeviceTensor(fusedattn_dtype dtype, std::vector<int64_t> shape, std::mt19937& rng, bool fill) {
+    int64_t n = 1;
+    for (int64_t s : shape) n *= s;
+    const size_t element = dtype == FUSEDATTN_DTYPE_FLOAT32 ? 4 : 2;
+    if (!CudaOk(cudaMalloc(&data, n * element), "cudaMalloc")) return;
+    if (fill) {
+      std::vector<uint16_t> host(n);
+      std::uniform_real_distribution<float> dist(-1.f, 1.f);
+      for (auto& x : host)
+        x = dtype == FUSEDATTN_DTYPE_BFLOAT16 ? fusedattn::FloatToBf16(dist(rng))
+                                              : fusedattn::FloatToHalf(dist(rng));
+      CudaOk(cudaMemcpy(data, host.data(), n * element, cudaMemcpyHostToDevice), "upload");
+    }
+    desc.data = data;
+    desc.dtype = dtype;
+    desc.ndim = static_cast<int32_t>(shape.size());
+    int64_t stride = 1;
+    for (int d = desc.ndim - 1; d >= 0; --d) {
+      desc.shape[d] = shape[d];
+      desc.strides[d] = stride;
+      stride *= shape[d];
+    }
+  }
+  ~DeviceTensor() {
+    if (data) cudaFree(data);
+  }
+  DeviceTensor(const DeviceTensor&) = delete;
+  DeviceTensor& operator=(const DeviceTensor&) = delete;
+};
+
+// Milliseconds per call of `run`, after warm-up.
+template <typename Run>
+double TimeMs(int iters, Run&& run) {
+  for (int i = 0; i < 2; ++i)
+    if (!run()) return -1;
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  cudaEventRecord(start);
+  for (int i = 0; i < iters; ++i)
+    if (!run()) return -1;
+  cudaEventRecord(stop);
+  if (!CudaOk(cudaEventSynchronize(stop), "kernel")) return -1;
+  float ms = 0;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms / iters;
+}
+
+void RunOne(const Options& o, fusedattn_dtype dtype, int64_t d, int64_t seqlen, int causal) {
+  const int64_t batch = o.tokens / seqlen > 0 ? o.tokens / seqlen : 1;
+  const int64_t heads = o.hidden / d > 0 ? o.hidden / d : 1;
+  fusedattn_config c = FUSEDATTN_CONFIG_INIT;
+  c.batch = batch, c.heads_q = c.heads_kv = heads;
+  c.max_seqlen_q = c.max_seqlen_kv = seqlen;
+  c.head_dim_qk = c.head_dim_v = d;
+  c.qkv_dtype = c.o_dtype = dtype;
+  c.mask = causal ? FUSEDATTN_MASK_CAUSAL : FUSEDATTN_MASK_NONE;
+  c.is_training = 1;
+  c.deterministic = o.deterministic;
+  c.backend = o.backend;
+  c.device = FUSEDATTN_DEVICE_CUDA;
+
+  std::mt19937 rng(1);
+  const std::vector<int64_t> shape = {batch, seqlen, heads, d};
+  DeviceTensor q(dtype, shape, rng, true), k(dtype, shape, rng, true), v(dtype, shape, rng, true);
+  DeviceTensor out(dtype, shape, rng, false), d_o(dtype, shape, rng, true);
+  DeviceTensor dq(dtype, shape, rng, false), dk(dtype, shape, rng, false),
+      dv(dtype, shape, rng, false);
+  DeviceTensor lse(FUSEDATTN_DTYPE_FLOAT32, {batch, heads, seqlen}, rng, false);
+  if (!q.data || !k.data || !v.data || !out.data || !d_o.data || !dq.data || !dk.data ||
+      !dv.data || !lse.data)
+    return;
+
+  fusedattn_fwd_args fa = fusedattn_fwd_args_init();
+  fa.q = q.desc, fa.k = k.desc, fa.v = v.desc, fa.o = out.desc, fa.lse = lse.desc;
+  fusedattn_bwd_args ba = fusedattn_bwd_args_init();
+  ba.q = q.desc, ba.k = k.desc, ba.v = v.desc, ba.o = out.desc, ba.lse = lse.desc;
+  ba.d_o = d_o.desc, ba.dq = dq.desc, ba.dk = dk.desc, ba.dv = dv.desc;
+
+  char msg[2048];
+  size_t fwd_bytes = 0, bwd_bytes = 0;
+  if (!ApiOk(fusedattn_fwd_workspace_size(&c, &fwd_bytes, msg, sizeof msg), "workspace", msg) ||
+      !ApiOk(fusedattn_bwd_workspace_size(&c, &bwd_bytes, msg, sizeof msg), "workspace", msg))
+    return;
+  void* workspace = nullptr;
+  const size_t bytes = fwd_bytes > bwd_bytes ? fwd_bytes : bwd_bytes;
+  if (bytes && !CudaOk(cudaMalloc(&workspace, bytes), "cudaMalloc workspace")) return;
+
+  auto fwd = [&] {
+    return ApiOk(fusedattn_fwd(&c, &fa, workspace, bytes, nullptr, msg, sizeof msg), "fwd", msg);
+  };
+  auto bwd = [&] {
+    return ApiOk(fusedattn_bwd(&c, &ba, workspace, bytes, nullptr, msg, sizeof msg), "bwd", msg);
+  };
+  const double flops = 4.0 * batch * heads * seqlen * seqlen * d * (causal ? 0.5 : 1.0);
+  const double fwd_ms = TimeMs(o.iters, fwd);
+  std::printf("%s d=%-3lld s=%-5lld b=%-3lld h=%-3lld %-6s fwd %8.3f ms %6.1f TFLOP/s",
+              dtype == FUSEDATTN_DTYPE_BFLOAT16 ? "bf16" : "fp16", (long long)d,
+              (long long)seqlen, (long long)batch, (long long)heads,
+              causal ? "causal" : "full", fwd_ms, flops / fwd_ms / 1e9);
+  if (!o.fwd_only && fwd_ms > 0) {
+    const double bwd_ms = TimeMs(o.iters, bwd);
+    const double both_ms = TimeMs(o.iters, [&] { return fwd() && bwd(); });
+    std::printf(" | bwd %8.3f ms %6.1f | fwd+bwd %8.3f ms %6.1f", bwd_ms,
+                2.5 * flops / bwd_ms / 1e9, both_ms, 3.5 * flops / both_ms / 1e9);
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+  if (workspace) cudaFree(workspace);
+}
+
+template <typename T, typename Parse>
+std::vector<T> ParseList(const char* value, const std::vector<T>& all, Parse parse) {
+  if (std::strcmp(value, "all") == 0) return all;
+  return {parse(value)};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  const Options defaults;
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i];
+    const char* value = i + 1 < argc ? argv[i + 1] : "";
+    auto next = [&] { ++i; };
+    if (flag == "--backend") {
+      if (fusedattn_backend_from_name(value, &o.backend) != FUSEDATTN_SUCCESS) {
+        std::printf("unknown backend %s\n", value);
+        return 2;
+      }
+      next();
+    } else if (flag == "--dtype") {
+      o.dtypes = ParseList<fusedattn_dtype>(value, defaults.dtypes, [](const char* v) {
+        return std::strcmp(v, "fp16") == 0 ? FUSEDATTN_DTYPE_FLOAT16 : FUSEDATTN_DTYPE_BFLOAT16;
+      });
+      next();
+    } else if (flag == "--d") {
+      o.dims = ParseList<int64_t>(value, defaults.dims, [](const char* v) { return atoll(v); });
+      next();
+    } else if (flag == "--seqlen") {
+      o.seqlens = ParseList<int64_t>(value, defaults.seqlens, [](const char* v) { return atoll(v); });
+      next();
+    } else if (flag == "--causal") {
+      o.causal = ParseList<int>(value, defaults.causal, [](const char* v) { return atoi(v); });
+      next();
+    } else if (flag == "--tokens") {
+      o.tokens = atoll(value), next();
+    } else if (flag == "--hidden") {
+      o.hidden = atoll(value), next();
+    } else if (flag == "--iters") {
+      o.iters = atoi(value), next();
+    } else if (flag == "--fwd-only") {
+      o.fwd_only = true;
+    } else if (flag == "--deterministic") {
+      o.deterministic = true;
+    } else {
+      std::printf("unknown flag %s (see the top of bench/flash_bench.cpp)\n", flag.c_str());
+      return 2;
+    }
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("no CUDA device: nothing to time\n");
+    return 0;
+  }
+  cudaDeviceProp prop;
+  cudaGetDeviceProperties(&prop, 0);
+  std::printf("%s, backend %s, %d iterations\n", prop.name, fusedattn_backend_name(o.backend),
+              o.iters);
+  for (fusedattn_dtype dtype : o.dtypes)
+    for (int64_t d : o.dims)
+      for (int causal : o.causal)
+        for (int64_t s : o.seqlens) RunOne(o, dtype, d, s, causal);
+  return 0;
+}

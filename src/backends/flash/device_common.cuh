@@ -1,0 +1,302 @@
+// Device helpers shared by every flash kernel: sequence lengths and starts, the mask as per-row
+// key ranges, the score pipeline of fusedattn.h, typed loads/stores, reductions.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backends/flash/params.h"
+#include "common/philox.h"
+
+namespace fusedattn::flash {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// ------------------------------------------------------------------------------------------------
+// Sequences
+// ------------------------------------------------------------------------------------------------
+
+struct SeqInfo {
+  int len_q, len_kv;         // this sequence's lengths, clamped to [0, max_seqlen]
+  int64_t start_q, start_kv; // token starts (THD), else 0
+};
+
+__device__ __forceinline__ int64_t ClampI64(int64_t v, int64_t lo, int64_t hi) {
+  return v < lo ? lo : (v > hi ? hi : v);
+}
+
+// Lengths from cu_seqlens and THD starts from seq_offsets (or cu_seqlens), clamped so that bad
+// index tensors can never send a kernel outside the tensors: lengths to [0, max_seqlen], starts
+// to [0, tokens] and lengths to the tokens left after the start.
+__device__ __forceinline__ SeqInfo LoadSeq(const FlashParams& p, int b) {
+  SeqInfo s{p.max_seqlen_q, p.max_seqlen_kv, 0, 0};
+  if (!p.padding) return s;
+  int64_t lq = int64_t{p.cu_seqlens_q[b + 1]} - p.cu_seqlens_q[b];
+  int64_t lkv = int64_t{p.cu_seqlens_kv[b + 1]} - p.cu_seqlens_kv[b];
+  lq = ClampI64(lq, 0, p.max_seqlen_q);
+  lkv = ClampI64(lkv, 0, p.max_seqlen_kv);
+  if (p.thd) {
+    int64_t sq = p.seq_offsets_q ? p.seq_offsets_q[b] : p.cu_seqlens_q[b];
+    int64_t skv = p.seq_offsets_kv ? p.seq_offsets_kv[b] : p.cu_seqlens_kv[b];
+    sq = ClampI64(sq, 0, p.tokens_q);
+    skv = ClampI64(skv, 0, p.tokens_kv);
+    lq = lq < p.tokens_q - sq ? lq : p.tokens_q - sq;
+    lkv = lkv < p.tokens_kv - skv ? lkv : p.tokens_kv - skv;
+    s.start_q = sq;
+    s.start_kv = skv;
+  }
+  s.len_q = static_cast<int>(lq);
+  s.len_kv = static_cast<int>(lkv);
+  return s;
+}
+
+// Element offset of (b, h, i, x) of a tensor; start is the sequence's token start.
+__device__ __forceinline__ int64_t Offset(const TensorArg& t, int b, int h, int64_t start,
+                                          int64_t i, int64_t x) {
+  return b * t.stride_b + (start + i) * t.stride_s + h * t.stride_h + x * t.stride_d;
+}
+
+__device__ __forceinline__ int64_t LseOffset(const LseArg& t, int b, int h, int64_t start_q,
+                                             int64_t i) {
+  return t.packed ? (start_q + i) * t.stride_s + h * t.stride_h
+                  : b * t.stride_b + h * t.stride_h + i * t.stride_s;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Mask
+// ------------------------------------------------------------------------------------------------
+
+// The diagonal's shift: key j = i + shift is on the diagonal of query i.
+__device__ __forceinline__ int64_t DiagShift(const FlashParams& p, int len_q, int len_kv) {
+  return p.bottom_right ? int64_t{len_kv} - len_q : 0;
+}
+
+// Unclamped key bounds of query i: visible keys are [RawLo(i), RawHi(i)) intersected with
+// [0, len_kv). Both are non-decreasing in i, so a block of rows sees at most
+// [RawLo(first row), RawHi(last row)).
+__device__ __forceinline__ int64_t RawLo(const FlashParams& p, int64_t i, int64_t shift) {
+  return p.window_left >= 0 ? i + shift - p.window_left : INT64_MIN / 4;
+}
+__device__ __forceinline__ int64_t RawHi(const FlashParams& p, int64_t i, int64_t shift) {
+  return p.window_right >= 0 ? i + shift + p.window_right + 1 : INT64_MAX / 4;
+}
+
+// The visible keys [*lo, *hi) of query i (empty when *lo >= *hi), clamped to [0, len_kv].
+__device__ __forceinline__ void VisibleKeys(const FlashParams& p, int64_t i, int len_q,
+                                            int len_kv, int* lo, int* hi) {
+  if (i >= len_q) {
+    *lo = *hi = 0;
+    return;
+  }
+  int64_t shift = DiagShift(p, len_q, len_kv);
+  int64_t begin = ClampI64(RawLo(p, i, shift), 0, len_kv);
+  int64_t end = ClampI64(RawHi(p, i, shift), 0, len_kv);
+  *lo = static_cast<int>(begin);
+  *hi = static_cast<int>(end < begin ? begin : end);
+}
+
+// The query rows [*first, *last] (empty when first > last) that may see a key in [n_lo, n_hi)
+// (a superset: rows inside still need their own check).
+__device__ __forceinline__ void RowsSeeingKeys(const FlashParams& p, int64_t n_lo, int64_t n_hi,
+                                               int len_q, int len_kv, int* first, int* last) {
+  int64_t shift = DiagShift(p, len_q, len_kv);
+  int64_t f = 0, l = int64_t{len_q} - 1;
+  if (n_hi > len_kv) n_hi = len_kv;
+  if (n_lo >= n_hi) {
+    *first = 0, *last = -1;
+    return;
+  }
+  // RawHi(i) > n_lo  <=>  i >= n_lo - shift - window_right
+  if (p.window_right >= 0) f = n_lo - shift - p.window_right > f ? n_lo - shift - p.window_right : f;
+  // RawLo(i) < n_hi  <=>  i <= n_hi - 1 - shift + window_left
+  if (p.window_left >= 0) {
+    int64_t cap = n_hi - 1 - shift + p.window_left;
+    if (cap < l) l = cap;
+  }
+  *first = static_cast<int>(ClampI64(f, 0, int64_t{len_q}));
+  *last = static_cast<int>(ClampI64(l, -1, int64_t{len_q} - 1));
+}
+
+// ------------------------------------------------------------------------------------------------
+// Typed access
+// ------------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ float LoadElem(const void* base, fusedattn_dtype dtype, int64_t index) {
+  switch (dtype) {
+    case FUSEDATTN_DTYPE_FLOAT16: return __half2float(static_cast<const __half*>(base)[index]);
+    case FUSEDATTN_DTYPE_BFLOAT16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[index]);
+    default: return static_cast<const float*>(base)[index];
+  }
+}
+
+__device__ __forceinline__ void StoreElem(void* base, fusedattn_dtype dtype, int64_t index,
+                                          float value) {
+  switch (dtype) {
+    case FUSEDATTN_DTYPE_FLOAT16: static_cast<__half*>(base)[index] = __float2half_rn(value); break;
+    case FUSEDATTN_DTYPE_BFLOAT16:
+      static_cast<__nv_bfloat16*>(base)[index] = __float2bfloat16_rn(value);
+      break;
+    default: static_cast<float*>(base)[index] = value; break;
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Score pipeline
+// ------------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ float BiasAt(const BiasArg& bias, int b, int h, int64_t i, int64_t j) {
+  return LoadElem(bias.data, bias.dtype,
+                  b * bias.stride_b + h * bias.stride_h + i * bias.stride_q + j * bias.stride_kv);
+}
+
+// Whether the score needs more than attn_scale * q.k (bias, softcap or ALiBi).
+__host__ __device__ __forceinline__ bool HasScoreMods(const FlashParams& p) {
+  return p.bias_type != FUSEDATTN_BIAS_NONE || p.softcap > 0.f;
+}
+
+// Whether the fast path needs its full kernel (score modifiers or dropout) rather than the plain
+// one, which keeps registers free for vanilla attention.
+__host__ __device__ __forceinline__ bool NeedsFullKernel(const FlashParams& p) {
+  return HasScoreMods(p) || p.dropout;
+}
+
+// The score s of fusedattn.h from qk = q.k, for a query i < len_q and key j < len_kv.
+// *dcap receives ds/dt of the softcap (1 without it), t = scale * (qk + pre_bias).
+__device__ __forceinline__ float ScoreOf(const FlashParams& p, float qk, int b, int h, int64_t i,
+                                         int64_t j, int len_q, int len_kv, float* dcap) {
+  float t = qk;
+  if (p.bias_type == FUSEDATTN_BIAS_PRE_SCALE) t += BiasAt(p.bias, b, h, i, j);
+  t *= p.scale;
+  float derivative = 1.f;
+  if (p.softcap > 0.f) {
+    float th = tanhf(t / p.softcap);
+    t = p.softcap * th;
+    derivative = 1.f - th * th;
+  }
+  if (p.bias_type == FUSEDATTN_BIAS_POST_SCALE) t += BiasAt(p.bias, b, h, i, j);
+  if (p.bias_type == FUSEDATTN_BIAS_ALIBI) {
+    float distance = fabsf(static_cast<float>(i + int64_t{len_kv} - len_q - j));
+    t -= p.alibi_slopes[h * p.alibi_stride] * distance;
+  }
+  if (dcap) *dcap = derivative;
+  return t;
+}
+
+// The extra logit of the softmax denominator in natural units: -inf (vanilla), 0 (off-by-one),
+// or the head's sink.
+__device__ __forceinline__ float ExtraLogit(const FlashParams& p, int h) {
+  switch (p.softmax_type) {
+    case FUSEDATTN_SOFTMAX_OFF_BY_ONE: return 0.f;
+    case FUSEDATTN_SOFTMAX_LEARNABLE_SINK: return p.sink_logits[h * p.sink_stride];
+    default: return -INFINITY;
+  }
+}
+
+// ex2.approx: 2^x to about 2 ulp, 2^-inf = 0 (the softmax's exponentials on the fast path).
+__device__ __forceinline__ float FastExp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ DropoutRow DropoutRowOf(const FlashParams& p, int b, int h,
+                                                   int64_t i) {
+  return MakeDropoutRow(p.dropout_seed, p.dropout_offset, p.dropout_threshold, b, h, i,
+                        p.heads_q, p.max_seqlen_q);
+}
+
+// LSE of row i as the backward uses it: a row without a visible key, or with a non-finite LSE,
+// contributes nothing (reported as +inf so that exp(s - lse) = 0).
+__device__ __forceinline__ float BackwardLse(const FlashParams& p, int b, int h, const SeqInfo& seq, int64_t i) {
+  int lo, hi;
+  VisibleKeys(p, i, seq.len_q, seq.len_kv, &lo, &hi);
+  if (lo >= hi) return INFINITY;
+  float lse = p.lse.data[LseOffset(p.lse, b, h, seq.start_q, i)];
+  return isfinite(lse) ? lse : INFINITY;
+}
+
+__device__ __forceinline__ int64_t RowIndex(const FlashParams& p, int b, int h, int64_t i) {
+  return (int64_t{b} * p.heads_q + h) * p.max_seqlen_q + i;
+}
+
+// Element (b, h, i, j) of dbias (broadcast axes have stride 0 in p.dbias).
+__device__ __forceinline__ int64_t DbiasOffset(const FlashParams& p, int b, int h, int64_t i,
+                                               int64_t j) {
+  return b * p.dbias.stride_b + h * p.dbias.stride_h + i * p.dbias.stride_q +
+         j * p.dbias.stride_kv;
+}
+
+// Adds a bias gradient per p.dbias_mode: stored (each element written once) or added atomically
+// (float32 dbias).
+__device__ __forceinline__ void WriteDbias(const FlashParams& p, int b, int h, int64_t i,
+                                           int64_t j, float value) {
+  const int64_t at = DbiasOffset(p, b, h, i, j);
+  if (p.dbias_mode == kDbiasStore)
+    StoreElem(p.dbias.data, p.dbias.dtype, at, value);
+  else
+    atomicAdd(static_cast<float*>(p.dbias.data) + at, value);
+}
+
+// Whether keys j and j + 1 (j even) of a dropout row are kept: both come from one Philox call.
+__device__ __forceinline__ void DropoutKeep2(const DropoutRow& row, int64_t j, bool* keep0,
+                                             bool* keep1) {
+  const Philox4 r = row.Words(static_cast<uint32_t>(j >> 2));
+  const bool high = (j & 2) != 0;
+  *keep0 = (high ? r.z : r.x) >= row.threshold;
+  *keep1 = (high ? r.w : r.y) >= row.threshold;
+}
+
+// Whether key j of a dropout row is kept.
+__device__ __forceinline__ bool DropoutKeep1(const DropoutRow& row, int64_t j) {
+  const Philox4 r = row.Words(static_cast<uint32_t>(j >> 2));
+  const int which = static_cast<int>(j & 3);
+  const uint32_t word = which == 0 ? r.x : which == 1 ? r.y : which == 2 ? r.z : r.w;
+  return word >= row.threshold;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Reductions
+// ------------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float WarpMax(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// atomicMax for floats (no NaN): non-negative floats order like their int bits, negative ones
+// in reverse of their unsigned bits. The target starts at -inf.
+__device__ __forceinline__ void AtomicMaxFloat(float* address, float value) {
+  if (value != value) return;
+  value += 0.f;  // -0 -> +0
+  if (value >= 0.f)
+    atomicMax(reinterpret_cast<int*>(address), __float_as_int(value));
+  else
+    atomicMin(reinterpret_cast<unsigned int*>(address), __float_as_uint(value));
+}
+
+// Block index decomposition of a flattened grid: x = (b * heads + h) * tiles + tile.
+struct TileIndex {
+  int tile, h, b;
+};
+__device__ __forceinline__ TileIndex DecomposeBlock(int64_t block, int tiles, int heads) {
+  TileIndex t;
+  t.tile = static_cast<int>(block % tiles);
+  int64_t rest = block / tiles;
+  t.h = static_cast<int>(rest % heads);
+  t.b = static_cast<int>(rest / heads);
+  return t;
+}
+
+}  // namespace fusedattn::flash

@@ -1,0 +1,334 @@
+// The flash backend: our own fused attention kernels on CUDA tensors, for every feature of
+// fusedattn.h.
+//
+// Two paths compute the same thing:
+//  * the fast path (fwd_kernel.cuh, bwd_kernel.cuh): tensor cores (mma.sync m16n8k16, ldmatrix,
+//    cp.async), float16/bfloat16 with o_dtype == qkv_dtype, head dims that are multiples of 8 up
+//    to 256 (padded to a compiled instance, instances/), and q/k/v/dO rows that are contiguous and
+//    16-byte aligned;
+//  * the simple path (simple_kernels.cu): SIMT, every dtype, head dim and stride.
+// check() sees only the Problem, so the choice between them is made per call from the tensors.
+//
+// Backward: a preprocess computes D = rowsum(dO * O); the fast kernel is parallel over key blocks
+// (dK, dV in registers, dQ added in float32 by atomics into a workspace, then converted). With
+// config.deterministic, dQ comes from a second kernel parallel over query blocks that walks the
+// keys in a fixed order instead, and nothing is added atomically. dbias is stored directly when it
+// is not broadcast; a broadcast float32 dbias is added atomically (non-deterministic mode), any
+// other broadcast dbias is summed by a kernel in a fixed order. dsink is reduced in a fixed order.
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+
+#include "backends/flash/kernels.h"
+#include "common/cuda_util.h"
+#include "common/philox.h"
+#include "select/backend.h"
+
+namespace fusedattn {
+
+namespace flash {
+int FastHeadDimFor(int head_dim_qk, int head_dim_v) {
+  // cp.async moves 8 elements at a time: both head dims must be multiples of 8.
+  if (head_dim_qk % 8 != 0 || head_dim_v % 8 != 0) return 0;
+  const int dim = head_dim_qk > head_dim_v ? head_dim_qk : head_dim_v;
+  for (int instance : {64, 128, 256})  // the head dims of generate_kernels.py
+    if (dim <= instance) return instance;
+  return 0;
+}
+}  // namespace flash
+
+namespace {
+
+using flash::FlashParams;
+
+constexpr size_t kWorkspaceAlign = 256;
+
+size_t AlignUp(size_t bytes) { return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
+
+bool IsHalfType(fusedattn_dtype dtype) {
+  return dtype == FUSEDATTN_DTYPE_FLOAT16 || dtype == FUSEDATTN_DTYPE_BFLOAT16;
+}
+
+// The padded head dim of the fast path's instance for this problem, or 0 (simple path).
+int FastHeadDim(const Problem& p) {
+  const auto& c = p.config;
+  if (!IsHalfType(c.qkv_dtype) || c.o_dtype != c.qkv_dtype) return 0;
+  return flash::FastHeadDimFor(static_cast<int>(c.head_dim_qk), static_cast<int>(c.head_dim_v));
+}
+
+// cp.async copies 16-byte pieces of rows: the head dim must be the innermost axis and every row
+// start 16-byte aligned.
+bool RowsAligned16(const TensorView& t) {
+  const size_t element = t.dtype == FUSEDATTN_DTYPE_FLOAT32 ? 4 : 2;
+  const int64_t per16 = static_cast<int64_t>(16 / element);
+  return t.stride_d == 1 && reinterpret_cast<uintptr_t>(t.data) % 16 == 0 &&
+         t.stride_b % per16 == 0 && t.stride_h % per16 == 0 && t.stride_s % per16 == 0;
+}
+
+// A window at least as wide as both sequences hides nothing: unbounded (keeps device math small).
+int64_t NormalizeWindow(int64_t window, const fusedattn_config& c) {
+  if (window < 0) return -1;
+  return window >= c.max_seqlen_q + c.max_seqlen_kv ? -1 : window;
+}
+
+flash::TensorArg Arg(const TensorView& t) {
+  flash::TensorArg a;
+  a.data = t.data;
+  a.stride_b = t.stride_b, a.stride_h = t.stride_h, a.stride_s = t.stride_s;
+  a.stride_d = t.stride_d;
+  return a;
+}
+
+flash::LseArg LseArgOf(const LseView& t, bool packed) {
+  flash::LseArg a;
+  a.data = static_cast<float*>(t.data);
+  a.stride_b = t.stride_b, a.stride_h = t.stride_h, a.stride_s = t.stride_s;
+  a.packed = packed;
+  return a;
+}
+
+flash::BiasArg BiasArgOf(const BiasView& v, const fusedattn_config& c, bool zero_broadcast) {
+  flash::BiasArg a;
+  a.data = v.data;
+  a.dtype = v.dtype;
+  a.stride_b = zero_broadcast && c.bias_batch == 1 ? 0 : v.stride_b;
+  a.stride_h = zero_broadcast && c.bias_heads == 1 ? 0 : v.stride_h;
+  a.stride_q = v.stride_q, a.stride_kv = v.stride_kv;
+  return a;
+}
+
+// Everything both directions share.
+template <typename Tensors>
+FlashParams CommonParams(const Problem& problem, const Tensors& t) {
+  const auto& c = problem.config;
+  FlashParams p;
+  p.batch = static_cast<int>(c.batch);
+  p.heads_q = static_cast<int>(c.heads_q);
+  p.heads_kv = static_cast<int>(c.heads_kv);
+  p.group = static_cast<int>(c.heads_q / c.heads_kv);
+  p.max_seqlen_q = static_cast<int>(c.max_seqlen_q);
+  p.max_seqlen_kv = static_cast<int>(c.max_seqlen_kv);
+  p.head_dim_qk = static_cast<int>(c.head_dim_qk);
+  p.head_dim_v = static_cast<int>(c.head_dim_v);
+  p.tokens_q = t.q.num_tokens;
+  p.tokens_kv = t.k.num_tokens;
+  p.qkv_dtype = c.qkv_dtype;
+  p.o_dtype = c.o_dtype;
+  p.padding = problem.padding;
+  p.thd = problem.thd;
+  p.cu_seqlens_q = t.cu_seqlens_q;
+  p.cu_seqlens_kv = t.cu_seqlens_kv;
+  p.seq_offsets_q = t.seq_offsets_q;
+  p.seq_offsets_kv = t.seq_offsets_kv;
+  p.bottom_right = problem.bottom_right;
+  p.window_left = NormalizeWindow(problem.window_left, c);
+  p.window_right = NormalizeWindow(problem.window_right, c);
+  p.scale = static_cast<float>(problem.scale());
+  p.softcap = static_cast<float>(c.softcap);
+  p.bias_type = c.bias_type;
+  if (t.bias.present()) p.bias = BiasArgOf(t.bias, c, true);
+  p.alibi_slopes = t.alibi_slopes;
+  p.alibi_stride = t.alibi_stride;
+  p.softmax_type = c.softmax_type;
+  p.sink_logits = t.sink_logits;
+  p.sink_stride = t.sink_stride;
+  p.dropout = c.dropout > 0.0;
+  p.dropout_threshold = DropoutRow::Threshold(c.dropout);
+  p.keep_scale = static_cast<float>(1.0 / (1.0 - c.dropout));
+  p.dropout_seed = t.dropout_seed;
+  p.dropout_offset = t.dropout_offset;
+  p.q = Arg(t.q);
+  p.k = Arg(t.k);
+  p.v = Arg(t.v);
+  p.o = Arg(t.o);
+  p.lse = LseArgOf(t.lse, t.lse_packed);
+  return p;
+}
+
+bool DbiasBroadcast(const fusedattn_config& c) {
+  return (c.bias_batch == 1 && c.batch > 1) || (c.bias_heads == 1 && c.heads_q > 1);
+}
+
+// Workspace of the backward, carved in this order from one buffer.
+struct BwdWorkspace {
+  size_t delta = 0, sink_partial = 0, dq_accum = 0, total = 0;
+  int dq_accum_dim = 0;
+};
+
+BwdWorkspace PlanBwdWorkspace(const Problem& problem) {
+  const auto& c = problem.config;
+  const size_t rows = static_cast<size_t>(c.batch * c.heads_q * c.max_seqlen_q);
+  BwdWorkspace w;
+  w.delta = 0;
+  w.total = AlignUp(rows * sizeof(float));
+  if (c.softmax_type == FUSEDATTN_SOFTMAX_LEARNABLE_SINK) {
+    w.sink_partial = w.total;
+    w.total += AlignUp(rows * sizeof(float));
+  }
+  const int fast_dim = FastHeadDim(problem);
+  if (fast_dim > 0 && !c.deterministic) {
+    w.dq_accum = w.total;
+    w.dq_accum_dim = fast_dim;
+    w.total += AlignUp(rows * static_cast<size_t>(fast_dim) * sizeof(float));
+  }
+  return w;
+}
+
+template <typename Element>
+Status FastForward(int dim, const FlashParams& p, cudaStream_t s) {
+  switch (dim) {
+    case 64: return flash::LaunchFastForward<Element, 64>(p, s);
+    case 128: return flash::LaunchFastForward<Element, 128>(p, s);
+    case 256: return flash::LaunchFastForward<Element, 256>(p, s);
+  }
+  return InternalError("flash: no forward instance for head dim %d", dim);
+}
+
+template <typename Element>
+Status FastBackward(int dim, const FlashParams& p, cudaStream_t s) {
+  switch (dim) {
+    case 64: return flash::LaunchFastBackward<Element, 64>(p, s);
+    case 128: return flash::LaunchFastBackward<Element, 128>(p, s);
+    case 256: return flash::LaunchFastBackward<Element, 256>(p, s);
+  }
+  return InternalError("flash: no backward instance for head dim %d", dim);
+}
+
+template <typename Element>
+Status FastBackwardDq(int dim, const FlashParams& p, cudaStream_t s) {
+  switch (dim) {
+    case 64: return flash::LaunchFastBackwardDq<Element, 64>(p, s);
+    case 128: return flash::LaunchFastBackwardDq<Element, 128>(p, s);
+    case 256: return flash::LaunchFastBackwardDq<Element, 256>(p, s);
+  }
+  return InternalError("flash: no dQ instance for head dim %d", dim);
+}
+
+class FlashBackendImpl final : public Backend {
+ public:
+  fusedattn_backend id() const override { return FUSEDATTN_BACKEND_FLASH; }
+  const char* name() const override { return "flash"; }
+
+  Status available() const override {
+    if (!HasCudaDevice()) return NotSupported("%s", NoCudaDeviceReason().c_str());
+    return flash::ProbeKernelImage();
+  }
+
+  Status check(const Problem& p) override {
+    const auto& c = p.config;
+    if (p.device != Device::kCuda)
+      return NotSupported("runs on CUDA tensors only, and config.device is CPU");
+    const size_t need = flash::SimpleSharedBytes(static_cast<int>(c.head_dim_qk),
+                                                 static_cast<int>(c.head_dim_v));
+    const size_t limit = flash::SimpleSharedLimit();
+    if (need > limit)
+      return NotSupported(
+          "head_dim_qk = %lld with head_dim_v = %lld needs %zu bytes of shared memory per block "
+          "in flash's kernels, more than the %zu this GPU gives (the reference backend runs it)",
+          (long long)c.head_dim_qk, (long long)c.head_dim_v, need, limit);
+    const int64_t longest = std::max(c.max_seqlen_q, c.max_seqlen_kv);
+    if ((longest + 3) / 4 * c.heads_q * c.batch > INT_MAX)
+      return NotSupported(
+          "batch = %lld * heads_q = %lld * max_seqlen = %lld needs more thread blocks than a "
+          "CUDA grid holds",
+          (long long)c.batch, (long long)c.heads_q, (long long)longest);
+    return Status::Ok();
+  }
+
+  Status fwd_workspace_size(const Problem&, size_t* bytes) override {
+    *bytes = 0;
+    return Status::Ok();
+  }
+
+  Status bwd_workspace_size(const Problem& p, size_t* bytes) override {
+    *bytes = PlanBwdWorkspace(p).total;
+    return Status::Ok();
+  }
+
+  Status forward(const Problem& problem, const FwdTensors& t, void*, size_t,
+                 void* stream) override {
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    FlashParams p = CommonParams(problem, t);
+    p.max_logit = t.max_logit;
+    p.max_logit_stride = t.max_logit_stride;
+    if (p.max_logit) FUSEDATTN_RETURN_IF_ERROR(flash::LaunchFillMaxLogit(p, s));
+    const int dim = FastHeadDim(problem);
+    if (dim > 0 && RowsAligned16(t.q) && RowsAligned16(t.k) && RowsAligned16(t.v)) {
+      if (problem.config.qkv_dtype == FUSEDATTN_DTYPE_FLOAT16)
+        return FastForward<flash::Half>(dim, p, s);
+      return FastForward<flash::Bfloat16>(dim, p, s);
+    }
+    return flash::LaunchSimpleForward(p, s);
+  }
+
+  Status backward(const Problem& problem, const BwdTensors& t, void* workspace,
+                  size_t workspace_bytes, void* stream) override {
+    const auto& c = problem.config;
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    const BwdWorkspace plan = PlanBwdWorkspace(problem);
+    if (plan.total > 0 && (workspace == nullptr || workspace_bytes < plan.total))
+      return Status(FUSEDATTN_ERROR_WORKSPACE,
+                    Format("flash backward needs %zu bytes of workspace, %zu given", plan.total,
+                           workspace_bytes));
+    char* base = static_cast<char*>(workspace);
+    FlashParams p = CommonParams(problem, t);
+    p.d_o = Arg(t.d_o);
+    p.dq = Arg(t.dq);
+    p.dk = Arg(t.dk);
+    p.dv = Arg(t.dv);
+    p.dsink = t.dsink;
+    p.dsink_stride = t.dsink_stride;
+    p.deterministic = c.deterministic != 0;
+    p.delta = reinterpret_cast<float*>(base + plan.delta);
+    if (c.softmax_type == FUSEDATTN_SOFTMAX_LEARNABLE_SINK)
+      p.sink_partial = reinterpret_cast<float*>(base + plan.sink_partial);
+
+    const int dim = FastHeadDim(problem);
+    const bool fast = dim > 0 && RowsAligned16(t.q) && RowsAligned16(t.k) &&
+                      RowsAligned16(t.v) && RowsAligned16(t.d_o);
+    if (fast && !p.deterministic) {
+      p.dq_accum = reinterpret_cast<float*>(base + plan.dq_accum);
+      p.dq_accum_dim = plan.dq_accum_dim;
+    }
+
+    bool reduce_dbias = false;
+    if (t.dbias.present()) {
+      p.dbias = BiasArgOf(t.dbias, c, true);
+      if (!DbiasBroadcast(c)) {
+        p.dbias_mode = flash::kDbiasStore;
+      } else if (t.dbias.dtype == FUSEDATTN_DTYPE_FLOAT32 && !p.deterministic) {
+        p.dbias_mode = flash::kDbiasAtomic;
+      } else {
+        reduce_dbias = true;
+      }
+      if (p.dbias_mode != flash::kDbiasNone) FUSEDATTN_RETURN_IF_ERROR(flash::LaunchZeroDbias(p, s));
+    }
+
+    FUSEDATTN_RETURN_IF_ERROR(flash::LaunchBackwardPreprocess(p, s));
+    if (p.dsink) FUSEDATTN_RETURN_IF_ERROR(flash::LaunchReduceDsink(p, s));
+    if (fast) {
+      const bool half = c.qkv_dtype == FUSEDATTN_DTYPE_FLOAT16;
+      FUSEDATTN_RETURN_IF_ERROR(half ? FastBackward<flash::Half>(dim, p, s)
+                                     : FastBackward<flash::Bfloat16>(dim, p, s));
+      if (p.deterministic) {
+        FUSEDATTN_RETURN_IF_ERROR(half ? FastBackwardDq<flash::Half>(dim, p, s)
+                                       : FastBackwardDq<flash::Bfloat16>(dim, p, s));
+      } else {
+        FUSEDATTN_RETURN_IF_ERROR(flash::LaunchConvertDq(p, s));
+      }
+    } else {
+      FUSEDATTN_RETURN_IF_ERROR(flash::LaunchSimpleBackward(p, s));
+    }
+    if (reduce_dbias) FUSEDATTN_RETURN_IF_ERROR(flash::LaunchReduceDbias(p, s));
+    return Status::Ok();
+  }
+};
+
+}  // namespace
+
+Backend* FlashBackend() {
+  static FlashBackendImpl backend;
+  return &backend;
+}
+
+}  // namespace fusedattn

@@ -1,0 +1,57 @@
+// Host entry points of the flash kernels. Each returns the launch's status (checked with
+// cudaGetLastError right after the launch); none synchronizes.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "backends/flash/params.h"
+#include "common/status.h"
+
+namespace fusedattn::flash {
+
+// ---- The simple path (SIMT, any dtype, head dim, stride): simple_kernels.cu ----
+
+// Shared memory the simple kernels need for these head dims; check() refuses larger ones.
+size_t SimpleSharedBytes(int head_dim_qk, int head_dim_v);
+size_t SimpleSharedLimit();
+// Whether this binary has kernels for the current GPU (the reason when not).
+Status ProbeKernelImage();
+
+Status LaunchSimpleForward(const FlashParams& p, cudaStream_t stream);
+// dQ (written directly), dK, dV (and dbias in DbiasMode store/atomic); needs the preprocess.
+Status LaunchSimpleBackward(const FlashParams& p, cudaStream_t stream);
+
+// ---- Shared by both paths: simple_kernels.cu ----
+
+// max_logit[h] = -inf for every head.
+Status LaunchFillMaxLogit(const FlashParams& p, cudaStream_t stream);
+// Every element of dbias = 0 (before the kernels store or add into it).
+Status LaunchZeroDbias(const FlashParams& p, cudaStream_t stream);
+// delta = rowsum(dO * O), sink partials, and zeroed dq_accum (when p.dq_accum is set).
+Status LaunchBackwardPreprocess(const FlashParams& p, cudaStream_t stream);
+// dsink[h] = sum of sink partials over (b, i), in a fixed order.
+Status LaunchReduceDsink(const FlashParams& p, cudaStream_t stream);
+// dbias summed over its broadcast axes in a fixed order (recomputes the scores).
+Status LaunchReduceDbias(const FlashParams& p, cudaStream_t stream);
+// dq = dq_accum (converted to the dq dtype and strides).
+Status LaunchConvertDq(const FlashParams& p, cudaStream_t stream);
+
+// ---- The fast path (tensor cores): fwd_kernel.cuh / bwd_kernel.cuh, one instance per file ----
+
+// Element types of the instances.
+struct Half {};
+struct Bfloat16 {};
+
+template <typename Element, int kHeadDim>
+Status LaunchFastForward(const FlashParams& p, cudaStream_t stream);
+// dK, dV, dQ into dq_accum by atomics (or nothing for dQ when p.deterministic), dbias per mode.
+template <typename Element, int kHeadDim>
+Status LaunchFastBackward(const FlashParams& p, cudaStream_t stream);
+// dQ written directly, one query tile per block in a fixed order over the keys (deterministic).
+template <typename Element, int kHeadDim>
+Status LaunchFastBackwardDq(const FlashParams& p, cudaStream_t stream);
+
+// The padded head dims the fast path is compiled for (instances.h lists them).
+int FastHeadDimFor(int head_dim_qk, int head_dim_v);
+
+}  // namespace fusedattn::flash

@@ -1,0 +1,98 @@
+// The arguments of every flash kernel: one plain struct, filled on the host from a Problem and its
+// tensor views (flash_backend.cpp) and passed by value to the kernels. Fields that a kernel does
+// not use are left zero/null. Lengths fit int32 (validated by MakeProblem); offsets are int64.
+#pragma once
+
+#include <cstdint>
+
+#include "fusedattn/fusedattn.h"
+
+namespace fusedattn::flash {
+
+// A q/k/v/o-like tensor: element (b, h, i, x) of sequence b at
+//   data + b * stride_b + (start[b] + i) * stride_s + h * stride_h + x * stride_d.
+struct TensorArg {
+  void* data = nullptr;
+  int64_t stride_b = 0, stride_h = 0, stride_s = 0, stride_d = 0;
+};
+
+// The LSE tensor: [batch, heads, max_seqlen_q] (stride_b, stride_h, stride_s) or, packed for THD,
+// [tokens, heads] (stride_b = 0 and the sequence's token start applies).
+struct LseArg {
+  float* data = nullptr;
+  int64_t stride_b = 0, stride_h = 0, stride_s = 0;
+  bool packed = false;
+};
+
+// Bias [bias_batch, bias_heads, max_seqlen_q, max_seqlen_kv]; broadcast axes have stride 0.
+struct BiasArg {
+  void* data = nullptr;
+  fusedattn_dtype dtype = FUSEDATTN_DTYPE_FLOAT32;
+  int64_t stride_b = 0, stride_h = 0, stride_q = 0, stride_kv = 0;
+};
+
+struct FlashParams {
+  // Shapes.
+  int batch = 0, heads_q = 0, heads_kv = 0, group = 1;  // group = heads_q / heads_kv
+  int max_seqlen_q = 0, max_seqlen_kv = 0;
+  int head_dim_qk = 0, head_dim_v = 0;
+  int64_t tokens_q = 0, tokens_kv = 0;  // rows of the token axis (THD), for clamping offsets
+  fusedattn_dtype qkv_dtype = FUSEDATTN_DTYPE_FLOAT32, o_dtype = FUSEDATTN_DTYPE_FLOAT32;
+
+  // Sequences: per-sequence lengths from cu_seqlens when padding (or THD); THD token starts from
+  // seq_offsets (or cu_seqlens). Lengths are clamped to max_seqlen and starts to the tokens.
+  bool padding = false, thd = false;
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_kv = nullptr;
+  const int32_t* seq_offsets_q = nullptr;
+  const int32_t* seq_offsets_kv = nullptr;
+
+  // Mask: key j is visible to query i when j < len_kv, i < len_q and
+  //   diag - window_left <= j <= diag + window_right, diag = i + (bottom_right ? len_kv - len_q : 0)
+  // with -1 meaning unbounded (window_right is 0 for causal masks).
+  bool bottom_right = false;
+  int64_t window_left = -1, window_right = -1;
+
+  // Score pipeline (fusedattn.h).
+  float scale = 1.f;
+  float softcap = 0.f;  // 0: off
+  fusedattn_bias bias_type = FUSEDATTN_BIAS_NONE;
+  BiasArg bias;
+  const float* alibi_slopes = nullptr;
+  int64_t alibi_stride = 1;
+  fusedattn_softmax softmax_type = FUSEDATTN_SOFTMAX_VANILLA;
+  const float* sink_logits = nullptr;
+  int64_t sink_stride = 1;
+
+  // Dropout (fusedattn.h's Philox rule): keep when word >= threshold, kept values * keep_scale.
+  bool dropout = false;
+  uint32_t dropout_threshold = 0;
+  float keep_scale = 1.f;
+  uint64_t dropout_seed = 0, dropout_offset = 0;
+
+  // Forward tensors.
+  TensorArg q, k, v, o;
+  LseArg lse;                   // output of the forward (may be null), input of the backward
+  float* max_logit = nullptr;   // [heads_q], filled with -inf before the forward
+  int64_t max_logit_stride = 1;
+
+  // Backward tensors.
+  TensorArg d_o, dq, dk, dv;
+  BiasArg dbias;                // data null: no bias gradient
+  float* dsink = nullptr;
+  int64_t dsink_stride = 1;
+  bool deterministic = false;
+
+  // Backward workspace (float32), indexed by (b, h, i) with i < max_seqlen_q:
+  float* delta = nullptr;        // D = rowsum(dO * O), 0 for rows without a visible key
+  float* sink_partial = nullptr; // LEARNABLE_SINK: -exp(sink - lse) * D per row, reduced to dsink
+  float* dq_accum = nullptr;     // [b, h, max_seqlen_q, dq_accum_dim]: dQ / scale accumulated
+  int dq_accum_dim = 0;          // padded head dim of dq_accum
+  // How the backward kernels treat dbias: 0 none, 1 store (each element written once),
+  // 2 atomic add into float32 dbias (broadcast axes, non-deterministic).
+  int dbias_mode = 0;
+};
+
+enum DbiasMode { kDbiasNone = 0, kDbiasStore = 1, kDbiasAtomic = 2 };
+
+}  // namespace fusedattn::flash
