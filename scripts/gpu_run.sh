@@ -55,7 +55,7 @@ step_sanitize() {
   compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$BUILD/tests/fusedattn_gpu_tests" --gtest_brief=1 --gtest_filter="$SANITIZE_FILTER"
 }
-RACECHECK_FILTER="${RACECHECK_FILTER:-*Racecheck*}"
+RACECHECK_FILTER="${RACECHECK_FILTER:-*Racecheck*:FlashSanitize*}"
 step_racecheck() {
   compute-sanitizer --tool racecheck --error-exitcode 9 \
     "$BUILD/tests/fusedattn_gpu_tests" --gtest_brief=1 --gtest_filter="$RACECHECK_FILTER"
