@@ -72,11 +72,15 @@ step_cli() {
   "$bin" run --b 4 --h 16 --sq 2048 --skv 2048 --d 128 --mask causal --bwd --iters 20
 }
 
-step_python() {
+step_python_build() {
   # Build only the binding against the library built above (Python 3.12 here).
   cmake -G Ninja -S "$ROOT/python" -B "$BUILD/python" -DCMAKE_BUILD_TYPE=Release \
     -DFUSEDATTN_ROOT="$ROOT" -DFUSEDATTN_LIBRARY="$BUILD/libfusedattn.so" &&
-    cmake --build "$BUILD/python" -j "$JOBS" || return 1
+    cmake --build "$BUILD/python" -j "$JOBS"
+}
+
+step_python() {
+  step_python_build || return 1
   export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
   (cd "$ROOT/python" && python3 -m pytest -q -m gpu tests)
 }
@@ -88,7 +92,8 @@ step_bench_quick() {
 
 step_bench() {
   export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
-  python3 "$ROOT/bench/bench.py" --grid "${BENCH_GRID:-prefill}" --out "$OUT"
+  # BENCH_ARGS: e.g. "--grid small_seq" or "--grid prefill --filter 'bf16 d128' --only ..."
+  eval python3 "$ROOT/bench/bench.py" --out "$OUT" ${BENCH_ARGS:---grid prefill}
 }
 
 step_native_bench() {
@@ -106,7 +111,7 @@ for step in "$@"; do
   fi
   t0=$SECONDS
   # Each step has its own time limit (STEP_TIMEOUT, seconds) so one hang cannot eat the call.
-  export -f "$fn"
+  export -f "$fn" step_python_build
   limit_var="TIMEOUT_${step//-/_}"
   PYTHONUNBUFFERED=1 timeout "${!limit_var:-${STEP_TIMEOUT:-300}}" bash -c "$fn" >"$OUT/$step.log" 2>&1
   rc=$?
