@@ -30,14 +30,21 @@
  * and scales kept values by 1 / (1 - dropout); o[b,i,h,:] = sum_j p'_j v[b,j,hk,:].
  *
  * A query row with no visible key has O = 0, LSE = -inf and contributes nothing to any gradient.
- * max_logit[h] is the largest visible s (after bias and softcap) over all sequences and rows of
- * head h; -inf if head h sees no key at all.
+ * max_logit[h] is the largest final s (after bias, softcap and ALiBi) of a visible key over all
+ * sequences and rows of head h (the off-by-one or sink logit does not count); -inf if head h sees
+ * no key at all.
+ *
+ * The backward differentiates the forward above using the O and LSE it is given, as
+ * FlashAttention does: p = exp(s - LSE), D_i = dO_i . O_i, dS = p (dP - D); its gradients carry
+ * the rounding of O and LSE. dbias is written in full: entries of hidden or padded (i, j) are 0, and
+ * a broadcast dimension receives the sum over it. dsink[h] = -sum over rows of exp(sink[h] - LSE) D.
  *
  * Dropout mask: Philox4x32-10 with key (lo32(seed), hi32(seed)) and counter
  *   (j / 4, row, lo32(offset), hi32(offset)),  row = (b * heads_q + h) * max_seqlen_q + i,
  * gives four 32-bit words; element j uses word j % 4 (call it u). The element is kept when
  *   u >= threshold,  threshold = min(floor(dropout * 2^32), 2^32 - 1).
- * (b is the sequence index also for THD; i and j are positions inside the sequence.) Every backend
+ * (b is the sequence index also for THD; i and j are positions inside the sequence; the row
+ * counter is 32 bits, so batch * heads_q * max_seqlen_q <= 2^32 when dropout is on.) Every backend
  * that implements dropout this way reproduces the reference's mask bit for bit.
  *
  * ---------------------------------------------------------------------------------------------
@@ -47,7 +54,10 @@
  * contiguous. Shapes by format (s = max_seqlen_q or max_seqlen_kv, d = head_dim_qk or head_dim_v):
  *   BSHD [batch, s, heads, d]    SBHD [s, batch, heads, d]    BHSD [batch, heads, s, d]
  *   THD  [total_tokens, heads, d]  (packed variable length: needs cu_seqlens; sequence b's tokens
- *        start at seq_offsets[b] if given, else at cu_seqlens[b])
+ *        start at seq_offsets[b] if given, else at cu_seqlens[b]). THD is all or nothing: when one
+ *        format is THD, all five (q, kv, o, dO, dQKV) must be. Query-side sequences must not
+ *        overlap; key-side ones may overlap in the forward (a shared prefix) but not in the
+ *        backward, whose dK/dV writes would collide.
  * Other tensors:
  *   lse        float32, [batch, heads_q, max_seqlen_q]; for THD also [total_q_tokens, heads_q]
  *   bias/dbias [bias_batch, bias_heads, max_seqlen_q, max_seqlen_kv], bias_batch in {1, batch},
