@@ -336,6 +336,149 @@ typedef struct fusedattn_cache_stats {
 FUSEDATTN_API fusedattn_status fusedattn_get_cache_stats(fusedattn_backend backend,
                                                          fusedattn_cache_stats* stats);
 
+/* ---------------------------------------------------------------------------------------------
+ * Score modifiers (flex attention): expression graphs over the score and the indices
+ * ---------------------------------------------------------------------------------------------
+ * A fusedattn_score_mod is an expression DAG with up to two outputs: a score (a number that
+ * replaces s) and a mask (a boolean, true = the key stays visible). Build it node by node, set
+ * its outputs, then finalize it; a finalized graph is immutable and may be shared by threads.
+ * fusedattn/score_mod.hpp wraps these functions with operators (s * 2, q_idx >= kv_idx, ...).
+ *
+ * Values are numbers or booleans. Numbers are evaluated in double on the CPU reference (a GPU
+ * executor may use float32: integers up to 2^24 stay exact there). Leaves:
+ *   inputs     s (the score, see the specification above), b, h (query head), i (q_idx),
+ *              j (kv_idx), sq and sk (the sequence's own lengths), all numbers
+ *   constants  numbers (double; +-0, inf and NaN payloads are kept bit for bit)
+ *   tensors    auxiliary tensors, read at (b, h, i, j) restricted to their axes (below)
+ * Operations (operands are node ids returned by the functions below):
+ *   NEG ABS EXP LOG TANH SIGMOID    number -> number; SIGMOID(x) = 1 / (1 + exp(-x))
+ *   ADD SUB MUL DIV                 numbers -> number (IEEE)
+ *   MIN MAX                         numbers -> number; NaN if either is NaN, else MIN(a, b) =
+ *                                   (b < a ? b : a) and MAX(a, b) = (b > a ? b : a)
+ *   LT LE GT GE                     numbers -> boolean (IEEE: false when either is NaN)
+ *   EQ NE                           two numbers or two booleans -> boolean
+ *   AND OR (booleans) NOT (boolean) -> boolean
+ *   SELECT(c, a, b)                 c ? a : b; c boolean, a and b both numbers or both booleans
+ * Derivatives (for the backward): d|x| = sign(x) (0 at 0), dMIN / dMAX follow the branch taken,
+ * SELECT passes the gradient to the branch taken only, comparisons pass none.
+ *
+ * Identical nodes are one node (hash-consing): building the same expression twice returns the
+ * same id. Two finalized graphs are equal (fusedattn_score_mod_equal) exactly when their
+ * outputs are built by the same operations on the same operands, constants (bit for bit) and
+ * tensor declarations (dtype, axes, requires_grad); names do not count. Caches key on that
+ * structure, never on the handle's address.
+ */
+typedef struct fusedattn_score_mod fusedattn_score_mod;
+
+typedef FUSEDATTN_ENUM(fusedattn_score_mod_variable) {
+  FUSEDATTN_SCORE_MOD_SCORE = 0,     /* s */
+  FUSEDATTN_SCORE_MOD_BATCH = 1,     /* b: the sequence */
+  FUSEDATTN_SCORE_MOD_HEAD = 2,      /* h: the query head */
+  FUSEDATTN_SCORE_MOD_Q_IDX = 3,     /* i: query position inside the sequence */
+  FUSEDATTN_SCORE_MOD_KV_IDX = 4,    /* j: key position inside the sequence */
+  FUSEDATTN_SCORE_MOD_SEQLEN_Q = 5,  /* sq: the sequence's query length */
+  FUSEDATTN_SCORE_MOD_SEQLEN_KV = 6, /* sk: the sequence's key length */
+  /* i + sk - sq: the query position aligned to the end of the keys (bottom-right). Not a leaf:
+   * fusedattn_score_mod_input builds it as ADD(q_idx, SUB(seqlen_kv, seqlen_q)). */
+  FUSEDATTN_SCORE_MOD_Q_IDX_BR = 7
+} fusedattn_score_mod_variable;
+
+typedef FUSEDATTN_ENUM(fusedattn_score_mod_opcode) {
+  FUSEDATTN_SCORE_MOD_NEG = 0,
+  FUSEDATTN_SCORE_MOD_ABS = 1,
+  FUSEDATTN_SCORE_MOD_EXP = 2,
+  FUSEDATTN_SCORE_MOD_LOG = 3,
+  FUSEDATTN_SCORE_MOD_TANH = 4,
+  FUSEDATTN_SCORE_MOD_SIGMOID = 5,
+  FUSEDATTN_SCORE_MOD_NOT = 6,
+  FUSEDATTN_SCORE_MOD_ADD = 7,
+  FUSEDATTN_SCORE_MOD_SUB = 8,
+  FUSEDATTN_SCORE_MOD_MUL = 9,
+  FUSEDATTN_SCORE_MOD_DIV = 10,
+  FUSEDATTN_SCORE_MOD_MIN = 11,
+  FUSEDATTN_SCORE_MOD_MAX = 12,
+  FUSEDATTN_SCORE_MOD_LT = 13,
+  FUSEDATTN_SCORE_MOD_LE = 14,
+  FUSEDATTN_SCORE_MOD_GT = 15,
+  FUSEDATTN_SCORE_MOD_GE = 16,
+  FUSEDATTN_SCORE_MOD_EQ = 17,
+  FUSEDATTN_SCORE_MOD_NE = 18,
+  FUSEDATTN_SCORE_MOD_AND = 19,
+  FUSEDATTN_SCORE_MOD_OR = 20,
+  FUSEDATTN_SCORE_MOD_SELECT = 21
+} fusedattn_score_mod_opcode;
+
+/* Axes an auxiliary tensor is indexed by (a bit set). Its shape has one dimension per axis, in
+ * the order batch, head, q, kv, each of the full extent: batch, heads_q, max_seqlen_q,
+ * max_seqlen_kv. It is broadcast over the axes it leaves out; with no axis it is a scalar of
+ * shape [1]. Example: per-token document ids [batch, max_seqlen_q] are BATCH | Q. */
+#define FUSEDATTN_SCORE_MOD_AXIS_BATCH 1u
+#define FUSEDATTN_SCORE_MOD_AXIS_HEAD 2u
+#define FUSEDATTN_SCORE_MOD_AXIS_Q 4u
+#define FUSEDATTN_SCORE_MOD_AXIS_KV 8u
+
+/* A new, empty graph. *graph is NULL on failure. */
+FUSEDATTN_API fusedattn_status fusedattn_score_mod_create(fusedattn_score_mod** graph);
+/* Frees a graph (NULL is fine). Configs that point at it must not be used afterwards. */
+FUSEDATTN_API void fusedattn_score_mod_destroy(fusedattn_score_mod* graph);
+
+/* Node builders: each writes the new (or the identical existing) node's id to *node. */
+FUSEDATTN_API fusedattn_status fusedattn_score_mod_input(fusedattn_score_mod* graph,
+                                                         fusedattn_score_mod_variable input,
+                                                         int32_t* node, char* msg,
+                                                         size_t msg_len);
+FUSEDATTN_API fusedattn_status fusedattn_score_mod_constant(fusedattn_score_mod* graph,
+                                                            double value, int32_t* node,
+                                                            char* msg, size_t msg_len);
+/* Declares the next auxiliary tensor and returns the node that reads it. Tensors are numbered
+ * in declaration order (0, 1, ...): the calls pass them in that order (fusedattn_fwd_args /
+ * fusedattn_bwd_args .score_mod_tensors). dtype: float32, float16, bfloat16 or int32 (read as
+ * numbers). requires_grad: the backward writes its gradient (float dtypes only). name: for
+ * messages, unique in the graph. */
+FUSEDATTN_API fusedattn_status fusedattn_score_mod_tensor(fusedattn_score_mod* graph,
+                                                          const char* name,
+                                                          fusedattn_dtype dtype, uint32_t axes,
+                                                          int32_t requires_grad, int32_t* node,
+                                                          char* msg, size_t msg_len);
+FUSEDATTN_API fusedattn_status fusedattn_score_mod_op(fusedattn_score_mod* graph,
+                                                      fusedattn_score_mod_opcode op,
+                                                      int32_t num_operands,
+                                                      const int32_t* operands, int32_t* node,
+                                                      char* msg, size_t msg_len);
+
+/* Outputs. score: a number, the modified score (unset: s unchanged). mask: a boolean over the
+ * indices and tensors only (it may not read s), ANDed with the config's mask (unset: no extra
+ * masking). Setting an output again replaces it. */
+FUSEDATTN_API fusedattn_status fusedattn_score_mod_set_score(fusedattn_score_mod* graph,
+                                                             int32_t node, char* msg,
+                                                             size_t msg_len);
+FUSEDATTN_API fusedattn_status fusedattn_score_mod_set_mask(fusedattn_score_mod* graph,
+                                                            int32_t node, char* msg,
+                                                            size_t msg_len);
+/* An explicit backward: gradient is the node that computes d score / d wrt, where wrt is the
+ * score input s or a tensor node declared with requires_grad. Without one the library derives
+ * it symbolically; with one, the backward uses the given graph. */
+FUSEDATTN_API fusedattn_status fusedattn_score_mod_set_gradient(fusedattn_score_mod* graph,
+                                                                int32_t wrt, int32_t gradient,
+                                                                char* msg, size_t msg_len);
+
+/* Checks the graph, derives its backward and freezes it. Builders and setters fail afterwards;
+ * only a finalized graph can be put in a config. */
+FUSEDATTN_API fusedattn_status fusedattn_score_mod_finalize(fusedattn_score_mod* graph,
+                                                            char* msg, size_t msg_len);
+
+/* The canonical 128-bit hash of a finalized graph (hash[0] low, hash[1] high word). Equal
+ * graphs have equal hashes; equality itself is fusedattn_score_mod_equal. */
+FUSEDATTN_API fusedattn_status fusedattn_score_mod_hash(const fusedattn_score_mod* graph,
+                                                        uint64_t hash[2]);
+/* *equal = 1 when two finalized graphs are structurally equal, else 0. */
+FUSEDATTN_API fusedattn_status fusedattn_score_mod_equal(const fusedattn_score_mod* a,
+                                                         const fusedattn_score_mod* b,
+                                                         int32_t* equal);
+/* A readable text of the graph: its outputs and, once finalized, the derived derivatives. */
+FUSEDATTN_API fusedattn_status fusedattn_score_mod_describe(const fusedattn_score_mod* graph,
+                                                            char* text, size_t text_len);
+
 #ifdef __cplusplus
 }
 #endif
