@@ -165,6 +165,8 @@ std::vector<Modifier> Modifiers() {
   };
 }
 
+void PrintTo(const Modifier& m, std::ostream* os) { *os << m.name; }
+
 class FlexDerivative : public ::testing::TestWithParam<Modifier> {};
 
 TEST_P(FlexDerivative, MatchesCentralDifferences) {
