@@ -22,6 +22,23 @@
  *   left  = window_left  (or unbounded when -1)
  *   right = 0 for causal masks, else window_right (or unbounded when -1)
  *
+ * Score modifiers (config.score_mod, a finalized graph; see "Score modifiers" below): after the
+ * score pipeline and the mask above, for a key j that the mask shows to query i,
+ *
+ *   visible = mask_mod(b, h, i, j)                   the graph's mask output (true = visible)
+ *   s = score_mod(s, b, h, i, j)                     the graph's score output
+ *
+ * where the graph reads that s, b, h, i, j, the sequence's lengths sq and sk, and auxiliary
+ * tensors at (b, h, i, j) restricted to their axes. A key the mask_mod hides is as hidden as a
+ * key the mask hides; everything below (softmax, LSE, max_logit, fully masked rows) uses the
+ * modified s and visibility. A row whose visible keys all have s = -inf (with no extra logit)
+ * is a fully masked row. The modified s must not be +inf or NaN. In the backward, dS (the
+ * gradient of the modified s, below) becomes dS * d score_mod / d s for the pipeline above, and
+ * an auxiliary tensor declared with requires_grad gets d_aux[e] = the sum, over the visible
+ * (b, h, i, j) that read element e, of dS * d score_mod / d aux (0 for elements no visible key
+ * reads). The derivative is the graph's explicit one where given, else derived symbolically.
+ * In this version only the reference backend runs score modifiers (GPU backends refuse them).
+ *
  * The softmax over the visible keys is
  *   VANILLA:        p_j = exp(s_j) / sum_j' exp(s_j')
  *   OFF_BY_ONE:     p_j = exp(s_j) / (1 + sum_j' exp(s_j'))              (an extra logit fixed at 0)
@@ -30,9 +47,9 @@
  * and scales kept values by 1 / (1 - dropout); o[b,i,h,:] = sum_j p'_j v[b,j,hk,:].
  *
  * A query row with no visible key has O = 0, LSE = -inf and contributes nothing to any gradient.
- * max_logit[h] is the largest final s (after bias, softcap and ALiBi) of a visible key over all
- * sequences and rows of head h (the off-by-one or sink logit does not count); -inf if head h sees
- * no key at all.
+ * max_logit[h] is the largest final s (after bias, softcap, ALiBi and score_mod) of a visible key
+ * over all sequences and rows of head h (the off-by-one or sink logit does not count); -inf if
+ * head h sees no key at all.
  *
  * The backward differentiates the forward above using the O and LSE it is given, as
  * FlashAttention does: p = exp(s - LSE), D_i = dO_i . O_i, dS = p (dP - D); its gradients carry
@@ -71,6 +88,9 @@
  * are fully masked rows: O = 0, LSE = -inf, dQ = 0; key rows past it get dK = dV = 0. In packed
  * THD tensors only the tokens of sequences are written; tokens outside every sequence are left
  * untouched.
+ *   score_mod tensors  one dimension per axis the graph declares (batch, heads_q, max_seqlen_q,
+ *              max_seqlen_kv, in that order; [1] for none), dtype as declared; their gradients
+ *              (d_score_mod_tensors) have the same shape and dtype.
  * Lengths above max_seqlen are an error on the reference backend; GPU backends clamp them (no
  * out-of-bounds access, results for that sequence undefined), since they cannot read device memory
  * on the host without a synchronization.
@@ -184,9 +204,13 @@ typedef FUSEDATTN_ENUM(fusedattn_device) {
   FUSEDATTN_DEVICE_CUDA = 2
 } fusedattn_device;
 
-/* The problem: everything that decides which backend can run it and how. No pointers. */
+/* A score-modifier graph (opaque; see "Score modifiers" below). */
+typedef struct fusedattn_score_mod fusedattn_score_mod;
+
+/* The problem: everything that decides which backend can run it and how. No tensor pointers;
+ * a score_mod graph is part of the problem (by its structure, never by its address). */
 typedef struct fusedattn_config {
-  size_t struct_size; /* sizeof(fusedattn_config) as the caller compiled it */
+  size_t struct_size; /* sizeof(fusedattn_config) as the caller compiled it (or 0.1.0's size) */
 
   int32_t is_training; /* forward saves LSE and the backend must also support the backward */
   int64_t batch;
@@ -226,6 +250,10 @@ typedef struct fusedattn_config {
 
   fusedattn_backend backend; /* AUTO, or force one (also env FUSEDATTN_BACKEND=name) */
   fusedattn_device device;
+
+  /* Fields added after version 0.1.0 (callers built against 0.1.0 pass the shorter struct_size
+   * and get the defaults below). */
+  const fusedattn_score_mod* score_mod; /* NULL: none; else a finalized graph */
 } fusedattn_config;
 
 #define FUSEDATTN_CONFIG_INIT                                                                   \
@@ -238,7 +266,7 @@ typedef struct fusedattn_config {
         FUSEDATTN_BIAS_NONE, /*bias_batch*/ 1, /*bias_heads*/ 1, /*bias_requires_grad*/ 0,      \
         FUSEDATTN_SOFTMAX_VANILLA, /*attn_scale*/ 0.0, /*softcap*/ 0.0, /*dropout*/ 0.0,        \
         /*deterministic*/ 0, /*return_lse*/ 0, /*return_max_logit*/ 0, FUSEDATTN_BACKEND_AUTO, \
-        FUSEDATTN_DEVICE_AUTO                                                                   \
+        FUSEDATTN_DEVICE_AUTO, /*score_mod*/ NULL                                               \
   }
 
 #define FUSEDATTN_MAX_DIMS 4
@@ -264,6 +292,10 @@ typedef struct fusedattn_fwd_args {
   fusedattn_tensor seq_offsets_q, seq_offsets_kv; /* THD, optional */
   uint64_t dropout_seed;
   uint64_t dropout_offset;
+  /* Added after 0.1.0: the score_mod's auxiliary tensors, in declaration order (shapes and
+   * dtypes as the graph declares them). */
+  int64_t num_score_mod_tensors;
+  const fusedattn_tensor* score_mod_tensors;
 } fusedattn_fwd_args;
 
 typedef struct fusedattn_bwd_args {
@@ -278,9 +310,16 @@ typedef struct fusedattn_bwd_args {
   fusedattn_tensor dq, dk, dv; /* outputs */
   fusedattn_tensor dbias;      /* output when bias_requires_grad */
   fusedattn_tensor dsink;      /* output for LEARNABLE_SINK */
+  /* Added after 0.1.0: the score_mod's auxiliary tensors (as in the forward) and their
+   * gradients (outputs, same shapes and dtypes; data present exactly for the tensors declared
+   * with requires_grad, NULL for the others). */
+  int64_t num_score_mod_tensors;
+  const fusedattn_tensor* score_mod_tensors;
+  const fusedattn_tensor* d_score_mod_tensors;
 } fusedattn_bwd_args;
 
-/* Zero-filled args with struct_size set. */
+/* Zero-filled args with struct_size set. (struct_size may also be 0.1.0's size: the fields
+ * added since then are then zero.) */
 FUSEDATTN_API fusedattn_fwd_args fusedattn_fwd_args_init(void);
 FUSEDATTN_API fusedattn_bwd_args fusedattn_bwd_args_init(void);
 
@@ -368,8 +407,6 @@ FUSEDATTN_API fusedattn_status fusedattn_get_cache_stats(fusedattn_backend backe
  * tensor declarations (dtype, axes, requires_grad); names do not count. Caches key on that
  * structure, never on the handle's address.
  */
-typedef struct fusedattn_score_mod fusedattn_score_mod;
-
 typedef FUSEDATTN_ENUM(fusedattn_score_mod_variable) {
   FUSEDATTN_SCORE_MOD_SCORE = 0,     /* s */
   FUSEDATTN_SCORE_MOD_BATCH = 1,     /* b: the sequence */
