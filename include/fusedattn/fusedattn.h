@@ -403,9 +403,11 @@ FUSEDATTN_API fusedattn_status fusedattn_get_cache_stats(fusedattn_backend backe
  *
  * Identical nodes are one node (hash-consing): building the same expression twice returns the
  * same id. Two finalized graphs are equal (fusedattn_score_mod_equal) exactly when their
- * outputs are built by the same operations on the same operands, constants (bit for bit) and
- * tensor declarations (dtype, axes, requires_grad); names do not count. Caches key on that
- * structure, never on the handle's address.
+ * outputs (score, mask, explicit gradients) are built by the same operations on the same
+ * operands and constants (bit for bit: -0.0 is not 0.0), and they declare the same tensors
+ * (dtype, axes, requires_grad, in order); names and nodes that no output uses do not count.
+ * With the config's extents this also fixes every tensor's shape. Caches key on that structure,
+ * never on the handle's address. Building a graph is not thread-safe; a finalized one is.
  */
 typedef FUSEDATTN_ENUM(fusedattn_score_mod_variable) {
   FUSEDATTN_SCORE_MOD_SCORE = 0,     /* s */
