@@ -22,6 +22,23 @@
  *   left  = window_left  (or unbounded when -1)
  *   right = 0 for causal masks, else window_right (or unbounded when -1)
  *
+ * Score modifiers (config.score_mod, a finalized graph; see "Score modifiers" below): after the
+ * score pipeline and the mask above, for a key j that the mask shows to query i,
+ *
+ *   visible = mask_mod(b, h, i, j)                   the graph's mask output (true = visible)
+ *   s = score_mod(s, b, h, i, j)                     the graph's score output
+ *
+ * where the graph reads that s, b, h, i, j, the sequence's lengths sq and sk, and auxiliary
+ * tensors at (b, h, i, j) restricted to their axes. A key the mask_mod hides is as hidden as a
+ * key the mask hides; everything below (softmax, LSE, max_logit, fully masked rows) uses the
+ * modified s and visibility. A row whose visible keys all have s = -inf (with no extra logit)
+ * is a fully masked row. The modified s must not be +inf or NaN. In the backward, dS (the
+ * gradient of the modified s, below) becomes dS * d score_mod / d s for the pipeline above, and
+ * an auxiliary tensor declared with requires_grad gets d_aux[e] = the sum, over the visible
+ * (b, h, i, j) that read element e, of dS * d score_mod / d aux (0 for elements no visible key
+ * reads). The derivative is the graph's explicit one where given, else derived symbolically.
+ * In this version only the reference backend runs score modifiers (GPU backends refuse them).
+ *
  * The softmax over the visible keys is
  *   VANILLA:        p_j = exp(s_j) / sum_j' exp(s_j')
  *   OFF_BY_ONE:     p_j = exp(s_j) / (1 + sum_j' exp(s_j'))              (an extra logit fixed at 0)
@@ -30,9 +47,9 @@
  * and scales kept values by 1 / (1 - dropout); o[b,i,h,:] = sum_j p'_j v[b,j,hk,:].
  *
  * A query row with no visible key has O = 0, LSE = -inf and contributes nothing to any gradient.
- * max_logit[h] is the largest final s (after bias, softcap and ALiBi) of a visible key over all
- * sequences and rows of head h (the off-by-one or sink logit does not count); -inf if head h sees
- * no key at all.
+ * max_logit[h] is the largest final s (after bias, softcap, ALiBi and score_mod) of a visible key
+ * over all sequences and rows of head h (the off-by-one or sink logit does not count); -inf if
+ * head h sees no key at all.
  *
  * The backward differentiates the forward above using the O and LSE it is given, as
  * FlashAttention does: p = exp(s - LSE), D_i = dO_i . O_i, dS = p (dP - D); its gradients carry
@@ -71,6 +88,9 @@
  * are fully masked rows: O = 0, LSE = -inf, dQ = 0; key rows past it get dK = dV = 0. In packed
  * THD tensors only the tokens of sequences are written; tokens outside every sequence are left
  * untouched.
+ *   score_mod tensors  one dimension per axis the graph declares (batch, heads_q, max_seqlen_q,
+ *              max_seqlen_kv, in that order; [1] for none), dtype as declared; their gradients
+ *              (d_score_mod_tensors) have the same shape and dtype.
  * Lengths above max_seqlen are an error on the reference backend; GPU backends clamp them (no
  * out-of-bounds access, results for that sequence undefined), since they cannot read device memory
  * on the host without a synchronization.
@@ -184,9 +204,13 @@ typedef FUSEDATTN_ENUM(fusedattn_device) {
   FUSEDATTN_DEVICE_CUDA = 2
 } fusedattn_device;
 
-/* The problem: everything that decides which backend can run it and how. No pointers. */
+/* A score-modifier graph (opaque; see "Score modifiers" below). */
+typedef struct fusedattn_score_mod fusedattn_score_mod;
+
+/* The problem: everything that decides which backend can run it and how. No tensor pointers;
+ * a score_mod graph is part of the problem (by its structure, never by its address). */
 typedef struct fusedattn_config {
-  size_t struct_size; /* sizeof(fusedattn_config) as the caller compiled it */
+  size_t struct_size; /* sizeof(fusedattn_config) as the caller compiled it (or 0.1.0's size) */
 
   int32_t is_training; /* forward saves LSE and the backend must also support the backward */
   int64_t batch;
@@ -226,6 +250,10 @@ typedef struct fusedattn_config {
 
   fusedattn_backend backend; /* AUTO, or force one (also env FUSEDATTN_BACKEND=name) */
   fusedattn_device device;
+
+  /* Fields added after version 0.1.0 (callers built against 0.1.0 pass the shorter struct_size
+   * and get the defaults below). */
+  const fusedattn_score_mod* score_mod; /* NULL: none; else a finalized graph */
 } fusedattn_config;
 
 #define FUSEDATTN_CONFIG_INIT                                                                   \
@@ -238,7 +266,7 @@ typedef struct fusedattn_config {
         FUSEDATTN_BIAS_NONE, /*bias_batch*/ 1, /*bias_heads*/ 1, /*bias_requires_grad*/ 0,      \
         FUSEDATTN_SOFTMAX_VANILLA, /*attn_scale*/ 0.0, /*softcap*/ 0.0, /*dropout*/ 0.0,        \
         /*deterministic*/ 0, /*return_lse*/ 0, /*return_max_logit*/ 0, FUSEDATTN_BACKEND_AUTO, \
-        FUSEDATTN_DEVICE_AUTO                                                                   \
+        FUSEDATTN_DEVICE_AUTO, /*score_mod*/ NULL                                               \
   }
 
 #define FUSEDATTN_MAX_DIMS 4
@@ -264,6 +292,10 @@ typedef struct fusedattn_fwd_args {
   fusedattn_tensor seq_offsets_q, seq_offsets_kv; /* THD, optional */
   uint64_t dropout_seed;
   uint64_t dropout_offset;
+  /* Added after 0.1.0: the score_mod's auxiliary tensors, in declaration order (shapes and
+   * dtypes as the graph declares them). */
+  int64_t num_score_mod_tensors;
+  const fusedattn_tensor* score_mod_tensors;
 } fusedattn_fwd_args;
 
 typedef struct fusedattn_bwd_args {
@@ -278,9 +310,16 @@ typedef struct fusedattn_bwd_args {
   fusedattn_tensor dq, dk, dv; /* outputs */
   fusedattn_tensor dbias;      /* output when bias_requires_grad */
   fusedattn_tensor dsink;      /* output for LEARNABLE_SINK */
+  /* Added after 0.1.0: the score_mod's auxiliary tensors (as in the forward) and their
+   * gradients (outputs, same shapes and dtypes; data present exactly for the tensors declared
+   * with requires_grad, NULL for the others). */
+  int64_t num_score_mod_tensors;
+  const fusedattn_tensor* score_mod_tensors;
+  const fusedattn_tensor* d_score_mod_tensors;
 } fusedattn_bwd_args;
 
-/* Zero-filled args with struct_size set. */
+/* Zero-filled args with struct_size set. (struct_size may also be 0.1.0's size: the fields
+ * added since then are then zero.) */
 FUSEDATTN_API fusedattn_fwd_args fusedattn_fwd_args_init(void);
 FUSEDATTN_API fusedattn_bwd_args fusedattn_bwd_args_init(void);
 
@@ -335,6 +374,149 @@ typedef struct fusedattn_cache_stats {
 } fusedattn_cache_stats;
 FUSEDATTN_API fusedattn_status fusedattn_get_cache_stats(fusedattn_backend backend,
                                                          fusedattn_cache_stats* stats);
+
+/* ---------------------------------------------------------------------------------------------
+ * Score modifiers (flex attention): expression graphs over the score and the indices
+ * ---------------------------------------------------------------------------------------------
+ * A fusedattn_score_mod is an expression DAG with up to two outputs: a score (a number that
+ * replaces s) and a mask (a boolean, true = the key stays visible). Build it node by node, set
+ * its outputs, then finalize it; a finalized graph is immutable and may be shared by threads.
+ * fusedattn/score_mod.hpp wraps these functions with operators (s * 2, q_idx >= kv_idx, ...).
+ *
+ * Values are numbers or booleans. Numbers are evaluated in double on the CPU reference (a GPU
+ * executor may use float32: integers up to 2^24 stay exact there). Leaves:
+ *   inputs     s (the score, see the specification above), b, h (query head), i (q_idx),
+ *              j (kv_idx), sq and sk (the sequence's own lengths), all numbers
+ *   constants  numbers (double; +-0, inf and NaN payloads are kept bit for bit)
+ *   tensors    auxiliary tensors, read at (b, h, i, j) restricted to their axes (below)
+ * Operations (operands are node ids returned by the functions below):
+ *   NEG ABS EXP LOG TANH SIGMOID    number -> number; SIGMOID(x) = 1 / (1 + exp(-x))
+ *   ADD SUB MUL DIV                 numbers -> number (IEEE)
+ *   MIN MAX                         numbers -> number; NaN if either is NaN, else MIN(a, b) =
+ *                                   (b < a ? b : a) and MAX(a, b) = (b > a ? b : a)
+ *   LT LE GT GE                     numbers -> boolean (IEEE: false when either is NaN)
+ *   EQ NE                           two numbers or two booleans -> boolean
+ *   AND OR (booleans) NOT (boolean) -> boolean
+ *   SELECT(c, a, b)                 c ? a : b; c boolean, a and b both numbers or both booleans
+ * Derivatives (for the backward): d|x| = sign(x) (0 at 0), dMIN / dMAX follow the branch taken,
+ * SELECT passes the gradient to the branch taken only, comparisons pass none.
+ *
+ * Identical nodes are one node (hash-consing): building the same expression twice returns the
+ * same id. Two finalized graphs are equal (fusedattn_score_mod_equal) exactly when their
+ * outputs (score, mask, explicit gradients) are built by the same operations on the same
+ * operands and constants (bit for bit: -0.0 is not 0.0), and they declare the same tensors
+ * (dtype, axes, requires_grad, in order); names and nodes that no output uses do not count.
+ * With the config's extents this also fixes every tensor's shape. Caches key on that structure,
+ * never on the handle's address. Building a graph is not thread-safe; a finalized one is.
+ */
+typedef FUSEDATTN_ENUM(fusedattn_score_mod_variable) {
+  FUSEDATTN_SCORE_MOD_SCORE = 0,     /* s */
+  FUSEDATTN_SCORE_MOD_BATCH = 1,     /* b: the sequence */
+  FUSEDATTN_SCORE_MOD_HEAD = 2,      /* h: the query head */
+  FUSEDATTN_SCORE_MOD_Q_IDX = 3,     /* i: query position inside the sequence */
+  FUSEDATTN_SCORE_MOD_KV_IDX = 4,    /* j: key position inside the sequence */
+  FUSEDATTN_SCORE_MOD_SEQLEN_Q = 5,  /* sq: the sequence's query length */
+  FUSEDATTN_SCORE_MOD_SEQLEN_KV = 6, /* sk: the sequence's key length */
+  /* i + sk - sq: the query position aligned to the end of the keys (bottom-right). Not a leaf:
+   * fusedattn_score_mod_input builds it as ADD(q_idx, SUB(seqlen_kv, seqlen_q)). */
+  FUSEDATTN_SCORE_MOD_Q_IDX_BR = 7
+} fusedattn_score_mod_variable;
+
+typedef FUSEDATTN_ENUM(fusedattn_score_mod_opcode) {
+  FUSEDATTN_SCORE_MOD_NEG = 0,
+  FUSEDATTN_SCORE_MOD_ABS = 1,
+  FUSEDATTN_SCORE_MOD_EXP = 2,
+  FUSEDATTN_SCORE_MOD_LOG = 3,
+  FUSEDATTN_SCORE_MOD_TANH = 4,
+  FUSEDATTN_SCORE_MOD_SIGMOID = 5,
+  FUSEDATTN_SCORE_MOD_NOT = 6,
+  FUSEDATTN_SCORE_MOD_ADD = 7,
+  FUSEDATTN_SCORE_MOD_SUB = 8,
+  FUSEDATTN_SCORE_MOD_MUL = 9,
+  FUSEDATTN_SCORE_MOD_DIV = 10,
+  FUSEDATTN_SCORE_MOD_MIN = 11,
+  FUSEDATTN_SCORE_MOD_MAX = 12,
+  FUSEDATTN_SCORE_MOD_LT = 13,
+  FUSEDATTN_SCORE_MOD_LE = 14,
+  FUSEDATTN_SCORE_MOD_GT = 15,
+  FUSEDATTN_SCORE_MOD_GE = 16,
+  FUSEDATTN_SCORE_MOD_EQ = 17,
+  FUSEDATTN_SCORE_MOD_NE = 18,
+  FUSEDATTN_SCORE_MOD_AND = 19,
+  FUSEDATTN_SCORE_MOD_OR = 20,
+  FUSEDATTN_SCORE_MOD_SELECT = 21
+} fusedattn_score_mod_opcode;
+
+/* Axes an auxiliary tensor is indexed by (a bit set). Its shape has one dimension per axis, in
+ * the order batch, head, q, kv, each of the full extent: batch, heads_q, max_seqlen_q,
+ * max_seqlen_kv. It is broadcast over the axes it leaves out; with no axis it is a scalar of
+ * shape [1]. Example: per-token document ids [batch, max_seqlen_q] are BATCH | Q. */
+#define FUSEDATTN_SCORE_MOD_AXIS_BATCH 1u
+#define FUSEDATTN_SCORE_MOD_AXIS_HEAD 2u
+#define FUSEDATTN_SCORE_MOD_AXIS_Q 4u
+#define FUSEDATTN_SCORE_MOD_AXIS_KV 8u
+
+/* A new, empty graph. *graph is NULL on failure. */
+FUSEDATTN_API fusedattn_status fusedattn_score_mod_create(fusedattn_score_mod** graph);
+/* Frees a graph (NULL is fine). Configs that point at it must not be used afterwards. */
+FUSEDATTN_API void fusedattn_score_mod_destroy(fusedattn_score_mod* graph);
+
+/* Node builders: each writes the new (or the identical existing) node's id to *node. */
+FUSEDATTN_API fusedattn_status fusedattn_score_mod_input(fusedattn_score_mod* graph,
+                                                         fusedattn_score_mod_variable input,
+                                                         int32_t* node, char* msg,
+                                                         size_t msg_len);
+FUSEDATTN_API fusedattn_status fusedattn_score_mod_constant(fusedattn_score_mod* graph,
+                                                            double value, int32_t* node,
+                                                            char* msg, size_t msg_len);
+/* Declares the next auxiliary tensor and returns the node that reads it. Tensors are numbered
+ * in declaration order (0, 1, ...): the calls pass them in that order (fusedattn_fwd_args /
+ * fusedattn_bwd_args .score_mod_tensors). dtype: float32, float16, bfloat16 or int32 (read as
+ * numbers). requires_grad: the backward writes its gradient (float dtypes only). name: for
+ * messages, unique in the graph. */
+FUSEDATTN_API fusedattn_status fusedattn_score_mod_tensor(fusedattn_score_mod* graph,
+                                                          const char* name,
+                                                          fusedattn_dtype dtype, uint32_t axes,
+                                                          int32_t requires_grad, int32_t* node,
+                                                          char* msg, size_t msg_len);
+FUSEDATTN_API fusedattn_status fusedattn_score_mod_op(fusedattn_score_mod* graph,
+                                                      fusedattn_score_mod_opcode op,
+                                                      int32_t num_operands,
+                                                      const int32_t* operands, int32_t* node,
+                                                      char* msg, size_t msg_len);
+
+/* Outputs. score: a number, the modified score (unset: s unchanged). mask: a boolean over the
+ * indices and tensors only (it may not read s), ANDed with the config's mask (unset: no extra
+ * masking). Setting an output again replaces it. */
+FUSEDATTN_API fusedattn_status fusedattn_score_mod_set_score(fusedattn_score_mod* graph,
+                                                             int32_t node, char* msg,
+                                                             size_t msg_len);
+FUSEDATTN_API fusedattn_status fusedattn_score_mod_set_mask(fusedattn_score_mod* graph,
+                                                            int32_t node, char* msg,
+                                                            size_t msg_len);
+/* An explicit backward: gradient is the node that computes d score / d wrt, where wrt is the
+ * score input s or a tensor node declared with requires_grad. Without one the library derives
+ * it symbolically; with one, the backward uses the given graph. */
+FUSEDATTN_API fusedattn_status fusedattn_score_mod_set_gradient(fusedattn_score_mod* graph,
+                                                                int32_t wrt, int32_t gradient,
+                                                                char* msg, size_t msg_len);
+
+/* Checks the graph, derives its backward and freezes it. Builders and setters fail afterwards;
+ * only a finalized graph can be put in a config. */
+FUSEDATTN_API fusedattn_status fusedattn_score_mod_finalize(fusedattn_score_mod* graph,
+                                                            char* msg, size_t msg_len);
+
+/* The canonical 128-bit hash of a finalized graph (hash[0] low, hash[1] high word). Equal
+ * graphs have equal hashes; equality itself is fusedattn_score_mod_equal. */
+FUSEDATTN_API fusedattn_status fusedattn_score_mod_hash(const fusedattn_score_mod* graph,
+                                                        uint64_t hash[2]);
+/* *equal = 1 when two finalized graphs are structurally equal, else 0. */
+FUSEDATTN_API fusedattn_status fusedattn_score_mod_equal(const fusedattn_score_mod* a,
+                                                         const fusedattn_score_mod* b,
+                                                         int32_t* equal);
+/* A readable text of the graph: its outputs and, once finalized, the derived derivatives. */
+FUSEDATTN_API fusedattn_status fusedattn_score_mod_describe(const fusedattn_score_mod* graph,
+                                                            char* text, size_t text_len);
 
 #ifdef __cplusplus
 }

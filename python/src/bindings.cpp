@@ -7,8 +7,10 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <list>
 #include <string>
 #include <vector>
 
@@ -136,6 +138,27 @@ class TensorSet {
                     array.device_id());
   }
 
+  // A list (or tuple) of tensors, e.g. the score_mod tensors; None entries are absent (outputs
+  // only). The descriptors live in this set until the call returns.
+  const fusedattn_tensor* List(const char* name, nb::handle list, bool is_output,
+                               int64_t* count) {
+    *count = 0;
+    if (list.is_none()) return nullptr;
+    if (!nb::isinstance<nb::list>(list) && !nb::isinstance<nb::tuple>(list))
+      RaiseInvalid(std::string("args.") + name + " must be a list of tensors");
+    lists_.emplace_back();
+    std::vector<fusedattn_tensor>& out = lists_.back();
+    size_t k = 0;
+    for (nb::handle item : list) {
+      std::string item_name = std::string(name) + "[" + std::to_string(k++) + "]";
+      if (item.is_none() && !is_output)
+        RaiseInvalid("args." + item_name + " is None but score_mod tensors are inputs");
+      out.push_back(is_output ? Output(item_name.c_str(), item) : Input(item_name.c_str(), item));
+    }
+    *count = static_cast<int64_t>(out.size());
+    return out.empty() ? nullptr : out.data();
+  }
+
   // The workspace: any tensor (bytes = elements * itemsize) on the tensors' device.
   void Workspace(nb::handle object, void** data, size_t* bytes) {
     *data = nullptr, *bytes = 0;
@@ -229,7 +252,123 @@ class TensorSet {
   Placement placement_;
   std::vector<nb::ndarray<nb::ro>> inputs_;
   std::vector<nb::ndarray<>> outputs_;
+  std::list<std::vector<fusedattn_tensor>> lists_;  // stable addresses
 };
+
+// A score-modifier graph (fusedattn_score_mod), built node by node from fusedattn._flex.
+class ScoreModGraph {
+ public:
+  ScoreModGraph() {
+    if (fusedattn_score_mod_create(&graph_) != FUSEDATTN_SUCCESS)
+      Raise(FUSEDATTN_ERROR_OUT_OF_MEMORY, "fusedattn_score_mod_create failed");
+  }
+  ~ScoreModGraph() { fusedattn_score_mod_destroy(graph_); }
+  ScoreModGraph(const ScoreModGraph&) = delete;
+  ScoreModGraph& operator=(const ScoreModGraph&) = delete;
+
+  int32_t Input(const std::string& name) {
+    static const char* const kNames[] = {"score",  "batch",    "head",      "q_idx",
+                                         "kv_idx", "seqlen_q", "seqlen_kv", "q_idx_br"};
+    for (int i = 0; i < 8; ++i)
+      if (name == kNames[i]) {
+        char message[kMessageBytes] = "";
+        int32_t node = -1;
+        Check(fusedattn_score_mod_input(graph_, static_cast<fusedattn_score_mod_variable>(i),
+                                        &node, message, sizeof message),
+              message);
+        return node;
+      }
+    RaiseInvalid("score_mod input '" + name +
+                 "' is not one of score, batch, head, q_idx, kv_idx, seqlen_q, seqlen_kv, "
+                 "q_idx_br");
+  }
+  int32_t Constant(double value) {
+    char message[kMessageBytes] = "";
+    int32_t node = -1;
+    Check(fusedattn_score_mod_constant(graph_, value, &node, message, sizeof message), message);
+    return node;
+  }
+  int32_t Tensor(const std::string& name, const std::string& dtype, uint32_t axes,
+                 bool requires_grad) {
+    fusedattn_dtype d;
+    if (dtype == "float32") {
+      d = FUSEDATTN_DTYPE_FLOAT32;
+    } else if (dtype == "float16") {
+      d = FUSEDATTN_DTYPE_FLOAT16;
+    } else if (dtype == "bfloat16") {
+      d = FUSEDATTN_DTYPE_BFLOAT16;
+    } else if (dtype == "int32") {
+      d = FUSEDATTN_DTYPE_INT32;
+    } else {
+      RaiseInvalid("score_mod tensor '" + name + "': dtype '" + dtype +
+                   "' is not float32, float16, bfloat16 or int32");
+    }
+    char message[kMessageBytes] = "";
+    int32_t node = -1;
+    Check(fusedattn_score_mod_tensor(graph_, name.c_str(), d, axes, requires_grad ? 1 : 0, &node,
+                                     message, sizeof message),
+          message);
+    return node;
+  }
+  int32_t Op(const std::string& name, const std::vector<int32_t>& operands) {
+    static const char* const kOps[] = {"neg", "abs", "exp", "log", "tanh", "sigmoid",
+                                       "not", "add", "sub", "mul", "div", "min",
+                                       "max", "lt",  "le",  "gt",  "ge",  "eq",
+                                       "ne",  "and", "or",  "select"};
+    for (int i = 0; i < 22; ++i)
+      if (name == kOps[i]) {
+        char message[kMessageBytes] = "";
+        int32_t node = -1;
+        Check(fusedattn_score_mod_op(graph_, static_cast<fusedattn_score_mod_opcode>(i),
+                                     static_cast<int32_t>(operands.size()), operands.data(),
+                                     &node, message, sizeof message),
+              message);
+        return node;
+      }
+    RaiseInvalid("score_mod operation '" + name + "' is not known");
+  }
+  void SetScore(int32_t node) {
+    char message[kMessageBytes] = "";
+    Check(fusedattn_score_mod_set_score(graph_, node, message, sizeof message), message);
+  }
+  void SetMask(int32_t node) {
+    char message[kMessageBytes] = "";
+    Check(fusedattn_score_mod_set_mask(graph_, node, message, sizeof message), message);
+  }
+  void SetGradient(int32_t wrt, int32_t gradient) {
+    char message[kMessageBytes] = "";
+    Check(fusedattn_score_mod_set_gradient(graph_, wrt, gradient, message, sizeof message),
+          message);
+  }
+  void Finalize() {
+    char message[kMessageBytes] = "";
+    Check(fusedattn_score_mod_finalize(graph_, message, sizeof message), message);
+  }
+  nb::tuple Hash() const {
+    uint64_t hash[2] = {0, 0};
+    Check(fusedattn_score_mod_hash(graph_, hash), "the score_mod graph is not finalized");
+    return nb::make_tuple(hash[0], hash[1]);
+  }
+  bool Equal(const ScoreModGraph& other) const {
+    int32_t equal = 0;
+    Check(fusedattn_score_mod_equal(graph_, other.graph_, &equal),
+          "both score_mod graphs must be finalized");
+    return equal != 0;
+  }
+  std::string Describe() const {
+    char text[kMessageBytes] = "";
+    Check(fusedattn_score_mod_describe(graph_, text, sizeof text), text);
+    return text;
+  }
+  const fusedattn_score_mod* get() const { return graph_; }
+
+ private:
+  fusedattn_score_mod* graph_ = nullptr;
+};
+
+const fusedattn_score_mod* GraphOf(const ScoreModGraph* graph) {
+  return graph ? graph->get() : nullptr;
+}
 
 // Takes the tensors of a call out of a dict, refusing names the call does not know.
 class Named {
@@ -260,7 +399,8 @@ class Named {
 };
 
 void Forward(const fusedattn_config& config, nb::dict tensors, uint64_t dropout_seed,
-             uint64_t dropout_offset, nb::handle workspace, uintptr_t stream) {
+             uint64_t dropout_offset, nb::handle workspace, uintptr_t stream,
+             const ScoreModGraph* score_mod) {
   TensorSet set(config);
   Named named(tensors, "fwd");
   fusedattn_fwd_args args = fusedattn_fwd_args_init();
@@ -277,6 +417,8 @@ void Forward(const fusedattn_config& config, nb::dict tensors, uint64_t dropout_
   args.cu_seqlens_kv = set.Input("cu_seqlens_kv", named.Get("cu_seqlens_kv"));
   args.seq_offsets_q = set.Input("seq_offsets_q", named.Get("seq_offsets_q"));
   args.seq_offsets_kv = set.Input("seq_offsets_kv", named.Get("seq_offsets_kv"));
+  args.score_mod_tensors = set.List("score_mod_tensors", named.Get("score_mod_tensors"), false,
+                                    &args.num_score_mod_tensors);
   named.RejectUnknown();
   args.dropout_seed = dropout_seed;
   args.dropout_offset = dropout_offset;
@@ -284,6 +426,7 @@ void Forward(const fusedattn_config& config, nb::dict tensors, uint64_t dropout_
   size_t ws_bytes = 0;
   set.Workspace(workspace, &ws, &ws_bytes);
   fusedattn_config c = set.Config();
+  c.score_mod = GraphOf(score_mod);
   char message[kMessageBytes] = "";
   fusedattn_status status;
   {
@@ -295,7 +438,8 @@ void Forward(const fusedattn_config& config, nb::dict tensors, uint64_t dropout_
 }
 
 void Backward(const fusedattn_config& config, nb::dict tensors, uint64_t dropout_seed,
-              uint64_t dropout_offset, nb::handle workspace, uintptr_t stream) {
+              uint64_t dropout_offset, nb::handle workspace, uintptr_t stream,
+              const ScoreModGraph* score_mod) {
   TensorSet set(config);
   Named named(tensors, "bwd");
   fusedattn_bwd_args args = fusedattn_bwd_args_init();
@@ -317,6 +461,15 @@ void Backward(const fusedattn_config& config, nb::dict tensors, uint64_t dropout
   args.dv = set.Output("dv", named.Get("dv"));
   args.dbias = set.Output("dbias", named.Get("dbias"));
   args.dsink = set.Output("dsink", named.Get("dsink"));
+  args.score_mod_tensors = set.List("score_mod_tensors", named.Get("score_mod_tensors"), false,
+                                    &args.num_score_mod_tensors);
+  int64_t num_grads = 0;
+  args.d_score_mod_tensors =
+      set.List("d_score_mod_tensors", named.Get("d_score_mod_tensors"), true, &num_grads);
+  if (args.d_score_mod_tensors && num_grads != args.num_score_mod_tensors)
+    RaiseInvalid("args.d_score_mod_tensors has " + std::to_string(num_grads) +
+                 " entries but score_mod_tensors has " +
+                 std::to_string(args.num_score_mod_tensors) + " (None where no gradient)");
   named.RejectUnknown();
   args.dropout_seed = dropout_seed;
   args.dropout_offset = dropout_offset;
@@ -324,6 +477,7 @@ void Backward(const fusedattn_config& config, nb::dict tensors, uint64_t dropout
   size_t ws_bytes = 0;
   set.Workspace(workspace, &ws, &ws_bytes);
   fusedattn_config c = set.Config();
+  c.score_mod = GraphOf(score_mod);
   char message[kMessageBytes] = "";
   fusedattn_status status;
   {
@@ -428,47 +582,68 @@ NB_MODULE(_C, m) {
   for (const std::string& f : fields) field_names.append(nb::str(f.c_str()));
   config.attr("fields") = nb::tuple(field_names);
 
+  nb::class_<ScoreModGraph>(m, "ScoreModGraph",
+                            "A fusedattn_score_mod graph; build it with fusedattn.flex.")
+      .def(nb::init<>())
+      .def("input", &ScoreModGraph::Input, nb::arg("name"))
+      .def("constant", &ScoreModGraph::Constant, nb::arg("value"))
+      .def("tensor", &ScoreModGraph::Tensor, nb::arg("name"), nb::arg("dtype"), nb::arg("axes"),
+           nb::arg("requires_grad"))
+      .def("op", &ScoreModGraph::Op, nb::arg("name"), nb::arg("operands"))
+      .def("set_score", &ScoreModGraph::SetScore, nb::arg("node"))
+      .def("set_mask", &ScoreModGraph::SetMask, nb::arg("node"))
+      .def("set_gradient", &ScoreModGraph::SetGradient, nb::arg("wrt"), nb::arg("gradient"))
+      .def("finalize", &ScoreModGraph::Finalize)
+      .def("hash", &ScoreModGraph::Hash)
+      .def("equal", &ScoreModGraph::Equal, nb::arg("other"))
+      .def("describe", &ScoreModGraph::Describe);
+
   m.def("fwd", &Forward, nb::arg("config"), nb::arg("tensors"), nb::arg("dropout_seed") = 0,
         nb::arg("dropout_offset") = 0, nb::arg("workspace").none() = nb::none(),
-        nb::arg("stream") = 0,
+        nb::arg("stream") = 0, nb::arg("score_mod").none() = nb::none(),
         "fusedattn_fwd. tensors: dict of q, k, v, o, lse, max_logit, bias, alibi_slopes, "
-        "sink_logits, cu_seqlens_q/kv, seq_offsets_q/kv (absent or None when unused). stream: "
-        "a cudaStream_t as an int (0: the default stream).");
+        "sink_logits, cu_seqlens_q/kv, seq_offsets_q/kv, score_mod_tensors (a list; absent or "
+        "None when unused). stream: a cudaStream_t as an int (0: the default stream). "
+        "score_mod: a finalized ScoreModGraph for config.score_mod.");
   m.def("bwd", &Backward, nb::arg("config"), nb::arg("tensors"), nb::arg("dropout_seed") = 0,
         nb::arg("dropout_offset") = 0, nb::arg("workspace").none() = nb::none(),
-        nb::arg("stream") = 0,
+        nb::arg("stream") = 0, nb::arg("score_mod").none() = nb::none(),
         "fusedattn_bwd. tensors: dict of q, k, v, o, lse, d_o, bias, alibi_slopes, "
-        "sink_logits, cu_seqlens_q/kv, seq_offsets_q/kv, dq, dk, dv, dbias, dsink.");
+        "sink_logits, cu_seqlens_q/kv, seq_offsets_q/kv, dq, dk, dv, dbias, dsink, "
+        "score_mod_tensors and d_score_mod_tensors (lists; None where no gradient).");
 
   m.def(
       "get_backend",
-      [](const fusedattn_config& c) {
+      [](fusedattn_config c, const ScoreModGraph* score_mod) {
+        c.score_mod = GraphOf(score_mod);
         fusedattn_backend backend = FUSEDATTN_BACKEND_AUTO;
         char message[kMessageBytes] = "";
         Check(fusedattn_get_backend(&c, &backend, message, sizeof message), message);
         return nb::make_tuple(nb::str(fusedattn_backend_name(backend)), nb::str(message));
       },
-      nb::arg("config"),
+      nb::arg("config"), nb::arg("score_mod").none() = nb::none(),
       "(backend name, diagnostic) for the problem; raises NotSupportedError naming every "
       "backend's reason when none runs it.");
   m.def(
       "fwd_workspace_size",
-      [](const fusedattn_config& c) {
+      [](fusedattn_config c, const ScoreModGraph* score_mod) {
+        c.score_mod = GraphOf(score_mod);
         size_t bytes = 0;
         char message[kMessageBytes] = "";
         Check(fusedattn_fwd_workspace_size(&c, &bytes, message, sizeof message), message);
         return bytes;
       },
-      nb::arg("config"));
+      nb::arg("config"), nb::arg("score_mod").none() = nb::none());
   m.def(
       "bwd_workspace_size",
-      [](const fusedattn_config& c) {
+      [](fusedattn_config c, const ScoreModGraph* score_mod) {
+        c.score_mod = GraphOf(score_mod);
         size_t bytes = 0;
         char message[kMessageBytes] = "";
         Check(fusedattn_bwd_workspace_size(&c, &bytes, message, sizeof message), message);
         return bytes;
       },
-      nb::arg("config"));
+      nb::arg("config"), nb::arg("score_mod").none() = nb::none());
   m.def(
       "backend_available",
       [](const std::string& name) {

@@ -5,7 +5,10 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
+
+#include "flex/score_mod.h"
 
 namespace fusedattn {
 
@@ -89,6 +92,7 @@ std::string Problem::describe() const {
   if (c.softcap > 0) s += Format(" softcap=%g", c.softcap);
   if (c.dropout > 0) s += Format(" dropout=%g", c.dropout);
   if (c.is_training) s += " training";
+  if (score_mod) s += Format(" score_mod=%016llx", (unsigned long long)score_mod->hash().lo);
   return s;
 }
 
@@ -116,8 +120,16 @@ ProblemKey KeyOf(const Problem& p) {
                     int64_t{c.return_max_logit}, int64_t{c.backend},
                     static_cast<int64_t>(p.device)})
     w[n++] = v;
-  static_assert(31 <= ProblemKey::kWords, "ProblemKey too small");
+  // The score_mod by structure (its hash here; operator== compares the graphs), never by the
+  // address of the handle in the config.
+  w[n++] = p.score_mod ? static_cast<int64_t>(p.score_mod->hash().lo) : 0;
+  key.score_mod = p.score_mod;
+  static_assert(32 <= ProblemKey::kWords, "ProblemKey too small");
   return key;
+}
+
+bool ProblemKey::operator==(const ProblemKey& other) const {
+  return words == other.words && flex::SameScoreMod(score_mod.get(), other.score_mod.get());
 }
 
 size_t ProblemKeyHash::operator()(const ProblemKey& key) const {
@@ -175,14 +187,21 @@ bool MulOverflows(int64_t a, int64_t b, int64_t* out) {
 Status MakeProblem(const fusedattn_config* user, bool has_cuda_device, Problem* problem) {
   if (user == nullptr) return InvalidArgument("config is NULL");
   if (problem == nullptr) return InvalidArgument("problem is NULL");
-  if (user->struct_size != sizeof(fusedattn_config))
+  // The config as 0.1.0 laid it out ended where score_mod begins; such callers get the defaults
+  // of the later fields.
+  constexpr size_t kConfigSize_0_1 = offsetof(fusedattn_config, score_mod);
+  if (user->struct_size != sizeof(fusedattn_config) && user->struct_size != kConfigSize_0_1)
     return InvalidArgument(
-        "config.struct_size = %llu but this library's fusedattn_config has %llu bytes: "
-        "initialize the config with FUSEDATTN_CONFIG_INIT and the header of this library",
-        (unsigned long long)user->struct_size, (unsigned long long)sizeof(fusedattn_config));
+        "config.struct_size = %llu but this library's fusedattn_config has %llu bytes (or %llu "
+        "as in version 0.1.0): initialize the config with FUSEDATTN_CONFIG_INIT and the header "
+        "of this library",
+        (unsigned long long)user->struct_size, (unsigned long long)sizeof(fusedattn_config),
+        (unsigned long long)kConfigSize_0_1);
 
   Problem p;
-  p.config = *user;
+  p.config = FUSEDATTN_CONFIG_INIT;
+  std::memcpy(&p.config, user, user->struct_size);
+  p.config.struct_size = sizeof(fusedattn_config);
   fusedattn_config& c = p.config;
 
   if (!IsBool(c.is_training))
@@ -352,6 +371,9 @@ Status MakeProblem(const fusedattn_config* user, bool has_cuda_device, Problem* 
                              static_cast<int>(c.device));
   }
 
+  if (c.score_mod != nullptr)
+    FUSEDATTN_RETURN_IF_ERROR(flex::FinalizedOf(c.score_mod, "config.score_mod", &p.score_mod));
+
   *problem = p;
   return Status::Ok();
 }
@@ -377,6 +399,10 @@ std::string ExpectText(const int64_t* shape, int ndim) {
 // Checks dtype, rank, shape and strides of a present tensor. Outputs must not overlap themselves.
 Status CheckTensor(const char* name, const fusedattn_tensor& t, fusedattn_dtype dtype,
                    const int64_t* shape, int ndim, bool is_output) {
+  // (Also tells the compiler the bound of the sort below.)
+  if (ndim < 1 || ndim > FUSEDATTN_MAX_DIMS)
+    return InternalError("%s: %d dimensions expected, outside [1, %d]", name, ndim,
+                         FUSEDATTN_MAX_DIMS);
   if (t.dtype != dtype)
     return InvalidArgument("%s.dtype = %s (%d) but %s is expected", name,
                            DtypeName(t.dtype), static_cast<int>(t.dtype), DtypeName(dtype));
@@ -557,6 +583,98 @@ Status CheckSeqlens(const char* name, const fusedattn_tensor& t, int64_t batch) 
   return Status::Ok();
 }
 
+// The shape of a score_mod tensor: one dimension per declared axis, [1] for none.
+int ScoreModShape(const Problem& p, uint32_t axes, int64_t* shape, int* axis_of_dim) {
+  const auto& c = p.config;
+  const std::pair<uint32_t, int64_t> extents[4] = {{FUSEDATTN_SCORE_MOD_AXIS_BATCH, c.batch},
+                                                   {FUSEDATTN_SCORE_MOD_AXIS_HEAD, c.heads_q},
+                                                   {FUSEDATTN_SCORE_MOD_AXIS_Q, c.max_seqlen_q},
+                                                   {FUSEDATTN_SCORE_MOD_AXIS_KV, c.max_seqlen_kv}};
+  int ndim = 0;
+  for (int a = 0; a < 4; ++a)
+    if (axes & extents[a].first) {
+      axis_of_dim[ndim] = a;
+      shape[ndim++] = extents[a].second;
+    }
+  if (ndim == 0) {
+    axis_of_dim[0] = -1;
+    shape[ndim++] = 1;
+  }
+  return ndim;
+}
+
+Status CheckScoreModTensor(const Problem& p, const std::string& name, const fusedattn_tensor& t,
+                           const flex::TensorDecl& decl, bool is_output, AuxTensorView* view) {
+  if (t.data == nullptr) return InvalidArgument("%s.data is NULL", name.c_str());
+  int64_t shape[4];
+  int axis_of_dim[4];
+  int ndim = ScoreModShape(p, decl.axes, shape, axis_of_dim);
+  if (t.ndim != ndim)
+    return InvalidArgument("%s.ndim = %d but the graph declares it with axes %s: %s is expected",
+                           name.c_str(), t.ndim, flex::AxesText(decl.axes).c_str(),
+                           ExpectText(shape, ndim).c_str());
+  FUSEDATTN_RETURN_IF_ERROR(CheckTensor(name.c_str(), t, decl.dtype, shape, ndim, is_output));
+  view->data = t.data;
+  view->dtype = t.dtype;
+  int64_t* strides[4] = {&view->stride_b, &view->stride_h, &view->stride_q, &view->stride_kv};
+  for (int d = 0; d < ndim; ++d)
+    if (axis_of_dim[d] >= 0) *strides[axis_of_dim[d]] = t.strides[d];
+  return Status::Ok();
+}
+
+// The score_mod tensors of a call (and, for the backward, their gradients) against the graph's
+// declarations.
+Status CheckScoreModTensors(const Problem& p, int64_t count, const fusedattn_tensor* tensors,
+                            bool backward, const fusedattn_tensor* grads,
+                            std::vector<AuxTensorView>* views,
+                            std::vector<AuxTensorView>* grad_views) {
+  if (!p.score_mod) {
+    if (count != 0)
+      return InvalidArgument("args.num_score_mod_tensors = %lld but config.score_mod is NULL",
+                             (long long)count);
+    if (tensors != nullptr)
+      return InvalidArgument("args.score_mod_tensors is given but config.score_mod is NULL");
+    if (grads != nullptr)
+      return InvalidArgument("args.d_score_mod_tensors is given but config.score_mod is NULL");
+    return Status::Ok();
+  }
+  const auto& decls = p.score_mod->tensors();
+  if (count != static_cast<int64_t>(decls.size())) {
+    std::string names;
+    for (const auto& d : decls) names += (names.empty() ? "'" : ", '") + d.name + "'";
+    return InvalidArgument(
+        "args.num_score_mod_tensors = %lld but config.score_mod declares %zu tensor%s%s%s%s",
+        (long long)count, decls.size(), decls.size() == 1 ? "" : "s",
+        names.empty() ? "" : " (", names.c_str(), names.empty() ? "" : ")");
+  }
+  if (count > 0 && tensors == nullptr)
+    return InvalidArgument("args.score_mod_tensors is NULL but config.score_mod declares %lld "
+                           "tensors",
+                           (long long)count);
+  views->assign(decls.size(), AuxTensorView{});
+  for (size_t k = 0; k < decls.size(); ++k) {
+    std::string name = Format("args.score_mod_tensors[%zu] ('%s')", k, decls[k].name.c_str());
+    FUSEDATTN_RETURN_IF_ERROR(
+        CheckScoreModTensor(p, name, tensors[k], decls[k], false, &(*views)[k]));
+  }
+  if (!backward) return Status::Ok();
+  grad_views->assign(decls.size(), AuxTensorView{});
+  for (size_t k = 0; k < decls.size(); ++k) {
+    std::string name = Format("args.d_score_mod_tensors[%zu] ('%s')", k, decls[k].name.c_str());
+    if (decls[k].requires_grad) {
+      if (grads == nullptr)
+        return InvalidArgument("args.d_score_mod_tensors is NULL but tensor '%s' requires grad",
+                               decls[k].name.c_str());
+      FUSEDATTN_RETURN_IF_ERROR(
+          CheckScoreModTensor(p, name, grads[k], decls[k], true, &(*grad_views)[k]));
+    } else if (grads != nullptr && grads[k].data != nullptr) {
+      return InvalidArgument("%s is given but the graph declares '%s' with requires_grad = 0",
+                             name.c_str(), decls[k].name.c_str());
+    }
+  }
+  return Status::Ok();
+}
+
 // Inputs shared by forward and backward: masks, bias, alibi, sinks, sequence lengths.
 struct SharedInputs {
   const fusedattn_tensor* bias;
@@ -642,13 +760,20 @@ Status CheckShared(const Problem& p, const SharedInputs& in, Out* out) {
 
 }  // namespace
 
-Status MakeFwdTensors(const Problem& p, const fusedattn_fwd_args* args, FwdTensors* out) {
-  if (args == nullptr) return InvalidArgument("args is NULL");
-  if (args->struct_size != sizeof(fusedattn_fwd_args))
+Status MakeFwdTensors(const Problem& p, const fusedattn_fwd_args* user, FwdTensors* out) {
+  if (user == nullptr) return InvalidArgument("args is NULL");
+  constexpr size_t kSize_0_1 = offsetof(fusedattn_fwd_args, num_score_mod_tensors);
+  if (user->struct_size != sizeof(fusedattn_fwd_args) && user->struct_size != kSize_0_1)
     return InvalidArgument(
-        "args.struct_size = %llu but this library's fusedattn_fwd_args has %llu bytes: use "
-        "fusedattn_fwd_args_init()",
-        (unsigned long long)args->struct_size, (unsigned long long)sizeof(fusedattn_fwd_args));
+        "args.struct_size = %llu but this library's fusedattn_fwd_args has %llu bytes (or %llu "
+        "as in version 0.1.0): use fusedattn_fwd_args_init()",
+        (unsigned long long)user->struct_size, (unsigned long long)sizeof(fusedattn_fwd_args),
+        (unsigned long long)kSize_0_1);
+  // Read the caller's struct as far as it goes; later fields stay zero.
+  fusedattn_fwd_args copy;
+  std::memset(&copy, 0, sizeof copy);
+  std::memcpy(&copy, user, user->struct_size);
+  const fusedattn_fwd_args* args = &copy;
   const auto& c = p.config;
   FwdTensors t;
   FUSEDATTN_RETURN_IF_ERROR(CheckQkvLike("args.q", args->q, c.q_format, c.qkv_dtype, c.batch,
@@ -685,19 +810,28 @@ Status MakeFwdTensors(const Problem& p, const fusedattn_fwd_args* args, FwdTenso
                       &args->cu_seqlens_q,  &args->cu_seqlens_kv, &args->seq_offsets_q,
                       &args->seq_offsets_kv, "args"};
   FUSEDATTN_RETURN_IF_ERROR(CheckShared(p, shared, &t));
+  FUSEDATTN_RETURN_IF_ERROR(CheckScoreModTensors(p, args->num_score_mod_tensors,
+                                                 args->score_mod_tensors, false, nullptr,
+                                                 &t.score_mod_tensors, nullptr));
   t.dropout_seed = args->dropout_seed;
   t.dropout_offset = args->dropout_offset;
   *out = t;
   return Status::Ok();
 }
 
-Status MakeBwdTensors(const Problem& p, const fusedattn_bwd_args* args, BwdTensors* out) {
-  if (args == nullptr) return InvalidArgument("args is NULL");
-  if (args->struct_size != sizeof(fusedattn_bwd_args))
+Status MakeBwdTensors(const Problem& p, const fusedattn_bwd_args* user, BwdTensors* out) {
+  if (user == nullptr) return InvalidArgument("args is NULL");
+  constexpr size_t kSize_0_1 = offsetof(fusedattn_bwd_args, num_score_mod_tensors);
+  if (user->struct_size != sizeof(fusedattn_bwd_args) && user->struct_size != kSize_0_1)
     return InvalidArgument(
-        "args.struct_size = %llu but this library's fusedattn_bwd_args has %llu bytes: use "
-        "fusedattn_bwd_args_init()",
-        (unsigned long long)args->struct_size, (unsigned long long)sizeof(fusedattn_bwd_args));
+        "args.struct_size = %llu but this library's fusedattn_bwd_args has %llu bytes (or %llu "
+        "as in version 0.1.0): use fusedattn_bwd_args_init()",
+        (unsigned long long)user->struct_size, (unsigned long long)sizeof(fusedattn_bwd_args),
+        (unsigned long long)kSize_0_1);
+  fusedattn_bwd_args copy;
+  std::memset(&copy, 0, sizeof copy);
+  std::memcpy(&copy, user, user->struct_size);
+  const fusedattn_bwd_args* args = &copy;
   const auto& c = p.config;
   BwdTensors t;
   FUSEDATTN_RETURN_IF_ERROR(CheckQkvLike("args.q", args->q, c.q_format, c.qkv_dtype, c.batch,
@@ -749,6 +883,10 @@ Status MakeBwdTensors(const Problem& p, const fusedattn_bwd_args* args, BwdTenso
     FUSEDATTN_RETURN_IF_ERROR(
         CheckAbsent("args.dsink", args->dsink, "config.softmax_type is not learnable_sink"));
   }
+  FUSEDATTN_RETURN_IF_ERROR(CheckScoreModTensors(p, args->num_score_mod_tensors,
+                                                 args->score_mod_tensors, true,
+                                                 args->d_score_mod_tensors, &t.score_mod_tensors,
+                                                 &t.score_mod_grads));
   t.dropout_seed = args->dropout_seed;
   t.dropout_offset = args->dropout_offset;
   *out = t;

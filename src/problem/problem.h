@@ -6,12 +6,18 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "fusedattn/fusedattn.h"
 
 namespace fusedattn {
+
+namespace flex {
+class ScoreMod;  // a finalized score-modifier graph (flex/score_mod.h)
+}
 
 // Resolved where the tensors live (never AUTO).
 enum class Device { kCpu, kCuda };
@@ -44,6 +50,8 @@ struct BiasView {
 struct Problem {
   fusedattn_config config{};  // the caller's config, with attn_scale resolved
   Device device = Device::kCpu;
+  // config.score_mod's finalized graph (null when none). Backends read this, never the handle.
+  std::shared_ptr<const flex::ScoreMod> score_mod;
 
   // Masks as flags.
   bool causal = false;        // keys right of the diagonal are hidden
@@ -58,6 +66,7 @@ struct Problem {
   bool has_dropout() const { return config.dropout > 0.0; }
   bool has_softcap() const { return config.softcap > 0.0; }
   bool needs_lse() const { return config.is_training || config.return_lse; }
+  bool has_score_mod() const { return score_mod != nullptr; }
   bool has_tensor_bias() const {
     return config.bias_type == FUSEDATTN_BIAS_PRE_SCALE ||
            config.bias_type == FUSEDATTN_BIAS_POST_SCALE;
@@ -83,16 +92,28 @@ struct Problem {
 };
 
 // Every field of a problem as words: equal keys <=> equal problems. Caches key on it (plus what
-// else changes their artifact), never on addresses.
+// else changes their artifact), never on addresses. A score_mod enters by its structure: the
+// last word holds its hash, and equality compares the graphs themselves.
 struct ProblemKey {
   static constexpr size_t kWords = 32;
   std::array<int64_t, kWords> words{};
-  bool operator==(const ProblemKey& other) const { return words == other.words; }
+  std::shared_ptr<const flex::ScoreMod> score_mod;
+  bool operator==(const ProblemKey& other) const;
 };
 struct ProblemKeyHash {
   size_t operator()(const ProblemKey& key) const;
 };
 ProblemKey KeyOf(const Problem& problem);
+
+// A score_mod's auxiliary tensor: element (b, h, i, j) at
+//   data + b * stride_b + h * stride_h + i * stride_q + j * stride_kv,
+// with stride 0 on the axes the tensor does not index. data is null for an absent gradient.
+struct AuxTensorView {
+  void* data = nullptr;
+  fusedattn_dtype dtype = FUSEDATTN_DTYPE_FLOAT32;
+  int64_t stride_b = 0, stride_h = 0, stride_q = 0, stride_kv = 0;
+  bool present() const { return data != nullptr; }
+};
 
 // The views of a forward call, validated against the problem.
 struct FwdTensors {
@@ -112,6 +133,7 @@ struct FwdTensors {
   const int32_t* seq_offsets_kv = nullptr;
   uint64_t dropout_seed = 0;
   uint64_t dropout_offset = 0;
+  std::vector<AuxTensorView> score_mod_tensors;  // one per declared tensor
 };
 
 struct BwdTensors {
@@ -133,9 +155,12 @@ struct BwdTensors {
   BiasView dbias;            // present when bias_requires_grad
   float* dsink = nullptr;    // [heads_q] for LEARNABLE_SINK
   int64_t dsink_stride = 1;
+  std::vector<AuxTensorView> score_mod_tensors;  // one per declared tensor
+  std::vector<AuxTensorView> score_mod_grads;    // present for tensors that require grad
 };
 
 // Validates a config (every field) and normalizes it. Resolves device AUTO with has_cuda_device.
+// A config of 0.1.0's smaller struct_size is read with the later fields at their defaults.
 Status MakeProblem(const fusedattn_config* config, bool has_cuda_device, Problem* problem);
 
 // Validates the tensors of a call against a problem (shapes, strides, dtypes, presence) and

@@ -151,8 +151,8 @@ std::vector<ConfigCase> ConfigCases() {
   const auto unsupported = FUSEDATTN_ERROR_NOT_SUPPORTED;
   const auto full = Base::kFull;
   return {
-      {"StructSizeMismatch", full, [](auto& c) { c.struct_size -= 8; }, invalid,
-       {"config.struct_size", std::to_string(sizeof(fusedattn_config) - 8),
+      {"StructSizeMismatch", full, [](auto& c) { c.struct_size += 8; }, invalid,
+       {"config.struct_size", std::to_string(sizeof(fusedattn_config) + 8),
         std::to_string(sizeof(fusedattn_config))}},
       {"IsTrainingNotBool", full, [](auto& c) { c.is_training = 2; }, invalid,
        {"config.is_training = 2"}},

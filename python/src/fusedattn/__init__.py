@@ -8,18 +8,23 @@ selection, for PyTorch (autograd, torch.compile, CUDA graphs), NumPy and any DLP
 
 The C API (include/fusedattn/fusedattn.h) specifies what is computed; fusedattn.forward and
 fusedattn.backward expose it on preallocated tensors with a full config (make_config).
+Score modifiers (flex attention) are expressions of fusedattn.flex:
+    o = fusedattn.attention(q, k, v, score_mod=30 * flex.tanh(flex.score / 30),
+                            mask_mod=flex.q_idx >= flex.kv_idx)
 """
 
 import sys as _sys
 
 from ._errors import Error, InvalidArgumentError, NotSupportedError, OutOfMemoryError
 from . import _C
+from . import _flex as flex
 from ._api import (Gradients, attention, attention_backward, backends, backward, config_dict,
                    cudnn_version, explain, forward, make_config, version, workspace_size)
 
 __version__ = _C.version()
 
 __all__ = ["attention", "attention_backward", "explain", "backends", "version", "cudnn_version",
+           "flex",
            "forward", "backward", "make_config", "config_dict", "workspace_size", "Gradients",
            "Error",
            "InvalidArgumentError", "NotSupportedError", "OutOfMemoryError"]

@@ -10,6 +10,7 @@ import random
 from collections import namedtuple
 
 from . import _C
+from . import _flex
 from ._errors import InvalidArgumentError, NotSupportedError
 
 LAYOUTS = ("bshd", "sbhd", "bhsd", "thd")
@@ -250,16 +251,22 @@ def _exported(tensors):
     * NumPy bfloat16 arrays (ml_dtypes) become (uint16 view, "bfloat16"), since NumPy exports no
       bfloat16 through DLPack or the buffer protocol;
     * anything else goes as is, through its __dlpack__."""
-    out = {}
-    for name, t in tensors.items():
+    def export(t):
         module = type(t).__module__
         if module == "torch" or module.startswith("torch."):
             import torch.utils.dlpack
-            t = torch.utils.dlpack.to_dlpack(t)
-        elif module == "numpy" and getattr(t.dtype, "name", None) == "bfloat16":
+            return torch.utils.dlpack.to_dlpack(t)
+        if module == "numpy" and getattr(t.dtype, "name", None) == "bfloat16":
             import numpy as np
-            t = (t.view(np.uint16), "bfloat16")
-        out[name] = t
+            return (t.view(np.uint16), "bfloat16")
+        return t
+
+    out = {}
+    for name, t in tensors.items():
+        if isinstance(t, list):  # the score_mod tensors
+            out[name] = [None if x is None else export(x) for x in t]
+        else:
+            out[name] = export(t)
     return out
 
 
@@ -268,9 +275,9 @@ def _workspace(arrays, nbytes, like):
 
 
 def run_forward(arrays, q, k, v, options, inputs, is_training=False, return_lse=False,
-                bias_requires_grad=False):
+                bias_requires_grad=False, score_mod=None):
     """Allocates o (and lse when is_training or return_lse) with `arrays` and runs the forward.
-    Returns (o, lse or None)."""
+    score_mod: a fusedattn.flex.ScoreMod or None. Returns (o, lse or None)."""
     dims = _dims_of(arrays, q, k, v, options, inputs)
     bias_shape = None if inputs.bias is None else tuple(inputs.bias.shape)
     config = build_config(dims, options, arrays.dtype_name(q), arrays.device(q), is_training,
@@ -281,19 +288,29 @@ def run_forward(arrays, q, k, v, options, inputs, is_training=False, return_lse=
     lse = None
     if is_training or return_lse:
         lse = arrays.empty(lse_shape(options.layout, q.shape), "float32", q, zero=thd)
-    workspace = _workspace(arrays, _C.fwd_workspace_size(config), q)
+    graph = score_mod.graph if score_mod is not None else None
+    workspace = _workspace(arrays, _C.fwd_workspace_size(config, graph), q)
     tensors = dict(q=q, k=k, v=v, o=o, lse=lse, **_tensors(inputs))
+    if score_mod is not None:
+        tensors["score_mod_tensors"] = score_mod.tensors()
     _C.fwd(config, _exported(tensors), dropout_seed=options.dropout_seed, workspace=workspace,
-           stream=arrays.stream(q))
+           stream=arrays.stream(q), score_mod=graph)
     return o, lse
 
 
-Gradients = namedtuple("Gradients", "dq dk dv dbias dsink")
+class Gradients(namedtuple("Gradients", "dq dk dv dbias dsink")):
+    """dq, dk, dv, dbias and dsink (None when not computed); dscore_mod: the gradients of the
+    score_mod tensors that require one, {tensor name: array} (summed over the reads of a tensor
+    indexed in several ways)."""
+
+    dscore_mod = {}
 
 
-def run_backward(arrays, d_o, q, k, v, o, lse, options, inputs, bias_requires_grad=False):
-    """Allocates dq, dk, dv (dbias when bias_requires_grad, dsink for the sink softmax) with
-    `arrays` and runs the backward. Returns Gradients (absent ones None)."""
+def run_backward(arrays, d_o, q, k, v, o, lse, options, inputs, bias_requires_grad=False,
+                 score_mod=None):
+    """Allocates dq, dk, dv (dbias when bias_requires_grad, dsink for the sink softmax, the
+    gradients of score_mod tensors that require one) with `arrays` and runs the backward.
+    Returns Gradients (absent ones None)."""
     dims = _dims_of(arrays, q, k, v, options, inputs)
     bias_requires_grad = bool(bias_requires_grad and inputs.bias is not None)
     bias_shape = None if inputs.bias is None else tuple(inputs.bias.shape)
@@ -310,12 +327,31 @@ def run_backward(arrays, d_o, q, k, v, o, lse, options, inputs, bias_requires_gr
     dsink = None
     if options.softmax == "learnable_sink":
         dsink = arrays.empty((dims.heads_q,), "float32", q)
-    workspace = _workspace(arrays, _C.bwd_workspace_size(config), q)
+    graph = score_mod.graph if score_mod is not None else None
+    workspace = _workspace(arrays, _C.bwd_workspace_size(config, graph), q)
     tensors = dict(q=q, k=k, v=v, o=o, lse=lse, d_o=d_o, dq=dq, dk=dk, dv=dv, dbias=dbias,
                    dsink=dsink, **_tensors(inputs))
+    slot_grads = []
+    if score_mod is not None:
+        tensors["score_mod_tensors"] = score_mod.tensors()
+        for tensor, _ in score_mod.slots:
+            slot_grads.append(arrays.empty(tuple(tensor.array.shape),
+                                           arrays.dtype_name(tensor.array), q)
+                              if tensor.requires_grad else None)
+        tensors["d_score_mod_tensors"] = slot_grads
     _C.bwd(config, _exported(tensors), dropout_seed=options.dropout_seed, workspace=workspace,
-           stream=arrays.stream(q))
-    return Gradients(dq, dk, dv, dbias, dsink)
+           stream=arrays.stream(q), score_mod=graph)
+    grads = Gradients(dq, dk, dv, dbias, dsink)
+    if score_mod is not None:
+        grads.dscore_mod = {}
+        for (tensor, _), grad in zip(score_mod.slots, slot_grads):
+            if grad is None:
+                continue
+            if tensor.name in grads.dscore_mod:
+                grads.dscore_mod[tensor.name] = grads.dscore_mod[tensor.name] + grad
+            else:
+                grads.dscore_mod[tensor.name] = grad
+    return grads
 
 
 class NumpyArrays:
@@ -389,7 +425,8 @@ def attention(q, k, v, *, layout="bshd", mask=None, window=(-1, -1), bias=None,
               bias_type="post_scale", alibi_slopes=None, softcap=0.0, sinks=None, softmax=None,
               dropout_p=0.0, dropout_seed=None, scale=None, cu_seqlens_q=None,
               cu_seqlens_kv=None, seq_offsets_q=None, seq_offsets_kv=None, max_seqlen_q=None,
-              max_seqlen_kv=None, deterministic=False, backend="auto", return_lse=False):
+              max_seqlen_kv=None, deterministic=False, backend="auto", return_lse=False,
+              score_mod=None, mask_mod=None):
     """Scaled dot-product attention, o = softmax(scale * q k^T + bias) v, as specified in
     include/fusedattn/fusedattn.h.
 
@@ -409,6 +446,11 @@ def attention(q, k, v, *, layout="bshd", mask=None, window=(-1, -1), bias=None,
     run where they live, on the current CUDA stream, with autograd (q, k, v, bias, sinks) and
     torch.compile support. Returns o, or (o, lse) with return_lse (lse: float32
     [batch, heads_q, seqlen_q], or [tokens, heads_q] for "thd"; not differentiable).
+
+    score_mod / mask_mod (NumPy, reference backend): fusedattn.flex expressions that modify the
+    final score and hide keys (True = visible, ANDed with mask), e.g.
+    score_mod=30 * flex.tanh(flex.score / 30), mask_mod=flex.q_idx >= flex.kv_idx; or a
+    flex.ScoreMod as score_mod.
     """
     args = dict(layout=layout, mask=mask, window=window, bias=bias, bias_type=bias_type,
                 alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks, softmax=softmax,
@@ -419,28 +461,42 @@ def attention(q, k, v, *, layout="bshd", mask=None, window=(-1, -1), bias=None,
                 deterministic=deterministic, backend=backend, return_lse=return_lse)
     torch_impl = _torch_module_if_tensor(q)
     if torch_impl is not None:
+        if score_mod is not None or mask_mod is not None:
+            raise NotSupportedError(_TORCH_SCORE_MOD)
         return torch_impl.attention(q, k, v, **args)
     arrays = _arrays_for(q, "attention")
     options, inputs = _problem(args)
-    o, lse = run_forward(arrays, q, k, v, options, inputs, return_lse=return_lse)
+    mod = _flex.as_score_mod(score_mod, mask_mod)
+    o, lse = run_forward(arrays, q, k, v, options, inputs, return_lse=return_lse, score_mod=mod)
     return (o, lse) if return_lse else o
 
 
-def attention_backward(d_o, q, k, v, o, lse, *, bias_requires_grad=None, **problem):
+_TORCH_SCORE_MOD = ("score_mod and mask_mod run on the reference backend with NumPy arrays in "
+                    "this version (no GPU backend runs score modifiers yet)")
+
+
+def attention_backward(d_o, q, k, v, o, lse, *, bias_requires_grad=None, score_mod=None,
+                       mask_mod=None, **problem):
     """The backward of attention() without autograd: gradients of a loss with respect to q, k,
-    v (and the bias and sinks) given d_o = dLoss/do, the forward's o and its lse (from
-    attention(..., return_lse=True)). Takes the forward's problem arguments (layout, mask, bias,
-    sinks, dropout_seed, ...). bias_requires_grad defaults to True when a bias is given.
-    Returns Gradients(dq, dk, dv, dbias, dsink); dbias and dsink are None when not computed."""
+    v (and the bias, sinks and score_mod tensors) given d_o = dLoss/do, the forward's o and its
+    lse (from attention(..., return_lse=True)). Takes the forward's problem arguments (layout,
+    mask, bias, sinks, dropout_seed, score_mod, ...). bias_requires_grad defaults to True when a
+    bias is given. Returns Gradients(dq, dk, dv, dbias, dsink); dbias and dsink are None when
+    not computed; Gradients.dscore_mod maps the names of score_mod tensors with requires_grad to
+    their gradients."""
     problem.pop("return_lse", None)
     arrays = _arrays_for(q, "attention_backward")
+    if arrays is not NumpyArrays and (score_mod is not None or mask_mod is not None):
+        raise NotSupportedError(_TORCH_SCORE_MOD)
+    mod = _flex.as_score_mod(score_mod, mask_mod)
     options, inputs = _problem(problem)
     if options.dropout_p > 0 and problem.get("dropout_seed") is None:
         raise InvalidArgumentError("attention_backward with dropout_p > 0 needs the forward's "
                                    "dropout_seed")
     if bias_requires_grad is None:
         bias_requires_grad = inputs.bias is not None
-    return run_backward(arrays, d_o, q, k, v, o, lse, options, inputs, bias_requires_grad)
+    return run_backward(arrays, d_o, q, k, v, o, lse, options, inputs, bias_requires_grad,
+                        score_mod=mod)
 
 
 _PROBLEM_ARGS = ("layout", "mask", "window", "bias", "bias_type", "alibi_slopes", "softcap",
@@ -535,7 +591,8 @@ def _config_on_device_of(config, q, torch_impl):
     return make_config(**dict(config_dict(config), device=device))
 
 
-def explain(q, k, v, *, dtype=None, device=None, batch=None, **problem):
+def explain(q, k, v, *, dtype=None, device=None, batch=None, score_mod=None, mask_mod=None,
+            **problem):
     """Which backend runs this problem and why the ones before it refused, for the forward
     alone and for forward + backward (training). q, k, v: tensors, or their shapes (then give
     dtype, default "bfloat16", and device, default "auto"); bias likewise may be a shape, and
@@ -557,12 +614,14 @@ def explain(q, k, v, *, dtype=None, device=None, batch=None, **problem):
     dims = problem_dims(options.layout, _shape_of(q), _shape_of(k), _shape_of(v), batch,
                         max_q, max_kv)
     bias_shape = None if inputs.bias is None else _shape_of(inputs.bias)
+    mod = _flex.as_score_mod(score_mod, mask_mod)
+    graph = mod.graph if mod is not None else None
     lines = []
     for label, training in (("forward", False), ("forward+backward", True)):
         config = build_config(dims, options, dtype, device, training, False, bias_shape,
                               training and bias_shape is not None)
         try:
-            _, diagnostic = _C.get_backend(config)
+            _, diagnostic = _C.get_backend(config, graph)
         except NotSupportedError as e:
             diagnostic = str(e)
         lines.append("%s: %s" % (label, diagnostic))

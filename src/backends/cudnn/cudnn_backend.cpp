@@ -273,6 +273,8 @@ class CudnnBackendImpl final : public Backend {
   }
 
   Status check(const Problem& p) override {
+    if (p.has_score_mod())
+      return NotSupported("score_mod graphs run only on the reference backend in this version");
     FUSEDATTN_RETURN_IF_ERROR(PreCheck(p));
     DeviceInfo device;
     FUSEDATTN_RETURN_IF_ERROR(CurrentDevice(&device));

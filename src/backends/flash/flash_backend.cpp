@@ -218,6 +218,8 @@ class FlashBackendImpl final : public Backend {
     const auto& c = p.config;
     if (p.device != Device::kCuda)
       return NotSupported("runs on CUDA tensors only, and config.device is CPU");
+    if (p.has_score_mod())
+      return NotSupported("score_mod graphs run only on the reference backend in this version");
     const size_t need = flash::SimpleSharedBytes(static_cast<int>(c.head_dim_qk),
                                                  static_cast<int>(c.head_dim_v));
     const size_t limit = flash::SimpleSharedLimit();

@@ -5,6 +5,7 @@
 // (read-modify-write, so elements the reference does not define stay untouched). It is slow by
 // design: O(b * h * sq * skv * d) with no tiling, easy to read and to trust.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -13,6 +14,8 @@
 #include "common/cuda_util.h"
 #include "common/dtype.h"
 #include "common/philox.h"
+#include "flex/interpreter.h"
+#include "flex/score_mod.h"
 #include "select/backend.h"
 
 namespace fusedattn {
@@ -198,6 +201,96 @@ double Score(const ScoreParams& sp, double qk, int64_t b, int64_t h, int64_t i, 
   return s;
 }
 
+// ------------------------------------------------------------------------------------------------
+// Score modifiers: the problem's graph interpreted at every (b, h, i, j) the mask shows.
+// ------------------------------------------------------------------------------------------------
+
+// Extents of the four axes of a score_mod tensor: the problem's, or 1 on axes it leaves out.
+std::array<int64_t, 4> AuxExtents(const Problem& p, uint32_t axes) {
+  const auto& c = p.config;
+  return {axes & FUSEDATTN_SCORE_MOD_AXIS_BATCH ? c.batch : 1,
+          axes & FUSEDATTN_SCORE_MOD_AXIS_HEAD ? c.heads_q : 1,
+          axes & FUSEDATTN_SCORE_MOD_AXIS_Q ? c.max_seqlen_q : 1,
+          axes & FUSEDATTN_SCORE_MOD_AXIS_KV ? c.max_seqlen_kv : 1};
+}
+
+// Host copies of the score_mod tensors (and gradients) of a call.
+struct AuxBuffers {
+  std::vector<HostBuffer> buffers;
+  std::vector<flex::TensorRead> reads;  // host views for the interpreter
+
+  Status Attach(const Problem& p, const std::vector<AuxTensorView>& views, Device device,
+                void* stream) {
+    buffers.resize(views.size());
+    reads.resize(views.size());
+    for (size_t k = 0; k < views.size(); ++k) {
+      const AuxTensorView& v = views[k];
+      if (!v.present()) continue;
+      std::array<int64_t, 4> e = AuxExtents(p, p.score_mod->tensors()[k].axes);
+      int64_t span = 1 + (e[0] - 1) * v.stride_b + (e[1] - 1) * v.stride_h +
+                     (e[2] - 1) * v.stride_q + (e[3] - 1) * v.stride_kv;
+      FUSEDATTN_RETURN_IF_ERROR(buffers[k].Attach(v.data, static_cast<size_t>(span) *
+                                                              DtypeSize(v.dtype),
+                                                  device, stream, true));
+      flex::TensorRead& r = reads[k];
+      r.data = buffers[k].host();
+      r.dtype = v.dtype;
+      r.stride_b = v.stride_b, r.stride_h = v.stride_h;
+      r.stride_q = v.stride_q, r.stride_kv = v.stride_kv;
+    }
+    return Status::Ok();
+  }
+  Status Flush() {
+    for (HostBuffer& b : buffers) FUSEDATTN_RETURN_IF_ERROR(b.Flush());
+    return Status::Ok();
+  }
+};
+
+// Runs a score_mod program (forward or backward) at the keys of one query row.
+class ScoreModRunner {
+ public:
+  ScoreModRunner(const flex::Program* program, const AuxBuffers* tensors)
+      : program_(program), tensors_(tensors) {
+    if (program_) values_.resize(program_->nodes.size());
+  }
+  bool active() const { return program_ != nullptr; }
+  void StartRow(int64_t b, int64_t h, int64_t i, int64_t len_q, int64_t len_kv) {
+    point_.batch = b, point_.head = h, point_.q_idx = i;
+    point_.seqlen_q = len_q, point_.seqlen_kv = len_kv;
+  }
+  // Evaluates at key j for the pipeline's score s_in. False when the mask_mod hides the key;
+  // else *s is the modified score.
+  bool Evaluate(int64_t j, double s_in, double* s) {
+    point_.kv_idx = j;
+    point_.score = s_in;
+    flex::Evaluate(program_->nodes, point_, tensors_->reads.data(), values_.data());
+    if (program_->mask >= 0 && values_[program_->mask] == 0.0) return false;
+    *s = program_->score >= 0 ? values_[program_->score] : s_in;
+    return true;
+  }
+  // After Evaluate on a backward program: d score / d s and d score / d tensor k.
+  double d_score() const { return values_[program_->d_score]; }
+  double d_tensor(size_t k) const { return values_[program_->d_tensor[k]]; }
+  const flex::Point& point() const { return point_; }
+
+ private:
+  const flex::Program* program_;
+  const AuxBuffers* tensors_;
+  flex::Point point_;
+  std::vector<double> values_;
+};
+
+// The gradient of one score_mod tensor, accumulated in double in the tensor's logical order.
+struct AuxGradient {
+  std::array<int64_t, 4> extents{1, 1, 1, 1};
+  std::vector<double> sum;
+  int64_t index(const flex::Point& p) const {
+    int64_t b = extents[0] > 1 ? p.batch : 0, h = extents[1] > 1 ? p.head : 0;
+    int64_t i = extents[2] > 1 ? p.q_idx : 0, j = extents[3] > 1 ? p.kv_idx : 0;
+    return ((b * extents[1] + h) * extents[2] + i) * extents[3] + j;
+  }
+};
+
 // The extra logit of the softmax denominator: none (-inf), 0 (off-by-one) or the head's sink.
 double ExtraLogit(const Problem& p, const float* sinks, int64_t sink_stride, int64_t h) {
   switch (p.config.softmax_type) {
@@ -259,6 +352,9 @@ Status ReferenceBackendImpl::forward(const Problem& p, const FwdTensors& t, void
       AttachVector(t.sink_logits, HQ, t.sink_stride, 4, dev, stream, true, &sinks));
   FUSEDATTN_RETURN_IF_ERROR(
       AttachVector(t.max_logit, HQ, t.max_logit_stride, 4, dev, stream, true, &max_logit));
+  AuxBuffers aux;
+  if (p.score_mod) FUSEDATTN_RETURN_IF_ERROR(aux.Attach(p, t.score_mod_tensors, dev, stream));
+  ScoreModRunner mod(p.score_mod ? &p.score_mod->forward() : nullptr, &aux);
 
   ScoreParams sp;
   sp.scale = p.scale();
@@ -275,6 +371,7 @@ Status ReferenceBackendImpl::forward(const Problem& p, const FwdTensors& t, void
 
   std::vector<double> max_logits(HQ, kNegInf);
   std::vector<double> qrow(DQK), krow(DQK), vrow(DV), scores(SKV), out(DV);
+  std::vector<char> visible(SKV);
   for (int64_t b = 0; b < B; ++b) {
     const int64_t lq = seq.len_q[b], lkv = seq.len_kv[b];
     // Rows that exist in the output tensors: all of max_seqlen_q, or only the sequence in THD.
@@ -287,25 +384,36 @@ Status ReferenceBackendImpl::forward(const Problem& p, const FwdTensors& t, void
         p.visible_keys(i, lq, lkv, &lo, &hi);
         std::fill(out.begin(), out.end(), 0.0);
         double row_lse = kNegInf;
+        double m = kNegInf;  // the row's largest visible score
         if (lo < hi) {
           LoadRow(t.q, q.host(), b, h, i, seq.start_q[b], DQK, qrow.data());
-          double m = kNegInf;
+          if (mod.active()) mod.StartRow(b, h, i, lq, lkv);
           for (int64_t j = lo; j < hi; ++j) {
             LoadRow(t.k, k.host(), b, hk, j, seq.start_kv[b], DQK, krow.data());
             double qk = 0;
             for (int64_t x = 0; x < DQK; ++x) qk += qrow[x] * krow[x];
             scores[j] = Score(sp, qk, b, h, i, j, lq, lkv, nullptr);
-            m = std::max(m, scores[j]);
+            visible[j] = !mod.active() || mod.Evaluate(j, scores[j], &scores[j]);
+            if (visible[j]) m = std::max(m, scores[j]);
           }
           max_logits[h] = std::max(max_logits[h], m);
+        }
+        // Fully masked: no visible key (the mask_mod may hide them all), or every visible score
+        // is -inf (a score_mod's doing) and no extra logit is there to normalize against.
+        bool any_visible = false;
+        for (int64_t j = lo; j < hi; ++j) any_visible |= visible[j] != 0;
+        if (!any_visible || (m == kNegInf && extra == kNegInf)) lo = hi;
+        if (lo < hi) {
           double mm = std::max(m, extra);
           double sum = std::exp(extra - mm);  // 0 for vanilla (extra = -inf)
-          for (int64_t j = lo; j < hi; ++j) sum += std::exp(scores[j] - mm);
+          for (int64_t j = lo; j < hi; ++j)
+            if (visible[j]) sum += std::exp(scores[j] - mm);
           row_lse = mm + std::log(sum);
           DropoutRow drop{};
           if (c.dropout > 0)
             drop = MakeDropoutRow(t.dropout_seed, t.dropout_offset, threshold, b, h, i, HQ, SQ);
           for (int64_t j = lo; j < hi; ++j) {
+            if (!visible[j]) continue;
             double prob = std::exp(scores[j] - row_lse);
             if (c.dropout > 0) prob = drop.Keep(j) ? prob * keep_scale : 0.0;
             if (prob == 0.0) continue;
@@ -378,6 +486,22 @@ Status ReferenceBackendImpl::backward(const Problem& p, const BwdTensors& t, voi
       AttachVector(t.sink_logits, HQ, t.sink_stride, 4, dev, stream, true, &sinks));
   FUSEDATTN_RETURN_IF_ERROR(
       AttachVector(t.dsink, HQ, t.dsink_stride, 4, dev, stream, true, &dsink));
+  AuxBuffers aux, aux_grads;
+  std::vector<AuxGradient> gaux;  // one per score_mod tensor; empty sum when no grad is asked
+  if (p.score_mod) {
+    FUSEDATTN_RETURN_IF_ERROR(aux.Attach(p, t.score_mod_tensors, dev, stream));
+    FUSEDATTN_RETURN_IF_ERROR(aux_grads.Attach(p, t.score_mod_grads, dev, stream));
+    for (const flex::TensorDecl& decl : p.score_mod->tensors()) {
+      AuxGradient g;
+      g.extents = AuxExtents(p, decl.axes);
+      if (decl.requires_grad)
+        g.sum.assign(static_cast<size_t>(g.extents[0] * g.extents[1] * g.extents[2] *
+                                         g.extents[3]),
+                     0.0);
+      gaux.push_back(std::move(g));
+    }
+  }
+  ScoreModRunner mod(p.score_mod ? &p.score_mod->backward() : nullptr, &aux);
 
   ScoreParams sp;
   sp.scale = p.scale();
@@ -428,6 +552,7 @@ Status ReferenceBackendImpl::backward(const Problem& p, const BwdTensors& t, voi
         DropoutRow drop{};
         if (c.dropout > 0)
           drop = MakeDropoutRow(t.dropout_seed, t.dropout_offset, threshold, b, h, i, HQ, SQ);
+        if (mod.active()) mod.StartRow(b, h, i, lq, lkv);
         for (int64_t j = lo; j < hi; ++j) {
           LoadRow(t.k, k.host(), b, hk, j, seq.start_kv[b], DQK, krow.data());
           LoadRow(t.v, v.host(), b, hk, j, seq.start_kv[b], DV, vrow.data());
@@ -435,6 +560,7 @@ Status ReferenceBackendImpl::backward(const Problem& p, const BwdTensors& t, voi
           for (int64_t x = 0; x < DQK; ++x) qk += qrow[x] * krow[x];
           double dfinal_dt = 1;
           double s = Score(sp, qk, b, h, i, j, lq, lkv, &dfinal_dt);
+          if (mod.active() && !mod.Evaluate(j, s, &s)) continue;  // hidden by the mask_mod
           double prob = std::exp(s - row_lse);
           double keep = 1.0;
           if (c.dropout > 0) keep = drop.Keep(j) ? keep_scale : 0.0;
@@ -445,6 +571,15 @@ Status ReferenceBackendImpl::backward(const Problem& p, const BwdTensors& t, voi
           double* gv_row = &gv[static_cast<size_t>(((b * HKV + hk) * SKV + j) * DV)];
           for (int64_t x = 0; x < DV; ++x) gv_row[x] += prob * keep * dorow[x];
           double ds = prob * (dp - delta);
+          if (mod.active()) {
+            // ds is d loss / d (modified s). A zero stays zero: its key contributes nothing, even
+            // where a derivative is inf (0 * inf would be NaN).
+            for (size_t a = 0; a < gaux.size(); ++a)
+              if (!gaux[a].sum.empty() && ds != 0.0)
+                gaux[a].sum[static_cast<size_t>(gaux[a].index(mod.point()))] +=
+                    ds * mod.d_tensor(a);
+            ds = ds != 0.0 ? ds * mod.d_score() : 0.0;  // to the pipeline's s
+          }
           double dt = ds * dfinal_dt;  // through the softcap
           double dqk = dt * sp.scale;
           double* gq_row = &gq[static_cast<size_t>(((b * HQ + h) * SQ + i) * DQK)];
@@ -495,12 +630,27 @@ Status ReferenceBackendImpl::backward(const Problem& p, const BwdTensors& t, voi
   if (t.dsink)
     for (int64_t h = 0; h < HQ; ++h)
       static_cast<float*>(dsink.host())[h * t.dsink_stride] = static_cast<float>(gsink[h]);
+  for (size_t a = 0; a < gaux.size(); ++a) {
+    if (gaux[a].sum.empty()) continue;
+    const flex::TensorRead& out = aux_grads.reads[a];
+    const auto& e = gaux[a].extents;
+    size_t n = 0;  // sum is in logical order
+    for (int64_t bb = 0; bb < e[0]; ++bb)
+      for (int64_t hh = 0; hh < e[1]; ++hh)
+        for (int64_t ii = 0; ii < e[2]; ++ii)
+          for (int64_t jj = 0; jj < e[3]; ++jj)
+            StoreFromDouble(const_cast<void*>(out.data), out.dtype,
+                            bb * out.stride_b + hh * out.stride_h + ii * out.stride_q +
+                                jj * out.stride_kv,
+                            gaux[a].sum[n++]);
+  }
 
   FUSEDATTN_RETURN_IF_ERROR(dq.Flush());
   FUSEDATTN_RETURN_IF_ERROR(dk.Flush());
   FUSEDATTN_RETURN_IF_ERROR(dv.Flush());
   FUSEDATTN_RETURN_IF_ERROR(dbias.Flush());
   FUSEDATTN_RETURN_IF_ERROR(dsink.Flush());
+  FUSEDATTN_RETURN_IF_ERROR(aux_grads.Flush());
   return Status::Ok();
 }
 

@@ -213,6 +213,8 @@ class SmallSeqBackendImpl final : public Backend {
   }
 
   Status check(const Problem& problem) override {
+    if (problem.has_score_mod())
+      return NotSupported("score_mod graphs run only on the reference backend in this version");
     FUSEDATTN_RETURN_IF_ERROR(small_seq::CheckProblem(problem));
     return available();
   }

@@ -1,0 +1,276 @@
+"""Score modifiers (flex attention) for fusedattn.attention: expressions over the score and the
+indices, written with Python operators, lowered through the binding to the library's graphs.
+
+    from fusedattn import flex
+    softcap = 30 * flex.tanh(flex.score / 30)                  # score_mod
+    causal = flex.q_idx >= flex.kv_idx                          # mask_mod (True = visible)
+    doc = flex.Tensor(doc_ids)                                  # int32 [batch, seqlen]
+    same_doc = doc[flex.batch, flex.q_idx] == doc[flex.batch, flex.kv_idx]
+    o = fusedattn.attention(q, k, v, score_mod=softcap, mask_mod=causal & same_doc)
+
+An expression is data, not traced code: each operator makes a node, and a ScoreMod lowers the
+nodes into a fusedattn_score_mod graph (the library hash-conses equal nodes, derives the
+backward and keys its caches on the structure). include/fusedattn/fusedattn.h says what every
+operation computes and where the modifier enters the attention.
+
+Booleans combine with & | ~ (Python's and/or/not cannot be overloaded); where(c, a, b) selects.
+"""
+
+import numbers
+
+from . import _C
+from ._errors import InvalidArgumentError
+
+_INPUTS = ("score", "batch", "head", "q_idx", "kv_idx", "seqlen_q", "seqlen_kv")
+_AXES = ("batch", "head", "q_idx", "kv_idx")  # a tensor's axes, in this order
+_AXIS_BITS = {"batch": 1, "head": 2, "q_idx": 4, "kv_idx": 8}
+
+
+class Expr:
+    """A node of a score-modifier expression: an input, a constant, a tensor read or an operation
+    on other expressions. Immutable."""
+
+    __slots__ = ("op", "args", "value")
+
+    def __init__(self, op, args=(), value=None):
+        self.op = op
+        self.args = tuple(args)
+        self.value = value
+
+    # Arithmetic
+    def __add__(self, other): return _op("add", self, other)
+    def __radd__(self, other): return _op("add", other, self)
+    def __sub__(self, other): return _op("sub", self, other)
+    def __rsub__(self, other): return _op("sub", other, self)
+    def __mul__(self, other): return _op("mul", self, other)
+    def __rmul__(self, other): return _op("mul", other, self)
+    def __truediv__(self, other): return _op("div", self, other)
+    def __rtruediv__(self, other): return _op("div", other, self)
+    def __neg__(self): return _op("neg", self)
+    def __pos__(self): return self
+    def __abs__(self): return _op("abs", self)
+
+    # Comparisons (return boolean expressions)
+    def __lt__(self, other): return _op("lt", self, other)
+    def __le__(self, other): return _op("le", self, other)
+    def __gt__(self, other): return _op("gt", self, other)
+    def __ge__(self, other): return _op("ge", self, other)
+    def __eq__(self, other): return _op("eq", self, other)
+    def __ne__(self, other): return _op("ne", self, other)
+
+    # Logic on booleans
+    def __and__(self, other): return _op("and", self, other)
+    def __rand__(self, other): return _op("and", other, self)
+    def __or__(self, other): return _op("or", self, other)
+    def __ror__(self, other): return _op("or", other, self)
+    def __invert__(self): return _op("not", self)
+
+    __hash__ = object.__hash__  # identity: expressions are nodes, == builds one
+
+    def __bool__(self):
+        raise TypeError("a score_mod expression has no truth value: it is evaluated by the "
+                        "library; combine conditions with & | ~ and choose with where()")
+
+    def __repr__(self):
+        if self.op == "input":
+            return self.value
+        if self.op == "const":
+            return repr(self.value)
+        if self.op == "tensor":
+            tensor, axes = self.value
+            return "%s[%s]" % (tensor.name, ", ".join(axes))
+        return "%s(%s)" % (self.op, ", ".join(repr(a) for a in self.args))
+
+
+def _as_expr(x):
+    if isinstance(x, Expr):
+        return x
+    if isinstance(x, bool):
+        raise TypeError("a Python bool (%r) is not a score_mod expression: compare expressions "
+                        "to get a condition" % (x,))
+    if isinstance(x, numbers.Real):
+        return Expr("const", value=float(x))
+    raise TypeError("expected a score_mod expression or a number, got %s" % type(x).__name__)
+
+
+def _op(name, *operands):
+    return Expr(name, [_as_expr(o) for o in operands])
+
+
+# The inputs
+score = Expr("input", value="score")          # s, the score after the built-in pipeline
+batch = Expr("input", value="batch")          # b, the sequence
+head = Expr("input", value="head")            # h, the query head
+q_idx = Expr("input", value="q_idx")          # i, query position inside the sequence
+kv_idx = Expr("input", value="kv_idx")        # j, key position inside the sequence
+seqlen_q = Expr("input", value="seqlen_q")    # the sequence's query length
+seqlen_kv = Expr("input", value="seqlen_kv")  # the sequence's key length
+q_idx_br = q_idx + (seqlen_kv - seqlen_q)     # i aligned to the end of the keys (bottom-right)
+
+_LEAVES = {id(e): e.value for e in (batch, head, q_idx, kv_idx)}
+
+
+def exp(x): return _op("exp", x)
+def log(x): return _op("log", x)
+def tanh(x): return _op("tanh", x)
+def sigmoid(x): return _op("sigmoid", x)
+def minimum(a, b): return _op("min", a, b)
+def maximum(a, b): return _op("max", a, b)
+
+
+def where(cond, a, b):
+    """cond ? a : b (the gradient flows into the branch taken only)."""
+    return _op("select", cond, a, b)
+
+
+def constant(value):
+    """A constant as an expression (numbers in expressions become constants by themselves)."""
+    return _as_expr(value)
+
+
+class Tensor:
+    """An auxiliary tensor of a score modifier: a NumPy array read at the indices it is indexed
+    with, e.g. bias[flex.head, flex.q_idx, flex.kv_idx] for an array [heads_q, seqlen_q,
+    seqlen_kv]. The indices are a subset of (batch, head, q_idx, kv_idx) in that order, one
+    dimension each, of the full size (batch, heads_q, seqlen_q, seqlen_kv); the tensor is
+    broadcast over the others. tensor[()] reads a scalar (an array of shape [1]).
+
+    dtype: float32, float16, bfloat16 or int32. requires_grad: attention_backward returns its
+    gradient in Gradients.dscore_mod[name]."""
+
+    def __init__(self, array, name=None, requires_grad=False):
+        self.array = array
+        self.name = name if name is not None else "tensor%d" % id(self)
+        self.requires_grad = bool(requires_grad)
+
+    def __getitem__(self, index):
+        if not isinstance(index, tuple):
+            index = (index,)
+        axes = []
+        for i in index:
+            axis = _LEAVES.get(id(i)) if isinstance(i, Expr) else None
+            if axis is None:
+                raise InvalidArgumentError(
+                    "tensor %r is indexed by %r: index it by flex.batch, flex.head, flex.q_idx "
+                    "and flex.kv_idx only" % (self.name, i))
+            axes.append(axis)
+        order = [_AXES.index(a) for a in axes]
+        if order != sorted(set(order)):
+            raise InvalidArgumentError(
+                "tensor %r is indexed by [%s]: each of batch, head, q_idx, kv_idx at most once, "
+                "in that order" % (self.name, ", ".join(axes)))
+        return Expr("tensor", value=(self, tuple(axes)))
+
+    def __repr__(self):
+        return "Tensor(%s, shape=%s)" % (self.name, tuple(getattr(self.array, "shape", ())))
+
+
+def _dtype_name(array):
+    name = getattr(getattr(array, "dtype", None), "name", None)
+    if name not in ("float32", "float16", "bfloat16", "int32"):
+        raise InvalidArgumentError("score_mod tensors are float32, float16, bfloat16 or int32 "
+                                   "arrays, got %s" % (name,))
+    return name
+
+
+class ScoreMod:
+    """A finalized score modifier: a score expression (a number; None leaves the score as is),
+    a mask expression (a boolean, True = visible; None hides nothing more), and optionally
+    hand-written derivatives {flex.score or a tensor read: expression} that the backward then
+    uses instead of the derived ones.
+
+    Equal ScoreMods (built from the same expressions) compare equal and hash equal; the library's
+    caches treat them as one."""
+
+    def __init__(self, score=None, mask=None, gradients=None):
+        if score is None and mask is None:
+            raise InvalidArgumentError("a ScoreMod needs a score or a mask expression")
+        self._graph = _C.ScoreModGraph()
+        self._memo = {}
+        self.slots = []  # (Tensor, axes) in declaration order: the order of the call's tensors
+        self._slot_of = {}
+        if score is not None:
+            self._graph.set_score(self._lower(_as_expr(score)))
+        if mask is not None:
+            self._graph.set_mask(self._lower(_as_expr(mask)))
+        for wrt, gradient in (gradients or {}).items():
+            self._graph.set_gradient(self._lower(_as_expr(wrt)), self._lower(_as_expr(gradient)))
+        self._graph.finalize()
+        del self._memo
+
+    def _lower(self, expr):
+        """The graph node of expr (operands first, iteratively: expressions may be deep)."""
+        stack = [expr]
+        while stack:
+            e = stack[-1]
+            if id(e) in self._memo:
+                stack.pop()
+                continue
+            pending = [a for a in e.args if id(a) not in self._memo]
+            if pending:
+                stack.extend(reversed(pending))
+                continue
+            stack.pop()
+            self._memo[id(e)] = (self._node(e), e)  # keep e alive while its id is a key
+        return self._memo[id(expr)][0]
+
+    def _node(self, e):
+        g = self._graph
+        if e.op == "input":
+            return g.input(e.value)
+        if e.op == "const":
+            return g.constant(e.value)
+        if e.op == "tensor":
+            tensor, axes = e.value
+            key = (id(tensor), axes)
+            if key not in self._slot_of:
+                name = tensor.name
+                if any(t is tensor for t, _ in self.slots):
+                    name = "%s[%s]" % (tensor.name, ",".join(axes))
+                bits = sum(_AXIS_BITS[a] for a in axes)
+                self._slot_of[key] = g.tensor(name, _dtype_name(tensor.array), bits,
+                                              tensor.requires_grad)
+                self.slots.append((tensor, axes))
+            return self._slot_of[key]
+        return g.op(e.op, [self._memo[id(a)][0] for a in e.args])
+
+    @property
+    def graph(self):
+        """The binding's handle (fusedattn._C.ScoreModGraph)."""
+        return self._graph
+
+    def tensors(self):
+        """The arrays of the call, in declaration order."""
+        return [t.array for t, _ in self.slots]
+
+    def describe(self):
+        """The outputs and the derivatives the backward uses, as text."""
+        return self._graph.describe()
+
+    def __eq__(self, other):
+        return isinstance(other, ScoreMod) and self._graph.equal(other._graph)
+
+    def __hash__(self):
+        return hash(self._graph.hash())
+
+    def __repr__(self):
+        return "ScoreMod(%s)" % self.describe().replace("\n", "; ")
+
+
+def as_score_mod(score_mod=None, mask_mod=None):
+    """A ScoreMod from attention()'s score_mod / mask_mod arguments (expressions, or a ScoreMod
+    as score_mod), or None when both are None."""
+    if isinstance(score_mod, ScoreMod):
+        if mask_mod is not None:
+            raise InvalidArgumentError("score_mod is a ScoreMod (which carries its own mask): "
+                                       "pass mask_mod inside it, ScoreMod(score=..., mask=...)")
+        return score_mod
+    if score_mod is None and mask_mod is None:
+        return None
+    for name, value in (("score_mod", score_mod), ("mask_mod", mask_mod)):
+        if value is not None and not isinstance(value, Expr):
+            raise InvalidArgumentError(
+                "%s must be a fusedattn.flex expression (built from flex.score, flex.q_idx, ... "
+                "with operators), got %s; Python functions are not traced" %
+                (name, type(value).__name__))
+    return ScoreMod(score=score_mod, mask=mask_mod)
