@@ -77,6 +77,18 @@ Status AttachView(const TensorView& t, int64_t batch, int64_t heads, int64_t seq
                         read);
 }
 
+// A bias-shaped tensor (bias or dbias), spanning what its own strides reach: bias broadcast axes
+// have stride 0 in the view, dbias broadcast axes keep their real strides (validation leaves them).
+Status AttachBias(const Problem& p, const BiasView& v, Device device, void* stream,
+                  HostBuffer* buffer) {
+  if (!v.present()) return Status::Ok();
+  const auto& c = p.config;
+  int64_t span = 1 + (c.bias_batch - 1) * v.stride_b + (c.bias_heads - 1) * v.stride_h +
+                 (c.max_seqlen_q - 1) * v.stride_q + (c.max_seqlen_kv - 1) * v.stride_kv;
+  return buffer->Attach(v.data, static_cast<size_t>(span) * DtypeSize(v.dtype), device, stream,
+                        true);
+}
+
 Status AttachVector(const void* data, int64_t length, int64_t stride, size_t element_bytes,
                     Device device, void* stream, bool read, HostBuffer* buffer) {
   if (data == nullptr) return Status::Ok();
@@ -176,6 +188,19 @@ struct ScoreParams {
   const float* alibi = nullptr;
   int64_t alibi_stride = 1;
 };
+
+ScoreParams MakeScoreParams(const Problem& p, const void* bias_host, const BiasView& bias_view,
+                            const void* alibi_host, int64_t alibi_stride) {
+  ScoreParams sp;
+  sp.scale = p.scale();
+  sp.softcap = p.config.softcap;
+  sp.bias_type = p.config.bias_type;
+  sp.bias = bias_host;
+  sp.bias_view = bias_view;
+  sp.alibi = static_cast<const float*>(alibi_host);
+  sp.alibi_stride = alibi_stride;
+  return sp;
+}
 
 double BiasAt(const ScoreParams& sp, int64_t b, int64_t h, int64_t i, int64_t j) {
   const BiasView& v = sp.bias_view;
@@ -339,13 +364,7 @@ Status ReferenceBackendImpl::forward(const Problem& p, const FwdTensors& t, void
   if (t.lse.present())
     FUSEDATTN_RETURN_IF_ERROR(
         AttachView(t.lse, B, HQ, SQ, 1, t.lse_packed, dev, stream, true, &lse));
-  if (t.bias.present()) {
-    const BiasView& bv = t.bias;
-    int64_t span = 1 + (c.bias_batch - 1) * bv.stride_b + (c.bias_heads - 1) * bv.stride_h +
-                   (SQ - 1) * bv.stride_q + (SKV - 1) * bv.stride_kv;
-    FUSEDATTN_RETURN_IF_ERROR(
-        bias.Attach(bv.data, span * DtypeSize(bv.dtype), dev, stream, true));
-  }
+  FUSEDATTN_RETURN_IF_ERROR(AttachBias(p, t.bias, dev, stream, &bias));
   FUSEDATTN_RETURN_IF_ERROR(
       AttachVector(t.alibi_slopes, HQ, t.alibi_stride, 4, dev, stream, true, &alibi));
   FUSEDATTN_RETURN_IF_ERROR(
@@ -356,14 +375,7 @@ Status ReferenceBackendImpl::forward(const Problem& p, const FwdTensors& t, void
   if (p.score_mod) FUSEDATTN_RETURN_IF_ERROR(aux.Attach(p, t.score_mod_tensors, dev, stream));
   ScoreModRunner mod(p.score_mod ? &p.score_mod->forward() : nullptr, &aux);
 
-  ScoreParams sp;
-  sp.scale = p.scale();
-  sp.softcap = c.softcap;
-  sp.bias_type = c.bias_type;
-  sp.bias = bias.host();
-  sp.bias_view = t.bias;
-  sp.alibi = static_cast<const float*>(alibi.host());
-  sp.alibi_stride = t.alibi_stride;
+  const ScoreParams sp = MakeScoreParams(p, bias.host(), t.bias, alibi.host(), t.alibi_stride);
   const float* sink_host = static_cast<const float*>(sinks.host());
   const uint32_t threshold = DropoutRow::Threshold(c.dropout);
   const double keep_scale = 1.0 / (1.0 - c.dropout);
@@ -468,18 +480,8 @@ Status ReferenceBackendImpl::backward(const Problem& p, const BwdTensors& t, voi
   FUSEDATTN_RETURN_IF_ERROR(AttachView(t.dq, B, HQ, SQ, DQK, p.thd, dev, stream, true, &dq));
   FUSEDATTN_RETURN_IF_ERROR(AttachView(t.dk, B, HKV, SKV, DQK, p.thd, dev, stream, true, &dk));
   FUSEDATTN_RETURN_IF_ERROR(AttachView(t.dv, B, HKV, SKV, DV, p.thd, dev, stream, true, &dv));
-  auto bias_span = [&](const BiasView& bv) {
-    return 1 + (c.bias_batch - 1) * bv.stride_b + (c.bias_heads - 1) * bv.stride_h +
-           (SQ - 1) * bv.stride_q + (SKV - 1) * bv.stride_kv;
-  };
-  if (t.bias.present())
-    FUSEDATTN_RETURN_IF_ERROR(bias.Attach(
-        t.bias.data, bias_span(t.bias) * DtypeSize(t.bias.dtype), dev, stream, true));
-  // dbias broadcast axes keep their real strides (validation leaves them), so compute its span
-  // from the tensor's own strides.
-  if (t.dbias.present())
-    FUSEDATTN_RETURN_IF_ERROR(dbias.Attach(
-        t.dbias.data, bias_span(t.dbias) * DtypeSize(t.dbias.dtype), dev, stream, true));
+  FUSEDATTN_RETURN_IF_ERROR(AttachBias(p, t.bias, dev, stream, &bias));
+  FUSEDATTN_RETURN_IF_ERROR(AttachBias(p, t.dbias, dev, stream, &dbias));
   FUSEDATTN_RETURN_IF_ERROR(
       AttachVector(t.alibi_slopes, HQ, t.alibi_stride, 4, dev, stream, true, &alibi));
   FUSEDATTN_RETURN_IF_ERROR(
@@ -503,14 +505,7 @@ Status ReferenceBackendImpl::backward(const Problem& p, const BwdTensors& t, voi
   }
   ScoreModRunner mod(p.score_mod ? &p.score_mod->backward() : nullptr, &aux);
 
-  ScoreParams sp;
-  sp.scale = p.scale();
-  sp.softcap = c.softcap;
-  sp.bias_type = c.bias_type;
-  sp.bias = bias.host();
-  sp.bias_view = t.bias;
-  sp.alibi = static_cast<const float*>(alibi.host());
-  sp.alibi_stride = t.alibi_stride;
+  const ScoreParams sp = MakeScoreParams(p, bias.host(), t.bias, alibi.host(), t.alibi_stride);
   const float* sink_host = static_cast<const float*>(sinks.host());
   const uint32_t threshold = DropoutRow::Threshold(c.dropout);
   const double keep_scale = 1.0 / (1.0 - c.dropout);
