@@ -72,8 +72,46 @@ void PlanTimes(const char* label, fusedattn_config c) {
               Microseconds(t1 - t0) / 1000.0, Microseconds(t3 - t2) / kLookups);
 }
 
+// Where the host time of one fusedattn_fwd goes: each stage of the entry point on its own,
+// run `iterations` times (median of per-call wall time), on a warm cache.
+void StageTimes(const fusedattn_config& c, const fusedattn_fwd_args& fa, void* workspace,
+                size_t bytes, cudaStream_t stream, int iterations) {
+  Problem p;
+  FwdTensors t;
+  Backend* backend = nullptr;
+  size_t needed = 0;
+  std::vector<double> times[5];
+  for (int i = 0; i < iterations; ++i) {
+    auto t0 = Clock::now();
+    Status s = MakeProblem(&c, true, &p);
+    auto t1 = Clock::now();
+    if (s.ok()) s = MakeFwdTensors(p, &fa, &t);
+    auto t2 = Clock::now();
+    if (s.ok()) s = SelectBackend(p, false, &backend, nullptr);
+    auto t3 = Clock::now();
+    if (s.ok()) s = backend->fwd_workspace_size(p, &needed);
+    auto t4 = Clock::now();
+    if (s.ok()) s = backend->forward(p, t, workspace, bytes, stream);
+    auto t5 = Clock::now();
+    if (!s.ok()) {
+      std::printf("stage breakdown failed: %s\n", s.message().c_str());
+      return;
+    }
+    const Clock::time_point marks[6] = {t0, t1, t2, t3, t4, t5};
+    for (int k = 0; k < 5; ++k) times[k].push_back(Microseconds(marks[k + 1] - marks[k]));
+    if (i % 64 == 63) cudaStreamSynchronize(stream);
+  }
+  cudaStreamSynchronize(stream);
+  const char* names[5] = {"MakeProblem", "MakeFwdTensors", "SelectBackend",
+                          "fwd_workspace_size", "backend forward (plan lookup + cuDNN execute)"};
+  for (int k = 0; k < 5; ++k) {
+    std::sort(times[k].begin(), times[k].end());
+    std::printf("    stage %-46s median %6.2f us\n", names[k], times[k][times[k].size() / 2]);
+  }
+}
+
 // Host wall time per call of fusedattn_fwd (and fusedattn_bwd when training) on a warm cache.
-void HostOverhead(const char* label, fusedattn_config c, int iterations) {
+void HostOverhead(const char* label, fusedattn_config c, int iterations, bool breakdown = false) {
   testing::TensorOptions options;
   options.bias_dtype = c.qkv_dtype;
   testing::ProblemTensors host = testing::MakeProblemTensors(c, options);
@@ -135,6 +173,7 @@ void HostOverhead(const char* label, fusedattn_config c, int iterations) {
   auto minimum = [](const std::vector<double>& v) {
     return v.empty() ? 0.0 : *std::min_element(v.begin(), v.end());
   };
+  if (breakdown) StageTimes(c, fa, workspace, bytes, stream, iterations);
   std::printf("%-40s host per fusedattn_fwd: median %6.2f us, min %6.2f us", label,
               median(fwd_us), minimum(fwd_us));
   if (c.is_training)
@@ -184,7 +223,7 @@ int main(int argc, char** argv) {
   PlanTimes("forward + backward, THD causal", thd);
 
   ClearSelectionCache();
-  HostOverhead("no mask, inference", inference, iterations);
+  HostOverhead("no mask, inference", inference, iterations, /*breakdown=*/true);
   HostOverhead("causal, inference", causal, iterations);
   HostOverhead("causal, training", training, iterations);
   HostOverhead("padding causal (prep + fix-up kernels)", padded, iterations);

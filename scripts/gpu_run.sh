@@ -5,7 +5,7 @@
 #   bash scripts/gpu_run.sh build tests sanitize cli python bench-quick
 # Each step logs to $OUT/<step>.log and the summary of all steps to $OUT/summary.txt.
 set -uo pipefail
-export ROOT OUT BUILD JOBS CUDNN_MEMCHECK SANITIZE_FILTER RACECHECK_FILTER 2>/dev/null
+export ROOT OUT BUILD JOBS CUDNN_MEMCHECK SANITIZE_FILTER RACECHECK_FILTER NATIVE_BENCHES BENCH_ARGS 2>/dev/null
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/gpu-out}"
 mkdir -p "$OUT"
@@ -96,8 +96,11 @@ step_bench() {
   eval python3 "$ROOT/bench/bench.py" --out "$OUT" ${BENCH_ARGS:---grid prefill}
 }
 
+# NATIVE_BENCHES: which of build/bench's programs to run (default: all of them).
 step_native_bench() {
-  for b in "$BUILD"/bench/*_bench "$BUILD"/bench/cudnn_overhead; do
+  local names="${NATIVE_BENCHES:-flash_bench small_seq_bench cudnn_overhead}"
+  for name in $names; do
+    local b="$BUILD/bench/$name"
     [ -x "$b" ] && { echo "== $b"; "$b"; }
   done
 }
