@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <utility>
 
 #include "flex/score_mod.h"
 
@@ -684,76 +685,72 @@ struct SharedInputs {
   const fusedattn_tensor* cu_seqlens_kv;
   const fusedattn_tensor* seq_offsets_q;
   const fusedattn_tensor* seq_offsets_kv;
-  const char* prefix;  // "args" for messages
 };
 
+// Names are literals and reasons are formatted only on failure: this runs on every call.
 template <typename Out>
 Status CheckShared(const Problem& p, const SharedInputs& in, Out* out) {
   const auto& c = p.config;
-  std::string n;
-  auto name = [&](const char* field) {
-    n = Format("%s.%s", in.prefix, field);
-    return n.c_str();
-  };
   if (p.has_tensor_bias()) {
     FUSEDATTN_RETURN_IF_ERROR(
-        CheckBias(name("bias"), p, *in.bias, false, FUSEDATTN_DTYPE_INT32, &out->bias));
-  } else {
-    FUSEDATTN_RETURN_IF_ERROR(CheckAbsent(
-        name("bias"), *in.bias,
-        Format("config.bias_type = %s takes no bias tensor", BiasName(c.bias_type)).c_str()));
+        CheckBias("args.bias", p, *in.bias, false, FUSEDATTN_DTYPE_INT32, &out->bias));
+  } else if (in.bias->data != nullptr) {
+    return InvalidArgument("args.bias is given but config.bias_type = %s takes no bias tensor",
+                           BiasName(c.bias_type));
   }
   if (c.bias_type == FUSEDATTN_BIAS_ALIBI) {
-    FUSEDATTN_RETURN_IF_ERROR(CheckVector(name("alibi_slopes"), *in.alibi_slopes,
+    FUSEDATTN_RETURN_IF_ERROR(CheckVector("args.alibi_slopes", *in.alibi_slopes,
                                           FUSEDATTN_DTYPE_FLOAT32, c.heads_q, false,
                                           "config.bias_type = alibi"));
     out->alibi_slopes = static_cast<const float*>(in.alibi_slopes->data);
     out->alibi_stride = in.alibi_slopes->strides[0];
   } else {
     FUSEDATTN_RETURN_IF_ERROR(
-        CheckAbsent(name("alibi_slopes"), *in.alibi_slopes, "config.bias_type is not alibi"));
+        CheckAbsent("args.alibi_slopes", *in.alibi_slopes, "config.bias_type is not alibi"));
   }
   if (c.softmax_type == FUSEDATTN_SOFTMAX_LEARNABLE_SINK) {
-    FUSEDATTN_RETURN_IF_ERROR(CheckVector(name("sink_logits"), *in.sink_logits,
+    FUSEDATTN_RETURN_IF_ERROR(CheckVector("args.sink_logits", *in.sink_logits,
                                           FUSEDATTN_DTYPE_FLOAT32, c.heads_q, false,
                                           "config.softmax_type = learnable_sink"));
     out->sink_logits = static_cast<const float*>(in.sink_logits->data);
     out->sink_stride = in.sink_logits->strides[0];
   } else {
-    FUSEDATTN_RETURN_IF_ERROR(CheckAbsent(name("sink_logits"), *in.sink_logits,
+    FUSEDATTN_RETURN_IF_ERROR(CheckAbsent("args.sink_logits", *in.sink_logits,
                                           "config.softmax_type is not learnable_sink"));
   }
   if (p.padding) {
     const char* why = p.thd ? "THD formats need per-sequence lengths"
                             : "a padding mask needs per-sequence lengths";
     if (in.cu_seqlens_q->data == nullptr)
-      return InvalidArgument("%s is NULL but %s", name("cu_seqlens_q"), why);
+      return InvalidArgument("args.cu_seqlens_q is NULL but %s", why);
     if (in.cu_seqlens_kv->data == nullptr)
-      return InvalidArgument("%s is NULL but %s", name("cu_seqlens_kv"), why);
-    FUSEDATTN_RETURN_IF_ERROR(CheckSeqlens(name("cu_seqlens_q"), *in.cu_seqlens_q, c.batch));
-    FUSEDATTN_RETURN_IF_ERROR(CheckSeqlens(name("cu_seqlens_kv"), *in.cu_seqlens_kv, c.batch));
+      return InvalidArgument("args.cu_seqlens_kv is NULL but %s", why);
+    FUSEDATTN_RETURN_IF_ERROR(CheckSeqlens("args.cu_seqlens_q", *in.cu_seqlens_q, c.batch));
+    FUSEDATTN_RETURN_IF_ERROR(CheckSeqlens("args.cu_seqlens_kv", *in.cu_seqlens_kv, c.batch));
     out->cu_seqlens_q = static_cast<const int32_t*>(in.cu_seqlens_q->data);
     out->cu_seqlens_kv = static_cast<const int32_t*>(in.cu_seqlens_kv->data);
   } else {
-    std::string why = Format("config.mask = %s has no padding (use a padding_* mask)",
-                             MaskName(c.mask));
-    FUSEDATTN_RETURN_IF_ERROR(CheckAbsent(name("cu_seqlens_q"), *in.cu_seqlens_q, why.c_str()));
-    FUSEDATTN_RETURN_IF_ERROR(CheckAbsent(name("cu_seqlens_kv"), *in.cu_seqlens_kv, why.c_str()));
+    for (const auto& [name, tensor] : {std::pair{"args.cu_seqlens_q", in.cu_seqlens_q},
+                                       std::pair{"args.cu_seqlens_kv", in.cu_seqlens_kv}})
+      if (tensor->data != nullptr)
+        return InvalidArgument("%s is given but config.mask = %s has no padding (use a "
+                               "padding_* mask)",
+                               name, MaskName(c.mask));
   }
   if (p.thd) {
     if (in.seq_offsets_q->data) {
-      FUSEDATTN_RETURN_IF_ERROR(CheckSeqlens(name("seq_offsets_q"), *in.seq_offsets_q, c.batch));
+      FUSEDATTN_RETURN_IF_ERROR(CheckSeqlens("args.seq_offsets_q", *in.seq_offsets_q, c.batch));
       out->seq_offsets_q = static_cast<const int32_t*>(in.seq_offsets_q->data);
     }
     if (in.seq_offsets_kv->data) {
       FUSEDATTN_RETURN_IF_ERROR(
-          CheckSeqlens(name("seq_offsets_kv"), *in.seq_offsets_kv, c.batch));
+          CheckSeqlens("args.seq_offsets_kv", *in.seq_offsets_kv, c.batch));
       out->seq_offsets_kv = static_cast<const int32_t*>(in.seq_offsets_kv->data);
     }
   } else {
     const char* why = "seq_offsets apply only to THD formats";
-    FUSEDATTN_RETURN_IF_ERROR(CheckAbsent(name("seq_offsets_q"), *in.seq_offsets_q, why));
-    FUSEDATTN_RETURN_IF_ERROR(CheckAbsent(name("seq_offsets_kv"), *in.seq_offsets_kv, why));
+    FUSEDATTN_RETURN_IF_ERROR(CheckAbsent("args.seq_offsets_q", *in.seq_offsets_q, why));
+    FUSEDATTN_RETURN_IF_ERROR(CheckAbsent("args.seq_offsets_kv", *in.seq_offsets_kv, why));
   }
   return Status::Ok();
 }
@@ -808,7 +805,7 @@ Status MakeFwdTensors(const Problem& p, const fusedattn_fwd_args* user, FwdTenso
   }
   SharedInputs shared{&args->bias,          &args->alibi_slopes,  &args->sink_logits,
                       &args->cu_seqlens_q,  &args->cu_seqlens_kv, &args->seq_offsets_q,
-                      &args->seq_offsets_kv, "args"};
+                      &args->seq_offsets_kv};
   FUSEDATTN_RETURN_IF_ERROR(CheckShared(p, shared, &t));
   FUSEDATTN_RETURN_IF_ERROR(CheckScoreModTensors(p, args->num_score_mod_tensors,
                                                  args->score_mod_tensors, false, nullptr,
@@ -864,7 +861,7 @@ Status MakeBwdTensors(const Problem& p, const fusedattn_bwd_args* user, BwdTenso
                                          kv_tokens, &t.dv));
   SharedInputs shared{&args->bias,          &args->alibi_slopes,  &args->sink_logits,
                       &args->cu_seqlens_q,  &args->cu_seqlens_kv, &args->seq_offsets_q,
-                      &args->seq_offsets_kv, "args"};
+                      &args->seq_offsets_kv};
   FUSEDATTN_RETURN_IF_ERROR(CheckShared(p, shared, &t));
   if (c.bias_requires_grad) {
     FUSEDATTN_RETURN_IF_ERROR(
