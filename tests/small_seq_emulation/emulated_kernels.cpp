@@ -19,14 +19,14 @@ Status NoKernelFor(int head_dim_qk, int head_dim_v) {
 
 template <typename T, int kDim>
 void ForwardForDim(const KernelParams& p) {
-  emulation::Launch(BlocksFor(p.batch * p.heads_q), kThreadsPerBlock,
-                    [&] { ForwardKernel<T, kDim, kDim>(p); });
+  emulation::Launch(BlocksFor(Team<T, kDim, kDim>::WarpsFor(p.batch * p.heads_q)),
+                    kThreadsPerBlock, [&] { ForwardKernel<T, kDim, kDim>(p); });
 }
 
 template <typename T, int kDim>
 void BackwardForDim(const KernelParams& p) {
-  emulation::Launch(BlocksFor(p.batch * p.heads_q), kThreadsPerBlock,
-                    [&] { BackwardKernel<T, kDim, kDim>(p); });
+  emulation::Launch(BlocksFor(Team<T, kDim, kDim>::WarpsFor(p.batch * p.heads_q)),
+                    kThreadsPerBlock, [&] { BackwardKernel<T, kDim, kDim>(p); });
   if (p.group > 1)
     emulation::Launch(BlocksFor(p.batch * p.heads_kv), kThreadsPerBlock,
                       [&] { GroupSumKernel<T, kDim, kDim>(p); });

@@ -165,6 +165,22 @@ TEST(SmallSeqEmulated, MatchesReferenceForEmptyAndShortSequences) {
     }
 }
 
+// One head per sequence and an odd batch: the rows a warp's teams share belong to different
+// sequences of different lengths (0 to 16, so one team finishes chunks before the other), and
+// the last warp has teams without a row.
+TEST(SmallSeqEmulated, MatchesReferenceWhenTeamsOfAWarpHaveDifferentLengths) {
+  std::vector<int32_t> len_q = {1, 1, 1, 1, 0, 1, 1};
+  std::vector<int32_t> len_kv = {16, 1, 0, 9, 4, 2, 13};
+  for (fusedattn_dtype dtype : kDtypes)
+    for (int64_t d : {64, 128}) {
+      fusedattn_config c = SmallSeqConfig(7, 1, 1, 16, d, dtype);
+      c.mask = FUSEDATTN_MASK_PADDING;
+      CheckAgainstReference(c, WithLengths(len_q, len_kv));
+      c.q_format = c.kv_format = c.o_format = c.do_format = c.dqkv_format = FUSEDATTN_FORMAT_THD;
+      CheckAgainstReference(c, WithLengths(len_q, len_kv));
+    }
+}
+
 TEST(SmallSeqEmulated, MatchesReferenceInEveryFormat) {
   for (fusedattn_dtype dtype : {FUSEDATTN_DTYPE_FLOAT32, FUSEDATTN_DTYPE_BFLOAT16})
     for (int64_t d : {64, 128}) {

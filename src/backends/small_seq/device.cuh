@@ -40,14 +40,55 @@ struct RowLayout {
   }
 };
 
-// Keys per chunk: the keys whose K and V rows a warp holds in registers at once. Each lane holds
-// at most kChunkVectors 16-byte vectors of K and as many of V (1 KB of each per warp). The bytes
-// a warp has in flight cost registers, so the bytes in flight per SM are about the same for any
-// chunk size; small chunks waste fewer registers on short sequences (skv = 2 leaves most of a
-// large chunk empty) and let more warps reside.
+// Teams. The forward and backward give each (sequence, query head) row to one team of
+// kLanes = kLanesPerRow lanes, and a warp holds kPerWarp = 32 / kLanes teams: at d = 128 in 16-bit
+// a warp serves two rows, at d >= 256 one. A row's work is tiny (a few hundred bytes at
+// skv = 2), so a warp's fixed costs (indices, the softmax tail, the stores) are shared by as many
+// rows as its lanes can cover; teams never exchange data, so their lengths may differ.
+// q.k and v rows must spread over the same number of lanes (equal head dims do).
+template <typename T, int kDimQk, int kDimV>
+struct Team {
+  using Qk = RowLayout<T, kDimQk>;
+  using V = RowLayout<T, kDimV>;
+  static_assert(Qk::kLanesPerRow == V::kLanesPerRow,
+                "a team covers its q.k and v rows with the same lanes");
+  static constexpr int kLanes = Qk::kLanesPerRow;
+  static constexpr int kPerWarp = 32 / kLanes;
+  __host__ __device__ static constexpr int64_t WarpsFor(int64_t rows) {
+    return (rows + kPerWarp - 1) / kPerWarp;
+  }
+};
+
+// The largest value over the warp's teams (every lane gets it): lanes kLanes apart are the other
+// teams' lanes at the same position.
+template <int kLanes>
+__device__ __forceinline__ float MaxOverTeams(float x) {
+#pragma unroll
+  for (int offset = kLanes; offset < 32; offset *= 2)
+    x = fmaxf(x, __shfl_xor_sync(kFullMask, x, offset));
+  return x;
+}
+
+// Keys per chunk of a team (forward and backward): the keys whose K and V rows a team holds in
+// registers at once. Each lane holds at most kChunkVectors 16-byte vectors of K and as many of V.
+// The bytes a warp has in flight cost registers, so the bytes in flight per SM are about the same
+// for any chunk size; small chunks waste fewer registers on short sequences (skv = 2 leaves most
+// of a large chunk empty) and let more warps reside.
 constexpr int kChunkVectors = 2;
 template <typename T, int kDimQk, int kDimV>
 __host__ __device__ constexpr int ChunkKeys() {
+  using Qk = RowLayout<T, kDimQk>;
+  using V = RowLayout<T, kDimV>;
+  int keys_qk = kChunkVectors / Qk::kVecsPerLane;
+  int keys_v = kChunkVectors / V::kVecsPerLane;
+  int keys = keys_qk < keys_v ? keys_qk : keys_v;
+  return keys < 1 ? 1 : keys;
+}
+
+// Keys per chunk of GroupSumKernel, whose row groups split the keys of one (sequence, kv head):
+// kChunkVectors vectors of dK and of dV per lane.
+template <typename T, int kDimQk, int kDimV>
+__host__ __device__ constexpr int GroupSumChunkKeys() {
   using Qk = RowLayout<T, kDimQk>;
   using V = RowLayout<T, kDimV>;
   int keys_qk = kChunkVectors * Qk::kRowGroups / Qk::kVecsPerLane;
@@ -86,25 +127,6 @@ __device__ __forceinline__ float GroupSum(float x) {
 #pragma unroll
   for (int offset = kLanes / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(kFullMask, x, offset);
   return x;
-}
-
-// Sum over the row groups (lanes kLanes apart; every lane gets the sum for its position).
-template <int kLanes>
-__device__ __forceinline__ float AcrossGroupsSum(float x) {
-#pragma unroll
-  for (int offset = kLanes; offset < 32; offset *= 2) x += __shfl_xor_sync(kFullMask, x, offset);
-  return x;
-}
-
-// values[first + group] for a run-time group in [0, kGroups): a chain of selects, so the register
-// array is only indexed with constants.
-template <int kGroups, int kN>
-__device__ __forceinline__ float PickForGroup(const float (&values)[kN], int first, int group) {
-  float v = values[first];
-#pragma unroll
-  for (int r = 1; r < kGroups; ++r)
-    if (group == r) v = values[first + r];
-  return v;
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -1,14 +1,15 @@
-// The small_seq forward: one warp per (sequence, query head).
+// The small_seq forward: one team of lanes per (sequence, query head) row (device.cuh, Team:
+// two rows per warp at d = 128 in 16-bit, one at d >= 256).
 //
-// The warp streams the visible keys in chunks of ChunkKeys() keys: it issues the 16-byte loads
-// of the chunk's K and V rows at once, forms q . k (each row group of
-// lanes takes one key of a step, its lanes split the row), gathers the chunk's scores into every
-// lane, and folds the chunk into a running softmax (max m, sum l, accumulator of p * v).
+// The team streams the row's visible keys in chunks of ChunkKeys() keys: it issues the 16-byte
+// loads of the chunk's K and V rows at once, forms q . k for each key (the team's lanes split the
+// row and sum over the team), and folds the chunk into a running softmax (max m, sum l,
+// accumulator of p * v). The warp runs as many chunks as its longest row needs, so that every
+// lane meets every shuffle; a team whose row is done sits the remaining chunks out.
 //
-// GQA/MQA: the warps of a kv group's query heads are neighbours (warp = b * heads_q + h), so a
-// block's warps mostly share one kv head and issue the same K/V loads together; K and V come
-// from DRAM once per kv head and the repeats are served by L1/L2. (Holding several heads per warp
-// instead was tried: the per-head q and accumulators need too many registers.)
+// GQA/MQA: the rows of a kv group's query heads are neighbours (row = b * heads_q + h), so a
+// block's teams mostly share one kv head and issue the same K/V loads together; K and V come
+// from DRAM once per kv head and the repeats are served by L1/L2.
 //
 // Saved for the backward: LSE = log(denominator) of each (sequence, head), float32, one per query
 // row: [batch, heads_q, 1], or [tokens, heads_q] packed for THD. It is all the backward needs to
@@ -25,28 +26,34 @@ __global__ void __launch_bounds__(kThreadsPerBlock,
     ForwardKernel(const KernelParams p) {
   using QkLayout = RowLayout<T, kDimQk>;
   using VLayout = RowLayout<T, kDimV>;
+  using TeamOf = Team<T, kDimQk, kDimV>;
   constexpr int kVec = QkLayout::kVecElems;
   constexpr int kQkVecs = QkLayout::kVecsPerLane;
   constexpr int kVVecs = VLayout::kVecsPerLane;
-  constexpr int kQkGroups = QkLayout::kRowGroups;
-  constexpr int kVGroups = VLayout::kRowGroups;
   constexpr int kChunk = ChunkKeys<T, kDimQk, kDimV>();
-  constexpr int kQkSteps = kChunk / kQkGroups;
-  constexpr int kVSteps = kChunk / kVGroups;
-  static_assert(kChunk % kQkGroups == 0 && kChunk % kVGroups == 0, "chunk must fill the steps");
 
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t warp = int64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32;
-  if (warp >= p.batch * p.heads_q) return;  // the whole warp leaves together
-  const int64_t b = warp / p.heads_q;
-  const int64_t h = warp - b * p.heads_q;
+  const int64_t rows = p.batch * p.heads_q;
+  if (warp * TeamOf::kPerWarp >= rows) return;  // the whole warp leaves together
+  // A team past the last row has no row but still takes part in the warp's shuffles.
+  const int64_t row = warp * TeamOf::kPerWarp + lane / TeamOf::kLanes;
+  const bool has_row = TeamOf::kPerWarp == 1 || row < rows;  // a lone team always has one
+  const int64_t b = has_row ? row / p.heads_q : 0;
+  const int64_t h = has_row ? row - b * p.heads_q : 0;
   const int64_t kv_head = h / p.group;
 
   const Sequence seq = LoadSequence(p, b);
   int64_t lo = 0, hi = 0;
   VisibleKeys(p, seq, &lo, &hi);
-  const int qk_group = QkLayout::group(lane);
-  const int v_group = VLayout::group(lane);
+  if (!has_row) hi = lo;
+  // The warp runs the chunks of its longest row: [lo, end) covers them.
+  int64_t end = hi;
+  if constexpr (TeamOf::kPerWarp > 1) {
+    const int own_chunks = static_cast<int>((hi - lo + kChunk - 1) / kChunk);
+    end = lo + int64_t{kChunk} *
+                   static_cast<int>(MaxOverTeams<TeamOf::kLanes>(static_cast<float>(own_chunks)));
+  }
   // Key j's rows are at k_rows + j * stride_s and v_rows + j * stride_s.
   const T* k_rows = static_cast<const T*>(p.k.data) + RowOffset(p.k, b, kv_head, seq.start_kv);
   const T* v_rows = static_cast<const T*>(p.v.data) + RowOffset(p.v, b, kv_head, seq.start_kv);
@@ -73,59 +80,51 @@ __global__ void __launch_bounds__(kThreadsPerBlock,
 #pragma unroll
     for (int e = 0; e < kVec; ++e) acc[c][e] = 0.0f;
 
-  for (int64_t base = lo; base < hi; base += kChunk) {
+  for (int64_t base = lo; base < end; base += kChunk) {
     // Dropout bits first (they need no data), then every load of the chunk before any use.
     const uint32_t keep_bits = DropoutKeepBits<kChunk>(p, b, h, base);
-    uint4 k_raw[kQkSteps][kQkVecs], v_raw[kVSteps][kVVecs];
-    float bias[kQkSteps];
+    uint4 k_raw[kChunk][kQkVecs], v_raw[kChunk][kVVecs];
+    float bias[kChunk];
 #pragma unroll
-    for (int t = 0; t < kQkSteps; ++t) {
-      const int64_t j = base + t * kQkGroups + qk_group;
+    for (int jj = 0; jj < kChunk; ++jj) {
+      const int64_t j = base + jj;
 #pragma unroll
       for (int c = 0; c < kQkVecs; ++c)
-        k_raw[t][c] = j < hi ? LoadRawVector<T>(k_rows + j * p.k.stride_s,
-                                                QkLayout::column(lane, c), p.k.stride_d,
-                                                p.k.vectorized)
-                             : make_uint4(0, 0, 0, 0);
-      bias[t] = j < hi ? BiasOfKey(p, b, h, j) : 0.0f;
+        k_raw[jj][c] = j < hi ? LoadRawVector<T>(k_rows + j * p.k.stride_s,
+                                                 QkLayout::column(lane, c), p.k.stride_d,
+                                                 p.k.vectorized)
+                              : make_uint4(0, 0, 0, 0);
+      bias[jj] = j < hi ? BiasOfKey(p, b, h, j) : 0.0f;
     }
 #pragma unroll
-    for (int t = 0; t < kVSteps; ++t) {
-      const int64_t j = base + t * kVGroups + v_group;
+    for (int jj = 0; jj < kChunk; ++jj) {
+      const int64_t j = base + jj;
 #pragma unroll
       for (int c = 0; c < kVVecs; ++c)
-        v_raw[t][c] = j < hi ? LoadRawVector<T>(v_rows + j * p.v.stride_s,
-                                                VLayout::column(lane, c), p.v.stride_d,
-                                                p.v.vectorized)
-                             : make_uint4(0, 0, 0, 0);
+        v_raw[jj][c] = j < hi ? LoadRawVector<T>(v_rows + j * p.v.stride_s,
+                                                 VLayout::column(lane, c), p.v.stride_d,
+                                                 p.v.vectorized)
+                              : make_uint4(0, 0, 0, 0);
     }
 
-    // The score of this lane's key of each step (-inf for a hidden key): q . k summed over the
-    // row group, through the score pipeline.
-    float own_score[kQkSteps];
+    // The score of each key of the chunk (-inf for a hidden key): q . k summed over the team,
+    // through the score pipeline. Every lane of the team holds every score.
+    float weight[kChunk];
 #pragma unroll
-    for (int t = 0; t < kQkSteps; ++t) {
+    for (int jj = 0; jj < kChunk; ++jj) {
       float sum = 0.0f;
 #pragma unroll
       for (int c = 0; c < kQkVecs; ++c) {
         float k_values[kVec];
-        UnpackVector<T>(k_raw[t][c], k_values);
+        UnpackVector<T>(k_raw[jj][c], k_values);
 #pragma unroll
         for (int e = 0; e < kVec; ++e) sum = fmaf(q[c][e], k_values[e], sum);
       }
-      sum = GroupSum<QkLayout::kLanesPerRow>(sum);
-      const int64_t j = base + t * kQkGroups + qk_group;
-      own_score[t] = j < hi ? Score(p, sum, bias[t], h, j, seq, nullptr) : -INFINITY;
+      sum = GroupSum<TeamOf::kLanes>(sum);
+      const int64_t j = base + jj;
+      weight[jj] = j < hi ? Score(p, sum, bias[jj], h, j, seq, nullptr) : -INFINITY;
     }
-    // Every lane gets every score of the chunk: key base + jj is step jj / kQkGroups of row
-    // group jj % kQkGroups.
-    float weight[kChunk];
-#pragma unroll
-    for (int t = 0; t < kQkSteps; ++t)
-#pragma unroll
-      for (int r = 0; r < kQkGroups; ++r)
-        weight[t * kQkGroups + r] =
-            __shfl_sync(kFullMask, own_score[t], r * QkLayout::kLanesPerRow);
+    if (base >= hi) continue;  // this team's row is done (no shuffles below)
 
     float chunk_max = -INFINITY;
 #pragma unroll
@@ -148,23 +147,17 @@ __global__ void __launch_bounds__(kThreadsPerBlock,
 #pragma unroll
       for (int e = 0; e < kVec; ++e) acc[c][e] *= rescale;
 #pragma unroll
-    for (int t = 0; t < kVSteps; ++t) {
-      const float w = PickForGroup<kVGroups>(weight, t * kVGroups, v_group);
+    for (int jj = 0; jj < kChunk; ++jj) {
 #pragma unroll
       for (int c = 0; c < kVVecs; ++c) {
         float v_values[kVec];
-        UnpackVector<T>(v_raw[t][c], v_values);
+        UnpackVector<T>(v_raw[jj][c], v_values);
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) acc[c][e] = fmaf(w, v_values[e], acc[c][e]);
+        for (int e = 0; e < kVec; ++e) acc[c][e] = fmaf(weight[jj], v_values[e], acc[c][e]);
       }
     }
   }
 
-  // Each row group accumulated its own keys: sum the groups, then finish the softmax.
-#pragma unroll
-  for (int c = 0; c < kVVecs; ++c)
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) acc[c][e] = AcrossGroupsSum<VLayout::kLanesPerRow>(acc[c][e]);
   float out_scale = 0.0f, lse = -INFINITY;
   if (lo < hi) {
     const float extra = ExtraLogit(p, h);
@@ -174,8 +167,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock,
     out_scale = correction / denominator;
     lse = top + logf(denominator);
   }
+  if (!has_row) return;  // no shuffles below
   const bool o_row_exists = !p.thd || seq.len_q > 0;
-  if (o_row_exists && v_group == 0) {
+  if (o_row_exists) {
     const int64_t o_row = RowOffset(p.o, b, h, seq.start_q);
 #pragma unroll
     for (int c = 0; c < kVVecs; ++c) {
@@ -186,11 +180,12 @@ __global__ void __launch_bounds__(kThreadsPerBlock,
                                p.o.stride_d, p.o.vectorized, out);
     }
   }
-  if (lane == 0 && p.lse.data != nullptr && (!p.lse_packed || seq.len_q > 0))
+  const bool team_leader = lane % TeamOf::kLanes == 0;
+  if (team_leader && p.lse.data != nullptr && (!p.lse_packed || seq.len_q > 0))
     static_cast<float*>(p.lse.data)[b * p.lse.stride_b +
                                     (p.lse_packed ? seq.start_q : 0) * p.lse.stride_s +
                                     h * p.lse.stride_h] = lse;
-  if (lane == 0 && p.max_logit != nullptr && lo < hi)
+  if (team_leader && p.max_logit != nullptr && lo < hi)
     AtomicMaxFloat(p.max_logit + h * p.max_logit_stride, running_max);
 }
 

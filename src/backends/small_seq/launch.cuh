@@ -21,17 +21,23 @@ inline dim3 BlocksFor(int64_t warps) {
   return dim3(static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock));
 }
 
+// The forward and backward give each (sequence, query head) row to a team (device.cuh).
+template <typename T, int kDimQk, int kDimV>
+dim3 BlocksForRows(const KernelParams& p) {
+  return BlocksFor(Team<T, kDimQk, kDimV>::WarpsFor(p.batch * p.heads_q));
+}
+
 template <typename T, int kDimQk, int kDimV>
 Status LaunchForwardForDims(const KernelParams& p, cudaStream_t stream) {
   ForwardKernel<T, kDimQk, kDimV>
-      <<<BlocksFor(p.batch * p.heads_q), kThreadsPerBlock, 0, stream>>>(p);
+      <<<BlocksForRows<T, kDimQk, kDimV>(p), kThreadsPerBlock, 0, stream>>>(p);
   return LaunchStatus("forward");
 }
 
 template <typename T, int kDimQk, int kDimV>
 Status LaunchBackwardForDims(const KernelParams& p, cudaStream_t stream) {
   BackwardKernel<T, kDimQk, kDimV>
-      <<<BlocksFor(p.batch * p.heads_q), kThreadsPerBlock, 0, stream>>>(p);
+      <<<BlocksForRows<T, kDimQk, kDimV>(p), kThreadsPerBlock, 0, stream>>>(p);
   FUSEDATTN_RETURN_IF_ERROR(LaunchStatus("backward"));
   if (p.group > 1) {
     GroupSumKernel<T, kDimQk, kDimV>

@@ -28,10 +28,9 @@ namespace fusedattn::small_seq {
 // sequences go to cuDNN or flash.
 constexpr int64_t kMaxSeqlenKv = 16;
 
-// Head dims with compiled kernels: head_dim_qk = head_dim_v in {64, 128, 256, 512}. The kernels
-// are written for any pair of these (q.k and v have separate row layouts; pairs such as
-// (128, 64) and (64, 512) matched the reference in the CPU emulation), but every pair costs nine
-// more kernel instances, so only equal pairs are built.
+// Head dims with compiled kernels: head_dim_qk = head_dim_v in {64, 128, 256, 512}. The forward
+// and backward kernels give a row to a team of lanes that must cover the q.k and the v row alike
+// (device.cuh, Team), which holds for equal head dims.
 constexpr bool HasKernelsForHeadDims(int64_t head_dim_qk, int64_t head_dim_v) {
   return head_dim_qk == head_dim_v &&
          (head_dim_qk == 64 || head_dim_qk == 128 || head_dim_qk == 256 || head_dim_qk == 512);

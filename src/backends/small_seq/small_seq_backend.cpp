@@ -36,7 +36,8 @@ Status CheckProblem(const Problem& problem) {
       return NotSupported("dtype %s: small_seq runs float32, float16 and bfloat16",
                           DtypeName(dtype));
   }
-  // One warp per (sequence, query head); block counts must fit the grid's 31 bits.
+  // At most one warp per (sequence, query head) (GroupSumKernel: per kv head); block counts must
+  // fit the grid's 31 bits.
   if (c.batch * c.heads_q > INT32_MAX)
     return NotSupported("batch * heads_q = %lld * %lld is more than %d warps", (long long)c.batch,
                         (long long)c.heads_q, INT32_MAX);
@@ -60,7 +61,7 @@ bool DbiasIsDirect(const Problem& problem) {
 
 }  // namespace
 
-// The backward's workspace holds only what crosses warps:
+// The backward's workspace holds only what crosses from one row's team to another kernel:
 //  - group > 1: two floats per (sequence, query head, key) [batch][heads_q][max_seqlen_kv][2],
 //    the coefficients that GroupSumKernel sums over a group's heads into dK and dV;
 //  - dbias over a broadcast axis: one float per (sequence, query head, key), the row of dbias
