@@ -97,9 +97,9 @@ fusedattn_status fusedattn_fwd_workspace_size(const fusedattn_config* config, si
   return Guarded(msg, msg_len, [&]() -> Status {
     if (bytes == nullptr) return InvalidArgument("bytes (the output pointer) is NULL");
     Problem problem;
+    FUSEDATTN_RETURN_IF_ERROR(MakeProblem(config, HasCudaDevice(), &problem));
     Backend* chosen = nullptr;
-    FUSEDATTN_RETURN_IF_ERROR(Prepare(config, false, &problem, &chosen, nullptr));
-    return chosen->fwd_workspace_size(problem, bytes);
+    return SelectBackendAndWorkspace(problem, false, &chosen, bytes);
   });
 }
 
@@ -108,9 +108,9 @@ fusedattn_status fusedattn_bwd_workspace_size(const fusedattn_config* config, si
   return Guarded(msg, msg_len, [&]() -> Status {
     if (bytes == nullptr) return InvalidArgument("bytes (the output pointer) is NULL");
     Problem problem;
+    FUSEDATTN_RETURN_IF_ERROR(MakeProblem(config, HasCudaDevice(), &problem));
     Backend* chosen = nullptr;
-    FUSEDATTN_RETURN_IF_ERROR(Prepare(config, true, &problem, &chosen, nullptr));
-    return chosen->bwd_workspace_size(problem, bytes);
+    return SelectBackendAndWorkspace(problem, true, &chosen, bytes);
   });
 }
 
@@ -123,9 +123,9 @@ fusedattn_status fusedattn_fwd(const fusedattn_config* config, const fusedattn_f
     FwdTensors tensors;
     FUSEDATTN_RETURN_IF_ERROR(MakeFwdTensors(problem, args, &tensors));
     Backend* backend = nullptr;
-    FUSEDATTN_RETURN_IF_ERROR(SelectBackend(problem, false, &backend, nullptr));
     size_t needed = 0;
-    FUSEDATTN_RETURN_IF_ERROR(backend->fwd_workspace_size(problem, &needed));
+    FUSEDATTN_RETURN_IF_ERROR(
+        SelectBackendAndWorkspace(problem, false, &backend, &needed));
     FUSEDATTN_RETURN_IF_ERROR(CheckWorkspace("fwd", needed, workspace, workspace_bytes));
     return backend->forward(problem, tensors, workspace, workspace_bytes, stream);
   });
@@ -140,9 +140,9 @@ fusedattn_status fusedattn_bwd(const fusedattn_config* config, const fusedattn_b
     BwdTensors tensors;
     FUSEDATTN_RETURN_IF_ERROR(MakeBwdTensors(problem, args, &tensors));
     Backend* backend = nullptr;
-    FUSEDATTN_RETURN_IF_ERROR(SelectBackend(problem, true, &backend, nullptr));
     size_t needed = 0;
-    FUSEDATTN_RETURN_IF_ERROR(backend->bwd_workspace_size(problem, &needed));
+    FUSEDATTN_RETURN_IF_ERROR(
+        SelectBackendAndWorkspace(problem, true, &backend, &needed));
     FUSEDATTN_RETURN_IF_ERROR(CheckWorkspace("bwd", needed, workspace, workspace_bytes));
     return backend->backward(problem, tensors, workspace, workspace_bytes, stream);
   });

@@ -58,6 +58,13 @@ int CurrentDeviceComputeCapability() {
   return major * 10 + minor;
 }
 
+int CurrentCudaDevice() {
+  if (!HasCudaDevice()) return -1;
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess) return -1;
+  return device;
+}
+
 #else
 
 bool HasCudaDevice() { return false; }
@@ -69,6 +76,7 @@ Status CopyToDevice(void*, const void*, size_t, void*) {
   return NotSupported("built without CUDA: cannot copy to device memory");
 }
 int CurrentDeviceComputeCapability() { return 0; }
+int CurrentCudaDevice() { return -1; }
 
 #endif
 

@@ -20,6 +20,8 @@ Status CopyToDevice(void* device, const void* host, size_t bytes, void* stream);
 
 // Compute capability (major * 10 + minor) of the current device, 0 if none.
 int CurrentDeviceComputeCapability();
+// The current CUDA device's ordinal, -1 if none.
+int CurrentCudaDevice();
 
 }  // namespace fusedattn
 

@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 
+#include "common/cuda_util.h"
 #include "common/lru_cache.h"
 
 namespace fusedattn {
@@ -88,19 +89,27 @@ struct Choice {
   Backend* backend = nullptr;  // nullptr: none
   Status status;
   std::string diagnostic;
+  // The chosen backend's forward and backward workspace bytes, -1 until first asked. (cuDNN also
+  // checks the workspace against the plan it runs, should a rebuilt plan ever need more.)
+  std::atomic<int64_t> workspace[2] = {-1, -1};
 };
 
+// Workspace sizes depend on the device (cuDNN plans are built per device), so the device is part
+// of the key of CUDA problems.
 struct SelectionKey {
   ProblemKey problem;
   bool need_backward;
   int forced;
+  int cuda_device;  // -1 for CPU problems
   bool operator==(const SelectionKey& o) const {
-    return need_backward == o.need_backward && forced == o.forced && problem == o.problem;
+    return need_backward == o.need_backward && forced == o.forced &&
+           cuda_device == o.cuda_device && problem == o.problem;
   }
 };
 struct SelectionKeyHash {
   size_t operator()(const SelectionKey& k) const {
-    return ProblemKeyHash()(k.problem) * 31 + (k.need_backward ? 7 : 0) + k.forced;
+    return (ProblemKeyHash()(k.problem) * 31 + (k.need_backward ? 7 : 0) + k.forced) * 31 +
+           static_cast<size_t>(k.cuda_device + 1);
   }
 };
 
@@ -109,10 +118,10 @@ LruCache<SelectionKey, Choice, SelectionKeyHash>& SelectionCache() {
   return cache;
 }
 
-Choice Decide(const Problem& problem, bool need_backward, fusedattn_backend forced) {
+void Decide(const Problem& problem, bool need_backward, fusedattn_backend forced, Choice* out) {
   Problem p = problem;
   if (need_backward) p.config.is_training = 1;
-  Choice choice;
+  Choice& choice = *out;
   if (forced != FUSEDATTN_BACKEND_AUTO) {
     Backend* b = FindBackend(forced);
     Status s = b->available();
@@ -122,11 +131,11 @@ Choice Decide(const Problem& problem, bool need_backward, fusedattn_backend forc
                              Format("forced backend %s cannot run this problem (%s): %s",
                                     b->name(), p.describe().c_str(), s.message().c_str()));
       choice.diagnostic = choice.status.message();
-      return choice;
+      return;
     }
     choice.backend = b;
     choice.diagnostic = Format("%s (forced)", b->name());
-    return choice;
+    return;
   }
   std::string refusals;
   for (fusedattn_backend id : PreferenceOrder(p)) {
@@ -141,7 +150,7 @@ Choice Decide(const Problem& problem, bool need_backward, fusedattn_backend forc
       choice.diagnostic = refusals.empty() ? Format("%s", b->name())
                                            : Format("%s; not chosen: %s", b->name(),
                                                     refusals.c_str());
-      return choice;
+      return;
     }
     if (!refusals.empty()) refusals += "; ";
     refusals += Format("%s: %s", b->name(), s.message().c_str());
@@ -157,7 +166,7 @@ Choice Decide(const Problem& problem, bool need_backward, fusedattn_backend forc
                          Format("no backend runs this problem (%s): %s", p.describe().c_str(),
                                 refusals.c_str()));
   choice.diagnostic = choice.status.message();
-  return choice;
+  return;
 }
 
 }  // namespace
@@ -171,8 +180,9 @@ void ReloadEnvironmentBackend() { g_env_backend.store(-1); }
 
 void ClearSelectionCache() { SelectionCache().clear(); }
 
-Status SelectBackend(const Problem& problem, bool need_backward, Backend** chosen,
-                     std::string* diagnostic) {
+namespace {
+
+Status Select(const Problem& problem, bool need_backward, std::shared_ptr<Choice>* out) {
   fusedattn_backend forced = problem.config.backend;
   if (forced == FUSEDATTN_BACKEND_AUTO) {
     int env = EnvironmentState();
@@ -185,15 +195,46 @@ Status SelectBackend(const Problem& problem, bool need_backward, Backend** chose
     forced = static_cast<fusedattn_backend>(env);
   }
   SelectionKey key{KeyOf(problem), need_backward || problem.config.is_training != 0,
-                   static_cast<int>(forced)};
+                   static_cast<int>(forced),
+                   problem.device == Device::kCuda ? CurrentCudaDevice() : -1};
   std::shared_ptr<Choice> choice = SelectionCache().find(key);
   if (!choice) {
-    choice = std::make_shared<Choice>(Decide(problem, key.need_backward, forced));
+    choice = std::make_shared<Choice>();
+    Decide(problem, key.need_backward, forced, choice.get());
     choice = SelectionCache().insert(key, choice);
   }
+  *out = std::move(choice);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status SelectBackend(const Problem& problem, bool need_backward, Backend** chosen,
+                     std::string* diagnostic) {
+  std::shared_ptr<Choice> choice;
+  FUSEDATTN_RETURN_IF_ERROR(Select(problem, need_backward, &choice));
   if (diagnostic) *diagnostic = choice->diagnostic;
   if (!choice->backend) return choice->status;
   *chosen = choice->backend;
+  return Status::Ok();
+}
+
+Status SelectBackendAndWorkspace(const Problem& problem, bool backward, Backend** chosen,
+                                 size_t* workspace_bytes) {
+  std::shared_ptr<Choice> choice;
+  FUSEDATTN_RETURN_IF_ERROR(Select(problem, backward, &choice));
+  if (!choice->backend) return choice->status;
+  *chosen = choice->backend;
+  std::atomic<int64_t>& known = choice->workspace[backward ? 1 : 0];
+  int64_t bytes = known.load(std::memory_order_acquire);
+  if (bytes < 0) {
+    size_t asked = 0;
+    FUSEDATTN_RETURN_IF_ERROR(backward ? choice->backend->bwd_workspace_size(problem, &asked)
+                                       : choice->backend->fwd_workspace_size(problem, &asked));
+    bytes = static_cast<int64_t>(asked);
+    known.store(bytes, std::memory_order_release);
+  }
+  *workspace_bytes = static_cast<size_t>(bytes);
   return Status::Ok();
 }
 

@@ -18,6 +18,12 @@ Backend* FindBackend(fusedattn_backend id);
 Status SelectBackend(const Problem& problem, bool need_backward, Backend** chosen,
                      std::string* diagnostic);
 
+// SelectBackend, and the chosen backend's workspace for the forward (backward = false) or the
+// backward: asked of the backend once and kept with the selection, so that a warm
+// fusedattn_fwd/bwd does not plan its workspace again on every call.
+Status SelectBackendAndWorkspace(const Problem& problem, bool backward, Backend** chosen,
+                                 size_t* workspace_bytes);
+
 // The backend forced by the environment (FUSEDATTN_BACKEND), read once per process.
 fusedattn_backend EnvironmentBackend();
 
