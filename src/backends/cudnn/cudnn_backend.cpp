@@ -57,23 +57,31 @@ Status CudnnError(const char* what, cudnnStatus_t status) {
 // ------------------------------------------------------------------------------------------------
 // Handles: a pool per device. A lease returns its handle when it ends.
 // ------------------------------------------------------------------------------------------------
+// A pooled handle remembers the stream it was last set to: cudnnSetStream costs host time, and a
+// caller mostly runs on one stream.
+struct PooledHandle {
+  cudnnHandle_t handle = nullptr;
+  cudaStream_t stream = nullptr;
+};
+
 class HandlePool {
  public:
-  Status acquire(int device, cudnnHandle_t* handle) {
+  Status acquire(int device, PooledHandle* out) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto& free = free_[device];
       if (!free.empty()) {
-        *handle = free.back();
+        *out = free.back();
         free.pop_back();
         return Status::Ok();
       }
     }
-    cudnnStatus_t status = cudnnCreate(handle);  // on the current device
+    *out = PooledHandle{};
+    cudnnStatus_t status = cudnnCreate(&out->handle);  // on the current device
     if (status != CUDNN_STATUS_SUCCESS) return CudnnError("cudnnCreate", status);
     return Status::Ok();
   }
-  void release(int device, cudnnHandle_t handle) {
+  void release(int device, const PooledHandle& handle) {
     std::lock_guard<std::mutex> lock(mutex_);
     free_[device].push_back(handle);
   }
@@ -82,7 +90,7 @@ class HandlePool {
   std::mutex mutex_;
   // Handles are never destroyed: the pool lives for the process, and destroying handles while
   // CUDA shuts down at exit is unsafe. There are at most as many as calls ever ran at once.
-  std::vector<cudnnHandle_t> free_[kMaxDevices];
+  std::vector<PooledHandle> free_[kMaxDevices];
 };
 
 HandlePool& Handles() {
@@ -96,17 +104,25 @@ class HandleLease {
   HandleLease(const HandleLease&) = delete;
   HandleLease& operator=(const HandleLease&) = delete;
   ~HandleLease() {
-    if (handle_ != nullptr) Handles().release(device_, handle_);
+    if (pooled_.handle != nullptr) Handles().release(device_, pooled_);
   }
   Status acquire(int device) {
     device_ = device;
-    return Handles().acquire(device, &handle_);
+    return Handles().acquire(device, &pooled_);
   }
-  cudnnHandle_t get() const { return handle_; }
+  // The stream the handle's work goes to (a new handle starts on the default stream).
+  Status set_stream(cudaStream_t stream) {
+    if (stream == pooled_.stream) return Status::Ok();
+    cudnnStatus_t status = cudnnSetStream(pooled_.handle, stream);
+    if (status != CUDNN_STATUS_SUCCESS) return CudnnError("cudnnSetStream", status);
+    pooled_.stream = stream;
+    return Status::Ok();
+  }
+  cudnnHandle_t get() const { return pooled_.handle; }
 
  private:
   int device_ = 0;
-  cudnnHandle_t handle_ = nullptr;
+  PooledHandle pooled_;
 };
 
 // ------------------------------------------------------------------------------------------------
@@ -249,8 +265,7 @@ Status Execute(const SdpaGraph& graph, int device, void* stream, const GraphPoin
                void* workspace) {
   HandleLease handle;
   FUSEDATTN_RETURN_IF_ERROR(handle.acquire(device));
-  cudnnStatus_t status = cudnnSetStream(handle.get(), static_cast<cudaStream_t>(stream));
-  if (status != CUDNN_STATUS_SUCCESS) return CudnnError("cudnnSetStream", status);
+  FUSEDATTN_RETURN_IF_ERROR(handle.set_stream(static_cast<cudaStream_t>(stream)));
   return ExecuteSdpaGraph(graph, handle.get(), ptrs, workspace);
 }
 
