@@ -263,6 +263,23 @@ TEST(SmallSeq, MatchesReferenceForEmptyAndShortSequences) {
     }
 }
 
+// One head per sequence and an odd batch: the rows a warp's teams share belong to different
+// sequences of different lengths (one team finishes its chunks before the other), and the last
+// warp has teams without a row.
+TEST(SmallSeq, MatchesReferenceWhenTeamsOfAWarpHaveDifferentLengths) {
+  SKIP_WITHOUT_DEVICE();
+  std::vector<int32_t> len_q = {1, 1, 1, 1, 0, 1, 1};
+  std::vector<int32_t> len_kv = {16, 1, 0, 9, 4, 2, 13};
+  for (fusedattn_dtype dtype : kDtypes)
+    for (int64_t d : {64, 128}) {
+      fusedattn_config c = SmallSeqConfig(7, 1, 1, 16, d, dtype);
+      c.mask = FUSEDATTN_MASK_PADDING;
+      CheckAgainstReference(c, WithLengths(len_q, len_kv));
+      c.q_format = c.kv_format = c.o_format = c.do_format = c.dqkv_format = FUSEDATTN_FORMAT_THD;
+      CheckAgainstReference(c, WithLengths(len_q, len_kv));
+    }
+}
+
 TEST(SmallSeq, MatchesReferenceInEveryFormat) {
   SKIP_WITHOUT_DEVICE();
   for (fusedattn_dtype dtype : {FUSEDATTN_DTYPE_FLOAT32, FUSEDATTN_DTYPE_BFLOAT16})
