@@ -97,6 +97,11 @@ step_bench() {
 }
 
 # NATIVE_BENCHES: which of build/bench's programs to run (default: all of them).
+step_probe() {
+  export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
+  python3 "$ROOT/bench/cudnn_train_probe.py"
+}
+
 step_native_bench() {
   local names="${NATIVE_BENCHES:-flash_bench small_seq_bench cudnn_overhead}"
   for name in $names; do
@@ -122,3 +127,5 @@ for step in "$@"; do
   tail -n 15 "$OUT/$step.log"
 done
 cat "$OUT/summary.txt"
+# The device tool brings back at most 8 files: everything also goes into one archive.
+tar czf "$OUT/all-logs.tgz" -C "$OUT" --exclude=all-logs.tgz . 2>/dev/null || true
