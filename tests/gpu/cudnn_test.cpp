@@ -789,11 +789,12 @@ TEST_F(CudnnCache, EightThreadsSelectAndRunConcurrently) {
     EXPECT_TRUE(failures[t].empty()) << "thread " << t << ": " << failures[t];
   const fusedattn_cache_stats after = CacheStats();
   // Each thread's problem has one forward and one backward plan, distinct from all others; each
-  // was missed once (no other thread asks for it) and then hit.
+  // was missed once (no other thread asks for it) and then hit: at least once by every
+  // fusedattn_fwd and fusedattn_bwd (the workspace sizes are kept with the selection).
   EXPECT_EQ(after.misses - before.misses, 16u);
   EXPECT_EQ(after.entries, 16u);
   EXPECT_EQ(after.evictions - before.evictions, 0u);
-  EXPECT_GE(after.hits - before.hits, 8u * 3u * 4u);
+  EXPECT_GE(after.hits - before.hits, 8u * 3u * 2u);
 }
 
 }  // namespace
