@@ -77,10 +77,12 @@ bool BandOf(const std::vector<Node>& nodes, int32_t id, Partial* band) {
   if (!LinearOf(nodes, n.args[0], &lhs) || !LinearOf(nodes, n.args[1], &rhs)) return false;
   Linear f = lhs.plus(rhs, -1.0);  // f op 0
   Op op = n.op;
-  if (f.cj == -1) {  // make kv_idx's coefficient +1, flipping the comparison
+  if (f.cj == 0) return false;
+  if (f.cj < 0) {  // a positive coefficient of kv_idx, flipping the comparison
     f = f.scaled(-1);
     op = op == Op::kLt ? Op::kGt : op == Op::kLe ? Op::kGe : op == Op::kGt ? Op::kLt : Op::kLe;
   }
+  f = f.scaled(1.0 / f.cj);  // kv_idx's coefficient 1 (2j <= 2i is j <= i)
   // Now f = j - d + c with d = i or i + sk - sq.
   if (f.cj != 1 || f.ci != -1 || f.csk != -f.csq || (f.csk != 0 && f.csk != -1)) return false;
   const bool bottom_right = f.csk == -1;
@@ -113,6 +115,10 @@ bool RecognizeBandMask(const Program& program, MaskBand* band) {
   return true;
 }
 
-bool IsMaskOnly(const Program& program) { return program.score < 0; }
+bool IsMaskOnly(const Program& program) {
+  if (program.score < 0) return true;
+  const Node& score = program.nodes[static_cast<size_t>(program.score)];
+  return score.op == Op::kInput && score.slot == FUSEDATTN_SCORE_MOD_SCORE;
+}
 
 }  // namespace fusedattn::flex

@@ -30,8 +30,8 @@ struct MaskBand {
 // OR, NOT, EQ/NE, tensors, batch/head or the score make it not a band.
 bool RecognizeBandMask(const Program& program, MaskBand* band);
 
-// True when the program changes nothing but visibility (no score output), so that a backend may
-// replace the whole graph with a native band.
+// True when the program changes nothing but visibility (no score output, or the score s
+// itself), so that a backend may replace the whole graph with a native band.
 bool IsMaskOnly(const Program& program);
 
 }  // namespace fusedattn::flex
