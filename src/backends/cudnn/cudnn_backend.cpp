@@ -6,6 +6,10 @@
 // cuDNN's own message when it cannot build them. Built plans live in a bounded LRU cache keyed by
 // the whole graph spec plus the device (ordinal, compute capability) and the cuDNN version.
 //
+// Score modifiers: every entry point plans from EffectiveProblem (plan_spec.h): a band mask_mod
+// is a plain problem with that band, every other graph reaches cuDNN's score-modifier callbacks
+// through the spec (sdpa_graph.cpp lowers it).
+//
 // Batch size: a graph bakes in its batch, so a new batch size builds a new graph (a cold build,
 // see bench/cudnn_overhead.cpp for its cost) and never reuses one of another size. THD problems
 // without a per-sequence bias build for a power-of-two batch capacity instead (unused entries get
