@@ -5,7 +5,7 @@
 #   bash scripts/gpu_run.sh build tests sanitize cli python bench-quick
 # Each step logs to $OUT/<step>.log and the summary of all steps to $OUT/summary.txt.
 set -uo pipefail
-export ROOT OUT BUILD JOBS CUDNN_MEMCHECK SANITIZE_FILTER RACECHECK_FILTER NATIVE_BENCHES BENCH_ARGS FLEX_BENCH_ARGS 2>/dev/null
+export ROOT OUT BUILD JOBS CUDNN_MEMCHECK SANITIZE_FILTER RACECHECK_FILTER NATIVE_BENCHES BENCH_ARGS 2>/dev/null
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/gpu-out}"
 mkdir -p "$OUT"
@@ -97,11 +97,6 @@ step_bench() {
 }
 
 # NATIVE_BENCHES: which of build/bench's programs to run (default: all of them).
-step_flex_bench() {
-  export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
-  python3 "$ROOT/bench/flex_bench.py" --out "$OUT" ${FLEX_BENCH_ARGS:-}
-}
-
 step_probe() {
   export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
   python3 "$ROOT/bench/cudnn_train_probe.py"
