@@ -284,3 +284,32 @@ def test_harness_imports_without_torch():
         BENCH_DIR)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# bench/ratio_table.py: the acceptance tables (one implementation's speed over another's).
+import ratio_table  # noqa: E402
+
+
+def _row(point, direction, **times):
+    return {"point": point, "direction": direction,
+            "impls": {impl.replace("_", ":"): ({"status": "ok", "time_ms": t} if t else
+                                               {"status": "unsupported"})
+                      for impl, t in times.items()}}
+
+
+def test_ratio_is_the_reference_time_over_the_implementation_time():
+    rows = [_row("p", "fwd", ours_x=2.0, torch_x=1.0)]
+    assert ratio_table.ratios(rows, "ours:x", "torch:x") == [("p", "fwd", 0.5)]
+
+
+def test_ratio_is_none_when_either_side_did_not_run():
+    rows = [_row("p", "fwd", ours_x=2.0, torch_x=None)]
+    assert ratio_table.ratios(rows, "ours:x", "torch:x") == [("p", "fwd", None)]
+
+
+def test_table_marks_and_names_the_points_under_the_bound():
+    rows = [_row("a", "fwd", ours_x=1.0, torch_x=1.0), _row("b", "bwd", ours_x=1.0, torch_x=0.9)]
+    text = ratio_table.table(rows, [("ours:x", "torch:x")], bound=0.97)
+    assert "| b | bwd | 0.900 **<** |" in text
+    assert "| a | fwd | 1.000 |" in text
+    assert "1 under 0.97: b bwd (0.900)" in text

@@ -101,8 +101,9 @@ __host__ __device__ constexpr int GroupSumChunkKeys() {
 
 // Blocks per SM that each kernel asks the compiler to fit (the minimum of __launch_bounds__): the
 // largest count whose register cap, 65536 / (kThreadsPerBlock * blocks) rounded down to 8, ptxas
-// met without spilling (nvcc -Xptxas -v on sm_90a, CUDA 13.0, kChunkVectors = 2). More resident
-// warps keep more loads in flight. Redo the sweep when the kernels change.
+// met without spilling (nvcc -Xptxas -v on sm_90a, CUDA 13.0, kChunkVectors = 2; checked again
+// after the team kernels: no spills at these counts). More resident warps keep more loads in
+// flight. Redo the sweep when the kernels change.
 enum class KernelKind { kForward, kBackward, kGroupSum };
 template <KernelKind kKind, typename T, int kDim>
 __host__ __device__ constexpr int MinBlocksPerSm() {
