@@ -96,12 +96,13 @@ step_bench() {
   eval python3 "$ROOT/bench/bench.py" --out "$OUT" ${BENCH_ARGS:---grid prefill}
 }
 
-# NATIVE_BENCHES: which of build/bench's programs to run (default: all of them).
+# Times the training forward on its own next to PyTorch's (bench/cudnn_train_probe.py).
 step_probe() {
   export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
   python3 "$ROOT/bench/cudnn_train_probe.py"
 }
 
+# NATIVE_BENCHES: which of build/bench's programs to run (default: all of them).
 step_native_bench() {
   local names="${NATIVE_BENCHES:-flash_bench small_seq_bench cudnn_overhead}"
   for name in $names; do

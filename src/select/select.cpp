@@ -166,7 +166,6 @@ void Decide(const Problem& problem, bool need_backward, fusedattn_backend forced
                          Format("no backend runs this problem (%s): %s", p.describe().c_str(),
                                 refusals.c_str()));
   choice.diagnostic = choice.status.message();
-  return;
 }
 
 }  // namespace
