@@ -440,14 +440,45 @@ def output_paths(out_dir, grid, device_name, date):
 # Driver: runs the tasks in worker subprocesses, restarting a worker that dies
 # ---------------------------------------------------------------------------------------------
 
-def make_tasks(points, quick=False):
+def make_tasks(points, quick=False, rounds=1):
+    """The device task, then one task per (point, implementation, direction) and round. Round r
+    of a point times the implementations rotated by r, so that with several rounds each one is
+    measured at several places in the sequence (after different neighbours, at different GPU
+    temperatures); merge_rounds then keeps the median."""
     tasks = [{"id": 0, "kind": "device"}]
     for point in points:
-        for impl in implementations(point, quick):
-            for direction in point.directions:
-                tasks.append({"id": len(tasks), "kind": "measure", "point": point.to_dict(),
-                              "impl": impl, "direction": direction})
+        impls = implementations(point, quick)
+        for r in range(rounds):
+            shift = r % len(impls)
+            for impl in impls[shift:] + impls[:shift]:
+                for direction in point.directions:
+                    tasks.append({"id": len(tasks), "kind": "measure", "point": point.to_dict(),
+                                  "impl": impl, "direction": direction, "round": r})
     return tasks
+
+
+def merge_rounds(tasks, results):
+    """(tasks of round 0, results) with one result per (point, implementation, direction): the
+    first ok round's result with time_ms the median over the ok rounds (their times in
+    round_times_ms), or the first round's failure when no round ran."""
+    groups = {}
+    for task in tasks:
+        if task["kind"] != "measure":
+            continue
+        key = (json.dumps(task["point"], sort_keys=True), task["impl"], task["direction"])
+        groups.setdefault(key, []).append(task)
+    first_tasks = [t for t in tasks if t["kind"] != "measure" or t.get("round", 0) == 0]
+    merged = dict(results)
+    for group in groups.values():
+        first = min(group, key=lambda t: t.get("round", 0))
+        ok = [results[t["id"]] for t in group if results.get(t["id"], {}).get("status") == "ok"]
+        if not ok:
+            continue
+        result = dict(ok[0], id=first["id"])
+        result["round_times_ms"] = [r["time_ms"] for r in ok]
+        result["time_ms"] = statistics.median(result["round_times_ms"])
+        merged[first["id"]] = result
+    return first_tasks, merged
 
 
 def run_tasks(tasks, worker_command, settings, log=print, max_restarts=50):
@@ -932,6 +963,9 @@ def main(argv=None):
     parser.add_argument("--filter", default=None,
                         help="a regular expression: only the points whose label matches "
                              "(e.g. 'bf16 d128' or 'causal$'), to split a long grid")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="time every task this many times, implementations rotated each "
+                             "round, and keep the median (for ratios near a bound)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: a dry run of the harness on CPU tensors (with --grid smoke)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -946,7 +980,7 @@ def main(argv=None):
         grids = [g for g in grids if any(p.grid == g for p in points)]
     if not points:
         parser.error("no point left to run")
-    tasks = make_tasks(points, args.quick)
+    tasks = make_tasks(points, args.quick, args.rounds)
     if args.only:
         wanted = set(args.only.split(","))
         tasks = [t for t in tasks if t["kind"] == "device" or t["impl"] in wanted]
@@ -960,9 +994,10 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     # One set of files: <grid>-<device>-<date>, or all-<device>-<date> with a section per grid.
     sections = []
+    row_tasks, row_results = merge_rounds(tasks, results)
     for grid in grids:
         grid_points = [p for p in points if p.grid == grid]
-        rows = build_rows(grid_points, tasks, results, device)
+        rows = build_rows(grid_points, row_tasks, row_results, device)
         sections.append((grid, rows, grid_points[0].unit if grid_points else "tflops"))
     paths = output_paths(args.out, args.grid, device.get("name", "device"),
                          device.get("date", datetime.date.today().isoformat()))

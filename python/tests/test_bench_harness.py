@@ -313,3 +313,33 @@ def test_table_marks_and_names_the_points_under_the_bound():
     assert "| b | bwd | 0.900 **<** |" in text
     assert "| a | fwd | 1.000 |" in text
     assert "1 under 0.97: b bwd (0.900)" in text
+
+
+def test_rounds_time_every_task_once_a_round_with_the_implementations_rotated():
+    point = prefill()
+    tasks = bench.make_tasks([point], rounds=2)
+    impls = bench.implementations(point)
+    measured = [t for t in tasks if t["kind"] == "measure"]
+    assert len(measured) == 2 * len(impls) * len(point.directions)
+    order = [[t["impl"] for t in measured if t["round"] == r and t["direction"] == "fwd"]
+             for r in (0, 1)]
+    assert order[0] == impls
+    assert order[1] == impls[1:] + impls[:1]
+
+
+def test_merged_rounds_keep_the_median_and_skip_failed_rounds():
+    point = prefill()
+    tasks = bench.make_tasks([point], rounds=3)
+    same = [t for t in tasks if t["kind"] == "measure" and t["impl"] == "torch:cudnn"
+            and t["direction"] == "fwd"]
+    results = {t["id"]: {"id": t["id"], "status": "ok", "time_ms": 1.0} for t in tasks}
+    results[same[0]["id"]] = {"id": same[0]["id"], "status": "ok", "time_ms": 5.0}
+    results[same[1]["id"]] = {"id": same[1]["id"], "status": "crashed"}
+    results[same[2]["id"]] = {"id": same[2]["id"], "status": "ok", "time_ms": 3.0}
+    first_tasks, merged = bench.merge_rounds(tasks, results)
+    assert all(t.get("round", 0) == 0 for t in first_tasks)
+    assert merged[same[0]["id"]]["time_ms"] == 4.0
+    assert merged[same[0]["id"]]["round_times_ms"] == [5.0, 3.0]
+    rows = bench.build_rows([point], first_tasks, merged, {"gemm_tflops": 800, "copy_tbps": 3})
+    fwd = [r for r in rows if r["direction"] == "fwd"][0]
+    assert fwd["impls"]["torch:cudnn"]["time_ms"] == 4.0
