@@ -37,7 +37,9 @@
  * an auxiliary tensor declared with requires_grad gets d_aux[e] = the sum, over the visible
  * (b, h, i, j) that read element e, of dS * d score_mod / d aux (0 for elements no visible key
  * reads). The derivative is the graph's explicit one where given, else derived symbolically.
- * In this version only the reference backend runs score modifiers (GPU backends refuse them).
+ * The reference and cuDNN backends run score modifiers; cuDNN refuses, naming the reason, what
+ * it cannot combine with one (a tensor bias, ALiBi, softcap, THD, gradients of the graph's
+ * tensors), and the native backends refuse them in this version.
  *
  * The softmax over the visible keys is
  *   VANILLA:        p_j = exp(s_j) / sum_j' exp(s_j')

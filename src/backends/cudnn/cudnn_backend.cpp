@@ -6,6 +6,10 @@
 // cuDNN's own message when it cannot build them. Built plans live in a bounded LRU cache keyed by
 // the whole graph spec plus the device (ordinal, compute capability) and the cuDNN version.
 //
+// Score modifiers: every entry point plans from EffectiveProblem (plan_spec.h): a band mask_mod
+// is a plain problem with that band, every other graph reaches cuDNN's score-modifier callbacks
+// through the spec (sdpa_graph.cpp lowers it).
+//
 // Batch size: a graph bakes in its batch, so a new batch size builds a new graph (a cold build,
 // see bench/cudnn_overhead.cpp for its cost) and never reuses one of another size. THD problems
 // without a per-sequence bias build for a power-of-two batch capacity instead (unused entries get
@@ -261,6 +265,17 @@ T* At(const WorkspaceLayout& w, size_t offset) {
   return offset == Scratch::kNone ? nullptr : reinterpret_cast<T*>(w.scratch + offset);
 }
 
+// The score modifier's inputs (a graph without a score_mod asks for none of them): its tensors
+// and, with padding, the sequence lengths the prepare kernel wrote.
+template <typename Tensors>
+void SetScoreModPointers(const Tensors& t, const Scratch& scratch, const WorkspaceLayout& ws,
+                         GraphPointers* ptrs) {
+  ptrs->at[kUidModSeqLenQ] = At<int32_t>(ws, scratch.seq_len_q);
+  ptrs->at[kUidModSeqLenKv] = At<int32_t>(ws, scratch.seq_len_kv);
+  for (size_t k = 0; k < t.score_mod_tensors.size() && k < size_t{kMaxScoreModTensors}; ++k)
+    ptrs->at[kUidModTensor0 + static_cast<int>(k)] = t.score_mod_tensors[k].data;
+}
+
 Status Execute(const SdpaGraph& graph, int device, void* stream, const GraphPointers& ptrs,
                void* workspace) {
   HandleLease handle;
@@ -287,9 +302,8 @@ class CudnnBackendImpl final : public Backend {
     return Status::Ok();
   }
 
-  Status check(const Problem& p) override {
-    if (p.has_score_mod())
-      return NotSupported("score_mod graphs run only on the reference backend in this version");
+  Status check(const Problem& problem) override {
+    const Problem p = EffectiveProblem(problem);
     FUSEDATTN_RETURN_IF_ERROR(PreCheck(p));
     DeviceInfo device;
     FUSEDATTN_RETURN_IF_ERROR(CurrentDevice(&device));
@@ -304,7 +318,8 @@ class CudnnBackendImpl final : public Backend {
     return Status::Ok();
   }
 
-  Status fwd_workspace_size(const Problem& p, size_t* bytes) override {
+  Status fwd_workspace_size(const Problem& problem, size_t* bytes) override {
+    const Problem p = EffectiveProblem(problem);
     DeviceInfo device;
     FUSEDATTN_RETURN_IF_ERROR(CurrentDevice(&device));
     std::shared_ptr<PlanEntry> entry;
@@ -317,7 +332,8 @@ class CudnnBackendImpl final : public Backend {
     return Status::Ok();
   }
 
-  Status bwd_workspace_size(const Problem& p, size_t* bytes) override {
+  Status bwd_workspace_size(const Problem& problem, size_t* bytes) override {
+    const Problem p = EffectiveProblem(problem);
     DeviceInfo device;
     FUSEDATTN_RETURN_IF_ERROR(CurrentDevice(&device));
     BwdTensors canonical = CanonicalBwdTensors(p);
@@ -366,8 +382,9 @@ class CudnnBackendImpl final : public Backend {
   }
 };
 
-Status CudnnBackendImpl::forward(const Problem& p, const FwdTensors& t, void* workspace,
+Status CudnnBackendImpl::forward(const Problem& problem, const FwdTensors& t, void* workspace,
                                  size_t workspace_bytes, void* stream) {
+  const Problem p = EffectiveProblem(problem);
   const auto& c = p.config;
   auto fallback = [&](const std::string& reason) {
     return Fallback(p, reason, [&](Backend* other) {
@@ -447,6 +464,7 @@ Status CudnnBackendImpl::forward(const Problem& p, const FwdTensors& t, void* wo
   ptrs.at[kUidRaggedK] = At<int32_t>(ws, scratch.ragged[kRaggedK]);
   ptrs.at[kUidRaggedV] = At<int32_t>(ws, scratch.ragged[kRaggedV]);
   ptrs.at[kUidRaggedO] = At<int32_t>(ws, scratch.ragged[kRaggedO]);
+  SetScoreModPointers(t, scratch, ws, &ptrs);
   FUSEDATTN_RETURN_IF_ERROR(Execute(*entry->graph, device.ordinal, stream, ptrs, ws.cudnn));
 
   if (call.fixup) {
@@ -459,13 +477,15 @@ Status CudnnBackendImpl::forward(const Problem& p, const FwdTensors& t, void* wo
     fix.stats = At<float>(ws, scratch.stats);
     fix.lse = ViewOf(t.lse);
     fix.lse_packed = t.lse_packed;
+    fix.empty_by_stats = call.empty_by_stats;
     FUSEDATTN_CUDA_CHECK(LaunchForwardFixup(fix, cuda_stream));
   }
   return Status::Ok();
 }
 
-Status CudnnBackendImpl::backward(const Problem& p, const BwdTensors& t, void* workspace,
+Status CudnnBackendImpl::backward(const Problem& problem, const BwdTensors& t, void* workspace,
                                   size_t workspace_bytes, void* stream) {
+  const Problem p = EffectiveProblem(problem);
   const auto& c = p.config;
   auto fallback = [&](const std::string& reason) {
     return Fallback(p, reason, [&](Backend* other) {
@@ -557,6 +577,7 @@ Status CudnnBackendImpl::backward(const Problem& p, const BwdTensors& t, void* w
                                          kUidRaggedDO, kUidRaggedDQ, kUidRaggedDK, kUidRaggedDV};
   for (int slot = 0; slot < kRaggedSlots; ++slot)
     ptrs.at[ragged_uids[slot]] = At<int32_t>(ws, scratch.ragged[slot]);
+  SetScoreModPointers(t, scratch, ws, &ptrs);
   FUSEDATTN_RETURN_IF_ERROR(Execute(*entry->graph, device.ordinal, stream, ptrs, ws.cudnn));
 
   if (call.fixup) {

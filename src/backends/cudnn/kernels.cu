@@ -11,6 +11,10 @@ namespace fusedattn::cudnn {
 namespace {
 
 constexpr int kThreads = 256;
+// Stats at or below this (or NaN) mean that every score of the row was masked: cuDNN masks with
+// -inf, or with the lowest float before 9.10, and a row of them yields -inf, NaN or about
+// -3.4e38 plus a log. No visible score reaches it.
+constexpr float kEmptyStats = -1e30f;
 constexpr int64_t kInt32Max = 2147483647;
 
 struct Seq {
@@ -115,7 +119,8 @@ __global__ void ForwardFixupKernel(ForwardFixupParams p) {
     const int64_t i = r % sq, h = (r / sq) % p.heads_q, b = r / (sq * p.heads_q);
     Seq s = SequenceOf(p.seq, b);
     const bool in_tensor = !p.seq.thd || i < s.len_q;  // THD holds only the sequence's rows
-    const bool empty = p.band.row_empty(i, s.len_q, s.len_kv);
+    const bool empty = p.band.row_empty(i, s.len_q, s.len_kv) ||
+                       (p.empty_by_stats && !(p.stats[r] > kEmptyStats));
     if (in_tensor && empty) ZeroRow16(p.o, b, h, i, s.start_q, p.head_dim_v);
     if (p.lse.data == nullptr) continue;
     if (p.lse_packed && !in_tensor) continue;

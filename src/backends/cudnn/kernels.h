@@ -64,6 +64,9 @@ struct ForwardFixupParams {
   const float* stats = nullptr;   // staged [graph_batch, heads_q, max_seqlen_q], or null
   DeviceView lse;                 // float32 output, data null when not asked for
   bool lse_packed = false;
+  // A score_mod decided visibility: a row is also empty where its staged stats show that no key
+  // was visible (-inf, NaN, or cuDNN's "lowest" mask value plus a log; see kEmptyStats).
+  bool empty_by_stats = false;
 };
 cudaError_t LaunchForwardFixup(const ForwardFixupParams& params, cudaStream_t stream);
 

@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "flex/band_mask.h"
+
 namespace fusedattn::cudnn {
 
 namespace {
@@ -164,12 +166,167 @@ class KeyWriter {
   size_t n_ = 0;
 };
 
+
+// The combined band of the config's mask and a band mask_mod, when one band expresses both:
+// the same diagonal (or, with fixed and equal lengths, two diagonals that coincide).
+bool CombineBands(const Problem& p, const flex::MaskBand& mod, Problem* out) {
+  const auto& c = p.config;
+  int64_t left = mod.left, right = mod.right;
+  bool bottom_right = mod.bottom_right;
+  if (p.has_band()) {
+    const bool same_diagonal = p.bottom_right == mod.bottom_right ||
+                               (!p.padding && !p.thd && c.max_seqlen_q == c.max_seqlen_kv);
+    if (!same_diagonal) return false;
+    auto tighter = [](int64_t a, int64_t b) { return a < 0 ? b : (b < 0 ? a : (a < b ? a : b)); };
+    left = tighter(p.window_left, mod.left);
+    right = tighter(p.window_right, mod.right);
+    bottom_right = p.bottom_right;
+  }
+  *out = p;
+  out->score_mod = nullptr;
+  out->config.score_mod = nullptr;
+  out->window_left = left;
+  out->window_right = right;
+  out->bottom_right = bottom_right;
+  out->causal = p.causal || right == 0;
+  return true;
+}
+
+// Contiguous views of the score_mod tensors (over their declared axes, in the order batch,
+// head, q, kv), the layout check() plans for.
+std::vector<AuxTensorView> CanonicalAux(const Problem& p) {
+  std::vector<AuxTensorView> views;
+  if (!p.score_mod) return views;
+  const auto& c = p.config;
+  for (const flex::TensorDecl& decl : p.score_mod->tensors()) {
+    AuxTensorView v;
+    v.dtype = decl.dtype;
+    int64_t stride = 1;
+    struct {
+      uint32_t bit;
+      int64_t extent;
+      int64_t* stride;
+    } axes[] = {{FUSEDATTN_SCORE_MOD_AXIS_KV, c.max_seqlen_kv, &v.stride_kv},
+                {FUSEDATTN_SCORE_MOD_AXIS_Q, c.max_seqlen_q, &v.stride_q},
+                {FUSEDATTN_SCORE_MOD_AXIS_HEAD, c.heads_q, &v.stride_h},
+                {FUSEDATTN_SCORE_MOD_AXIS_BATCH, c.batch, &v.stride_b}};
+    for (const auto& a : axes)
+      if (decl.axes & a.bit) {
+        *a.stride = stride;
+        stride *= a.extent;
+      }
+    views.push_back(v);
+  }
+  return views;
+}
+
+// The score_mod tensors as graph inputs: extent 1 (with a packed stride, never 0) on the axes a
+// tensor leaves out, the caller's strides on the others.
+std::vector<SdpaGraphSpec::Aux> AuxDescs(const Problem& p, const std::vector<AuxTensorView>& t) {
+  const auto& c = p.config;
+  std::vector<SdpaGraphSpec::Aux> out;
+  const auto& decls = p.score_mod->tensors();
+  for (size_t k = 0; k < decls.size() && k < t.size(); ++k) {
+    SdpaGraphSpec::Aux a;
+    a.dtype = decls[k].dtype;
+    const uint32_t bits[4] = {FUSEDATTN_SCORE_MOD_AXIS_BATCH, FUSEDATTN_SCORE_MOD_AXIS_HEAD,
+                              FUSEDATTN_SCORE_MOD_AXIS_Q, FUSEDATTN_SCORE_MOD_AXIS_KV};
+    const int64_t extents[4] = {c.batch, c.heads_q, c.max_seqlen_q, c.max_seqlen_kv};
+    const int64_t strides[4] = {t[k].stride_b, t[k].stride_h, t[k].stride_q, t[k].stride_kv};
+    int64_t packed = 1;
+    for (int d = 3; d >= 0; --d) {
+      const bool present = (decls[k].axes & bits[d]) != 0;
+      a.desc.dim[d] = present ? extents[d] : 1;
+      a.desc.stride[d] = present ? strides[d] : packed;
+      packed *= a.desc.dim[d];
+    }
+    out.push_back(a);
+  }
+  return out;
+}
+
+// The callback path's part of a spec: no cuDNN mask attribute, the config's mask in the callback.
+void SetScoreMod(const Problem& p, const std::vector<AuxTensorView>& aux, SdpaGraphSpec* s) {
+  s->padding = false;
+  s->has_left_bound = s->has_right_bound = false;
+  s->left_bound = s->right_bound = 0;
+  s->bottom_right = false;
+  s->score_mod = p.score_mod;
+  if (p.has_band()) s->mod_band = BandOf(p);
+  s->mod_seq_lens = p.padding;
+  s->aux = AuxDescs(p, aux);
+}
+
+// What a score_mod cannot be combined with on cuDNN, and why. Checked before the general
+// refusals, whose alternative (flash) does not run score_mods in this version.
+Status ScoreModPreCheck(const Problem& p) {
+  const auto& c = p.config;
+  if (c.softcap > 0.0)
+    return NotSupported(
+        "softcap = %g with a score_mod: cuDNN's soft-cap is itself a score modifier and takes no "
+        "second one (write it into the score_mod as c * tanh(s / c); the reference backend runs "
+        "both)",
+        c.softcap);
+  if (c.bias_type == FUSEDATTN_BIAS_POST_SCALE)
+    return NotSupported(
+        "bias_type = post_scale with a score_mod: cuDNN adds the bias after the score modifier, "
+        "fusedattn before it (pass the bias as a score_mod tensor; the reference backend runs "
+        "both)");
+  if (c.bias_type == FUSEDATTN_BIAS_PRE_SCALE)
+    return NotSupported("bias_type = pre_scale with a score_mod: cuDNN SDPA has no pre-scale "
+                        "bias (the reference backend runs both)");
+  if (c.bias_type == FUSEDATTN_BIAS_ALIBI)
+    return NotSupported(
+        "bias_type = alibi with a score_mod: cuDNN disables its ALiBi next to a score modifier "
+        "(write the ALiBi term into the score_mod; the reference backend runs both)");
+  if (p.thd)
+    return NotSupported(
+        "THD formats with a score_mod: cuDNN disables its padding mask next to a score modifier, "
+        "which packed sequences need (the reference backend runs it)");
+  if (c.return_max_logit)
+    return NotSupported("return_max_logit = 1 with a score_mod: cuDNN SDPA has no per-head max "
+                        "logit (the reference backend returns it)");
+  const auto& decls = p.score_mod->tensors();
+  for (const flex::TensorDecl& decl : decls)
+    if (decl.requires_grad)
+      return NotSupported(
+          "score_mod tensor '%s' requires_grad: cuDNN's score-modifier backward returns the "
+          "score's gradient only, not its tensors' (the reference backend computes them)",
+          decl.name.c_str());
+  if (decls.size() > static_cast<size_t>(kMaxScoreModTensors))
+    return NotSupported("a score_mod with %zu tensors: the cuDNN backend takes at most %d (the "
+                        "reference backend takes any number)",
+                        decls.size(), kMaxScoreModTensors);
+  return Status::Ok();
+}
+
 }  // namespace
+
+ScoreModPath ScoreModPathOf(const Problem& p) {
+  if (!p.score_mod) return ScoreModPath::kNone;
+  const flex::Program& program = p.score_mod->forward();
+  flex::MaskBand band;
+  Problem combined;
+  if (flex::IsMaskOnly(program) && !p.score_mod->any_requires_grad() &&
+      flex::RecognizeBandMask(program, &band) && CombineBands(p, band, &combined))
+    return ScoreModPath::kNativeBand;
+  return ScoreModPath::kCallback;
+}
+
+Problem EffectiveProblem(const Problem& p) {
+  if (ScoreModPathOf(p) != ScoreModPath::kNativeBand) return p;
+  flex::MaskBand band;
+  flex::RecognizeBandMask(p.score_mod->forward(), &band);
+  Problem combined;
+  CombineBands(p, band, &combined);
+  return combined;
+}
 
 Status PreCheck(const Problem& p) {
   const auto& c = p.config;
   if (p.device != Device::kCuda)
     return NotSupported("runs on CUDA tensors only (config.device is CPU)");
+  if (p.has_score_mod()) FUSEDATTN_RETURN_IF_ERROR(ScoreModPreCheck(p));
   if (c.qkv_dtype != FUSEDATTN_DTYPE_FLOAT16 && c.qkv_dtype != FUSEDATTN_DTYPE_BFLOAT16)
     return NotSupported(
         "qkv_dtype = %s: cuDNN SDPA takes float16 or bfloat16 only (flash runs float32)",
@@ -248,6 +405,7 @@ FwdTensors CanonicalFwdTensors(const Problem& p) {
   t.o = Canonical(c.o_format, c.batch, c.max_seqlen_q, c.heads_q, c.head_dim_v, c.o_dtype);
   if (p.needs_lse()) t.lse = CanonicalLse(p);
   if (p.has_tensor_bias()) t.bias = CanonicalBias(p);
+  t.score_mod_tensors = CanonicalAux(p);
   return t;
 }
 
@@ -267,6 +425,7 @@ BwdTensors CanonicalBwdTensors(const Problem& p) {
   t.lse = CanonicalLse(p);
   if (p.has_tensor_bias()) t.bias = CanonicalBias(p);
   if (c.bias_requires_grad) t.dbias = CanonicalBias(p);
+  t.score_mod_tensors = CanonicalAux(p);
   return t;
 }
 
@@ -285,6 +444,15 @@ CallPlan ForwardCallPlan(const Problem& p, const FwdTensors& t) {
                                        !LsePackedBhsd(p, t.lse, t.lse_packed));
   call.fixup = p.padding || empty_rows || call.stage_stats;
   call.stage_sink = c.softmax_type != FUSEDATTN_SOFTMAX_VANILLA;
+  if (p.has_score_mod()) {
+    // The callback decides visibility per element, so only cuDNN's stats tell which rows saw
+    // no key: they are always staged and the fix-up reads them. Lengths stay the real ones
+    // (the callback masks padding itself).
+    call.const_lengths = false;
+    call.stage_stats = true;
+    call.fixup = true;
+    call.empty_by_stats = true;
+  }
   call.prep = call.padding || call.const_lengths || call.stage_sink;
   return call;
 }
@@ -305,6 +473,12 @@ CallPlan BackwardCallPlan(const Problem& p, const BwdTensors& t) {
   call.stage_stats = p.padding || empty_rows || !LsePackedBhsd(p, t.lse, t.lse_packed);
   call.fixup_dbias = c.bias_requires_grad && (p.padding || p.has_band());
   call.dsink = c.softmax_type == FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+  if (p.has_score_mod()) {
+    // Rows a score_mod hid entirely carry LSE = -inf; staging turns it into +inf (every
+    // probability 0) where cuDNN would form exp(-inf - -inf) = NaN.
+    call.const_lengths = false;
+    call.stage_stats = true;
+  }
   call.prep = call.padding || call.const_lengths || call.stage_stats;
   return call;
 }
@@ -340,6 +514,11 @@ SdpaGraphSpec ForwardSpec(const Problem& p, const FwdTensors& t) {
   s.sink = c.softmax_type != FUSEDATTN_SOFTMAX_VANILLA;
   s.attn_scale = static_cast<float>(p.scale());
   s.dropout = static_cast<float>(c.dropout);
+  if (p.has_score_mod()) {
+    SetScoreMod(p, t.score_mod_tensors, &s);
+    s.stats = true;  // the fix-up finds the rows a score_mod hid from the stats (CallPlan)
+    PackedStatsStrides(p, s.stats_stride);
+  }
   return s;
 }
 
@@ -385,6 +564,7 @@ SdpaGraphSpec BackwardSpec(const Problem& p, const BwdTensors& t) {
   s.attn_scale = static_cast<float>(p.scale());
   s.dropout = static_cast<float>(c.dropout);
   s.deterministic = c.deterministic != 0;
+  if (p.has_score_mod()) SetScoreMod(p, t.score_mod_tensors, &s);
   return s;
 }
 
@@ -413,6 +593,14 @@ PlanKey MakePlanKey(const SdpaGraphSpec& s, const DeviceInfo& device) {
   w.add_float(s.attn_scale);
   w.add_float(s.dropout);
   w.add(s.deterministic);
+  w.add(s.score_mod != nullptr);
+  if (s.score_mod) {
+    w.add(s.mod_band.left), w.add(s.mod_band.right), w.add(s.mod_band.bottom_right);
+    w.add(s.mod_seq_lens);
+    w.add(static_cast<int64_t>(s.aux.size()));
+    for (const auto& a : s.aux) w.add(a.dtype), w.add(a.desc);
+  }
+  key.score_mod.score_mod = s.score_mod;
   w.add(device.ordinal), w.add(device.compute_capability), w.add(device.cudnn_version);
   key.used = w.count();
   uint64_t h = 1469598103934665603ull;
@@ -421,6 +609,8 @@ PlanKey MakePlanKey(const SdpaGraphSpec& s, const DeviceInfo& device) {
     h *= 1099511628211ull;
     h ^= h >> 29;
   }
+  h ^= flex::ScoreModKeyHash()(key.score_mod);
+  h *= 1099511628211ull;
   key.hash = static_cast<size_t>(h);
   return key;
 }

@@ -26,9 +26,12 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "backends/cudnn/band.h"
 #include "common/status.h"
+#include "flex/score_mod.h"
 #include "problem/problem.h"
 
 namespace fusedattn::cudnn {
@@ -36,6 +39,33 @@ namespace fusedattn::cudnn {
 // Up-front refusals that need neither a device nor cuDNN: features cuDNN's SDPA does not have.
 // Each reason names the field and value, and the backend that runs it instead.
 Status PreCheck(const Problem& problem);
+
+// Score modifiers (issue 6). cudnn-frontend applies its score-modifier callback right after
+// attn_scale, before its bias, ALiBi, padding and band masks, and refuses those masks next to
+// a callback ("Attention score mod enabled and hence other subgraphs are disabled"). Its
+// backward callback receives dS (the gradient of the modified score, after dropout) and
+// returns the gradient of the score it was given, before attn_scale; tensors made by the
+// forward callback may be read there (the forward runs again inside the backward graph). So a
+// problem's score_mod reaches cuDNN one of two ways:
+enum class ScoreModPath {
+  kNone,
+  // The graph only hides keys (no score output, no tensor gradient), by a band
+  // (flex/band_mask.h) that combines with the config's mask into one band: the problem runs as
+  // a plain problem with that band, and cuDNN skips the tiles outside it.
+  kNativeBand,
+  // Everything else: the callbacks evaluate the graph per element, and with it the config's
+  // band and padding, which cuDNN's masks cannot do next to a callback (no tile is skipped).
+  kCallback,
+};
+ScoreModPath ScoreModPathOf(const Problem& problem);
+
+// The problem cuDNN runs: the problem itself, or on the native-band path the problem without
+// its score_mod and with the combined band. check(), the workspace sizes, forward and backward
+// all plan from it, so a band mask_mod and the equal config mask share one plan.
+Problem EffectiveProblem(const Problem& problem);
+
+// At most this many score_mod tensors reach one cuDNN graph (each is one more graph input).
+constexpr int kMaxScoreModTensors = 8;
 
 // The band of the problem's mask (our semantics, see band.h).
 Band BandOf(const Problem& problem);
@@ -76,6 +106,18 @@ struct SdpaGraphSpec {
   float attn_scale = 1.0f;
   float dropout = 0.0f;           // 0: none; cuDNN's Philox with seed/offset passed by value
   bool deterministic = false;     // backward
+  // Score modifier (ScoreModPath::kCallback; null otherwise). The callbacks also evaluate the
+  // config's band (mod_band, -1 = unbounded) and, with padding, the per-sequence lengths read
+  // from int32 [batch] tensors (mod_seq_lens; else the lengths are max_seqlen); cuDNN's own
+  // padding and band attributes stay off.
+  std::shared_ptr<const flex::ScoreMod> score_mod;
+  Band mod_band;
+  bool mod_seq_lens = false;
+  struct Aux {
+    fusedattn_dtype dtype = FUSEDATTN_DTYPE_FLOAT32;
+    TensorDesc desc;  // dims (batch | 1, heads_q | 1, seqlen_q | 1, seqlen_kv | 1)
+  };
+  std::vector<Aux> aux;  // the score_mod tensors, in declaration order
 };
 
 // The device and library a plan is built for.
@@ -85,13 +127,18 @@ struct DeviceInfo {
   int64_t cudnn_version = 0;    // cudnnGetVersion() at run time
 };
 
-// The plan cache key: the spec and the device, as words.
+// The plan cache key: the spec and the device, as words, and the score_mod by its structure
+// (ScoreModKey: equal graphs built twice share a plan, different ones never do; its tensors'
+// dtypes and layouts are words).
 struct PlanKey {
-  static constexpr size_t kWords = 128;
+  static constexpr size_t kWords = 256;
   std::array<int64_t, kWords> words{};
   size_t used = 0;  // words written (at most kWords; a test checks the largest key fits)
   size_t hash = 0;
-  bool operator==(const PlanKey& other) const { return words == other.words; }
+  flex::ScoreModKey score_mod;
+  bool operator==(const PlanKey& other) const {
+    return words == other.words && score_mod == other.score_mod;
+  }
 };
 struct PlanKeyHash {
   size_t operator()(const PlanKey& key) const { return key.hash; }
@@ -118,6 +165,8 @@ struct CallPlan {
   bool stage_sink = false;     // the forward's sink: the caller's logits copied contiguous, or
                                // zeros for the off-by-one softmax
   bool dsink = false;          // learnable sink: our kernel computes dsink
+  bool empty_by_stats = false; // forward: rows whose staged stats show no visible key (a
+                               // score_mod hid them all) are written as empty rows
 };
 CallPlan ForwardCallPlan(const Problem& problem, const FwdTensors& tensors);
 CallPlan BackwardCallPlan(const Problem& problem, const BwdTensors& tensors);

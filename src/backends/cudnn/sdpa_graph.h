@@ -21,7 +21,11 @@ enum Uid : int {
   kUidRaggedQ, kUidRaggedK, kUidRaggedV, kUidRaggedO,
   kUidDO, kUidDQ, kUidDK, kUidDV, kUidDBias,
   kUidRaggedDO, kUidRaggedDQ, kUidRaggedDK, kUidRaggedDV,
-  kUidCount
+  // Score modifier inputs: per-sequence lengths (int32 [batch], the padding masks' lengths,
+  // read by the callback), then the score_mod tensors in declaration order.
+  kUidModSeqLenQ, kUidModSeqLenKv,
+  kUidModTensor0,
+  kUidCount = kUidModTensor0 + kMaxScoreModTensors
 };
 
 // Device pointers by uid (seed and offset: host pointers to int64, passed by value).
