@@ -5,7 +5,7 @@
 #   bash scripts/gpu_run.sh build tests sanitize cli python bench-quick
 # Each step logs to $OUT/<step>.log and the summary of all steps to $OUT/summary.txt.
 set -uo pipefail
-export ROOT OUT BUILD JOBS CUDNN_MEMCHECK SANITIZE_FILTER RACECHECK_FILTER NATIVE_BENCHES BENCH_ARGS 2>/dev/null
+export ROOT OUT BUILD JOBS CUDNN_MEMCHECK SANITIZE_FILTER RACECHECK_FILTER NATIVE_BENCHES BENCH_ARGS FLEX_BENCH_ARGS 2>/dev/null
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/gpu-out}"
 mkdir -p "$OUT"
@@ -94,6 +94,12 @@ step_bench() {
   export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
   # BENCH_ARGS: e.g. "--grid small_seq" or "--grid prefill --filter 'bf16 d128' --only ..."
   eval python3 "$ROOT/bench/bench.py" --out "$OUT" ${BENCH_ARGS:---grid prefill}
+}
+
+# Times fusedattn with score modifiers against compiled FlexAttention (bench/flex_bench.py).
+step_flex_bench() {
+  export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
+  python3 "$ROOT/bench/flex_bench.py" --out "$OUT" ${FLEX_BENCH_ARGS:-}
 }
 
 # Times the training forward on its own next to PyTorch's (bench/cudnn_train_probe.py).

@@ -255,7 +255,8 @@ def _exported(tensors):
         module = type(t).__module__
         if module == "torch" or module.startswith("torch."):
             import torch.utils.dlpack
-            return torch.utils.dlpack.to_dlpack(t)
+            # A score_mod tensor that requires grad (autograd.Function path) exports as data.
+            return torch.utils.dlpack.to_dlpack(t.detach() if t.requires_grad else t)
         if module == "numpy" and getattr(t.dtype, "name", None) == "bfloat16":
             import numpy as np
             return (t.view(np.uint16), "bfloat16")
@@ -447,10 +448,12 @@ def attention(q, k, v, *, layout="bshd", mask=None, window=(-1, -1), bias=None,
     torch.compile support. Returns o, or (o, lse) with return_lse (lse: float32
     [batch, heads_q, seqlen_q], or [tokens, heads_q] for "thd"; not differentiable).
 
-    score_mod / mask_mod (NumPy, reference backend): fusedattn.flex expressions that modify the
-    final score and hide keys (True = visible, ANDed with mask), e.g.
+    score_mod / mask_mod: fusedattn.flex expressions that modify the final score and hide keys
+    (True = visible, ANDed with mask), e.g.
     score_mod=30 * flex.tanh(flex.score / 30), mask_mod=flex.q_idx >= flex.kv_idx; or a
-    flex.ScoreMod as score_mod.
+    flex.ScoreMod as score_mod. They run on the reference backend (NumPy, or forced) and on
+    cuDNN (CUDA torch tensors); with torch tensors, autograd differentiates q, k, v, bias, sinks
+    and the score_mod tensors that require grad (not under torch.compile: a graph break).
     """
     args = dict(layout=layout, mask=mask, window=window, bias=bias, bias_type=bias_type,
                 alibi_slopes=alibi_slopes, softcap=softcap, sinks=sinks, softmax=softmax,
@@ -462,17 +465,15 @@ def attention(q, k, v, *, layout="bshd", mask=None, window=(-1, -1), bias=None,
     torch_impl = _torch_module_if_tensor(q)
     if torch_impl is not None:
         if score_mod is not None or mask_mod is not None:
-            raise NotSupportedError(_TORCH_SCORE_MOD)
+            options, inputs = _problem(args)
+            return torch_impl.attention_with_score_mod(
+                q, k, v, options, inputs, _flex.as_score_mod(score_mod, mask_mod), return_lse)
         return torch_impl.attention(q, k, v, **args)
     arrays = _arrays_for(q, "attention")
     options, inputs = _problem(args)
     mod = _flex.as_score_mod(score_mod, mask_mod)
     o, lse = run_forward(arrays, q, k, v, options, inputs, return_lse=return_lse, score_mod=mod)
     return (o, lse) if return_lse else o
-
-
-_TORCH_SCORE_MOD = ("score_mod and mask_mod run on the reference backend with NumPy arrays in "
-                    "this version (no GPU backend runs score modifiers yet)")
 
 
 def attention_backward(d_o, q, k, v, o, lse, *, bias_requires_grad=None, score_mod=None,
@@ -486,8 +487,6 @@ def attention_backward(d_o, q, k, v, o, lse, *, bias_requires_grad=None, score_m
     their gradients."""
     problem.pop("return_lse", None)
     arrays = _arrays_for(q, "attention_backward")
-    if arrays is not NumpyArrays and (score_mod is not None or mask_mod is not None):
-        raise NotSupportedError(_TORCH_SCORE_MOD)
     mod = _flex.as_score_mod(score_mod, mask_mod)
     options, inputs = _problem(problem)
     if options.dropout_p > 0 and problem.get("dropout_seed") is None:

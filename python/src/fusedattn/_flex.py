@@ -135,8 +135,10 @@ class Tensor:
     dimension each, of the full size (batch, heads_q, seqlen_q, seqlen_kv); the tensor is
     broadcast over the others. tensor[()] reads a scalar (an array of shape [1]).
 
-    dtype: float32, float16, bfloat16 or int32. requires_grad: attention_backward returns its
-    gradient in Gradients.dscore_mod[name]."""
+    dtype: float32, float16, bfloat16 or int32; a NumPy array, or a torch tensor on the device of
+    the attention's tensors. requires_grad: attention_backward returns its gradient in
+    Gradients.dscore_mod[name]; with torch tensors, autograd gives it to the tensor (whose own
+    requires_grad then also says it is wanted)."""
 
     def __init__(self, array, name=None, requires_grad=False):
         self.array = array
@@ -166,7 +168,10 @@ class Tensor:
 
 
 def _dtype_name(array):
-    name = getattr(getattr(array, "dtype", None), "name", None)
+    dtype = getattr(array, "dtype", None)
+    name = getattr(dtype, "name", None)
+    if name is None and type(dtype).__module__ == "torch":  # torch.bfloat16 -> "bfloat16"
+        name = str(dtype).replace("torch.", "")
     if name not in ("float32", "float16", "bfloat16", "int32"):
         raise InvalidArgumentError("score_mod tensors are float32, float16, bfloat16 or int32 "
                                    "arrays, got %s" % (name,))

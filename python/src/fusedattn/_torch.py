@@ -224,3 +224,61 @@ def _int32(t):
     if t is None or t.dtype == torch.int32:
         return t
     return t.to(torch.int32)
+
+
+class _ScoreModAttention(torch.autograd.Function):
+    """Attention with a score modifier under autograd. The modifier's graph and tensors are not
+    op arguments of fusedattn::fwd/bwd (a graph is no schema type), so this is an
+    autograd.Function around _api.run_forward / run_backward. Differentiable inputs: q, k, v,
+    bias, sinks and the modifier's tensors (their gradients come back by name)."""
+
+    @staticmethod
+    def forward(ctx, setup, q, k, v, bias, sinks, *mod_tensors):
+        options, inputs, mod = setup
+        bias_requires_grad = ctx.needs_input_grad[4]
+        o, lse = _api.run_forward(TorchArrays, q, k, v, options, inputs, is_training=True,
+                                  bias_requires_grad=bias_requires_grad, score_mod=mod)
+        ctx.setup = setup
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, d_o, _d_lse):
+        options, inputs, mod = ctx.setup
+        q, k, v, o, lse = ctx.saved_tensors
+        grads = _api.run_backward(TorchArrays, d_o.contiguous(), q, k, v, o, lse, options, inputs,
+                                  bias_requires_grad=ctx.needs_input_grad[4], score_mod=mod)
+        mod_grads = [grads.dscore_mod.get(t.name) if needed else None
+                     for t, needed in zip(_unique_tensors(mod), ctx.needs_input_grad[6:])]
+        dbias = grads.dbias if ctx.needs_input_grad[4] else None
+        dsink = grads.dsink if ctx.needs_input_grad[5] else None
+        return (None, grads.dq, grads.dk, grads.dv, dbias, dsink, *mod_grads)
+
+
+def _unique_tensors(mod):
+    """The modifier's flex.Tensors, each once, in declaration order."""
+    seen, out = set(), []
+    for tensor, _ in mod.slots:
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            out.append(tensor)
+    return out
+
+
+def attention_with_score_mod(q, k, v, options, inputs, mod, return_lse):
+    """fusedattn.attention with a score_mod / mask_mod (a flex.ScoreMod) on torch tensors."""
+    tensors = _unique_tensors(mod)
+    for t in tensors:
+        if t.requires_grad and not t.array.requires_grad:
+            t.array.requires_grad_()  # the flex.Tensor asks for its gradient
+    differentiable = [q, k, v, inputs.bias, inputs.sink_logits] + [t.array for t in tensors]
+    training = torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in differentiable)
+    if training:
+        o, lse = _ScoreModAttention.apply((options, inputs, mod), q, k, v, inputs.bias,
+                                          inputs.sink_logits, *[t.array for t in tensors])
+    else:
+        o, lse = _api.run_forward(TorchArrays, q, k, v, options, inputs, return_lse=return_lse,
+                                  score_mod=mod)
+    return (o, lse) if return_lse else o
