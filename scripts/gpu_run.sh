@@ -5,7 +5,7 @@
 #   bash scripts/gpu_run.sh build tests sanitize cli python bench-quick
 # Each step logs to $OUT/<step>.log and the summary of all steps to $OUT/summary.txt.
 set -uo pipefail
-export ROOT OUT BUILD JOBS CUDNN_MEMCHECK SANITIZE_FILTER RACECHECK_FILTER NATIVE_BENCHES BENCH_ARGS FLEX_BENCH_ARGS 2>/dev/null
+export ROOT OUT BUILD JOBS CUDNN_MEMCHECK SANITIZE_FILTER RACECHECK_FILTER NATIVE_BENCHES BENCH_ARGS GTEST_FILTER PYTEST_ARGS FLEX_BENCH_ARGS 2>/dev/null
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/gpu-out}"
 mkdir -p "$OUT"
@@ -40,8 +40,10 @@ step_build() {
   return $rc
 }
 
+# GTEST_FILTER: a subset of the gpu tests (default: all of them).
 step_tests() {
-  "$BUILD/tests/fusedattn_gpu_tests" --gtest_brief=1 --gtest_output="xml:$OUT/gpu_tests.xml"
+  "$BUILD/tests/fusedattn_gpu_tests" --gtest_brief=1 --gtest_output="xml:$OUT/gpu_tests.xml" \
+    --gtest_filter="${GTEST_FILTER:-*}"
 }
 
 step_cputests() {
@@ -82,7 +84,7 @@ step_python_build() {
 step_python() {
   step_python_build || return 1
   export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
-  (cd "$ROOT/python" && python3 -m pytest -q -m gpu tests)
+  (cd "$ROOT/python" && eval python3 -m pytest -q -m gpu ${PYTEST_ARGS:-tests})
 }
 
 step_bench_quick() {

@@ -80,16 +80,23 @@ std::vector<int64_t> Strides(const TensorDesc& d) {
 // cudnn-frontend calls the forward callback with the score after attn_scale, s [b, h_q, s_q, s_kv]
 // (float), and uses what it returns as the score of the softmax; the backward graph calls it
 // again, then calls the backward callback with dS (the gradient of the returned score) and uses
-// what that returns as the gradient of s. Numbers are float (the graph's compute type;
-// fusedattn.h allows float32 on a GPU: indices stay exact up to 2^24), indices int32 from
-// GEN_INDEX on s as cuDNN's own masks make them, booleans BOOLEAN with a BOOLEAN compute type
-// as in cuDNN's masks.
+// what that returns as the gradient of s.
 //
-// Visibility (the config's band and padding, which cuDNN's masks cannot do next to a callback,
-// and the mask_mod) selects -inf in the forward and 0 in the backward, so that whatever the
-// graph computes at a hidden key (inf, NaN) never reaches a sum.
+// What cuDNN's fused engines accept inside the callbacks is narrower than the pointwise API
+// (measured on H100 with cuDNN 9.19; XLA's cuDNN score_mod lowering keeps to the same rules):
+//  * the first operand of every pointwise node is a virtual tensor (computed in the graph):
+//    commutative operations and comparisons are reordered, the rest get a materialized operand
+//    (0 + x, broadcast over the score); operations on constants only are folded here;
+//  * integer index arithmetic (GEN_INDEX, sequence lengths, int32 tensors) stays int32, as
+//    cuDNN's own ALiBi computes kv_idx - q_idx;
+//  * booleans come only from comparisons; and / or / not are computed as int32 0/1 (min, max,
+//    == 0) and compared back to a boolean, never with the logical pointwise modes;
+//  * visibility (the config's band and padding, which cuDNN's masks cannot do next to a
+//    callback, and the mask_mod) is a conjunction applied as one select per term: -inf in the
+//    forward, 0 in the backward, so whatever the graph computes at a hidden key (inf, NaN)
+//    never reaches a sum.
 //
-// The forward callback keeps every node's tensor; the backward one reuses them for d score / d s,
+// The forward callback keeps every node's value; the backward one reuses them for d score / d s,
 // as cudnn-frontend's own Softcap reads the tensors of its forward. Each forward call starts
 // afresh, so a graph expanded twice never mixes the tensors of two expansions.
 class ScoreModLowering {
@@ -98,7 +105,7 @@ class ScoreModLowering {
   // cudnn-frontend keeps them in the graph.
   ScoreModLowering(const SdpaGraphSpec& spec, std::shared_ptr<const flex::ScoreMod> score_mod,
                    const flex::Program& program, std::vector<TensorPtr> tensors,
-                   TensorPtr seq_len_q, TensorPtr seq_len_kv)
+                   std::vector<bool> tensor_is_int, TensorPtr seq_len_q, TensorPtr seq_len_kv)
       : band_(spec.mod_band),
         seq_lens_(spec.mod_seq_lens),
         seqlen_q_(spec.seqlen_q),
@@ -106,26 +113,24 @@ class ScoreModLowering {
         score_mod_(std::move(score_mod)),
         program_(program),
         tensors_(std::move(tensors)),
+        tensor_is_int_(std::move(tensor_is_int)),
         seq_len_q_(std::move(seq_len_q)),
         seq_len_kv_(std::move(seq_len_kv)) {}
 
   TensorPtr Forward(const std::shared_ptr<fe::graph::Graph>& graph, const TensorPtr& s) {
     graph_ = graph.get();
     s_ = s;
-    values_.assign(program_.nodes.size(), nullptr);
-    for (TensorPtr& index : index_) index = nullptr;
-    TensorPtr score = s;
-    if (program_.score >= 0) {
-      score = Value(program_.score);
-      // A score that does not read s may lack some of its axes (a constant, a broadcast tensor).
-      if (!flex::DependsOnInput(program_.nodes, program_.score, FUSEDATTN_SCORE_MOD_SCORE))
-        score = Add(score, Mul(Index(3), Constant(0.0f)));
-    }
-    visible_ = Visible();
-    if (visible_ == nullptr) return score;
-    return Pointwise(fe::PointwiseMode_t::BINARY_SELECT, score,
-                     Constant(fe::graph::attn::score_modifiers::get_negative_inf_value()),
-                     visible_);
+    values_.assign(program_.nodes.size(), Val{});
+    for (Val& index : index_) index = Val{};
+    zero_int_ = zero_float_ = Val{};
+    Val score{s, Kind::kFloat, true};
+    if (program_.score >= 0) score = Materialize(ToNumber(Value(program_.score)));
+    visible_ = Visibility();
+    TensorPtr out = score.t;
+    for (const Val& condition : visible_)
+      out = Select(out, Scalar(fe::graph::attn::score_modifiers::get_negative_inf_value()),
+                   condition);
+    return out;
   }
 
   TensorPtr Backward(const std::shared_ptr<fe::graph::Graph>& graph, const TensorPtr& ds) {
@@ -134,103 +139,285 @@ class ScoreModLowering {
     graph_ = graph.get();
     TensorPtr grad = ds;
     const flex::Node& d = program_.nodes[static_cast<size_t>(program_.d_score)];
-    if (!(d.op == flex::Op::kConstant && d.value == 1.0)) grad = Mul(ds, Value(program_.d_score));
-    if (visible_ == nullptr) return grad;
-    return Pointwise(fe::PointwiseMode_t::BINARY_SELECT, grad, Constant(0.0f), visible_);
+    if (!(d.op == flex::Op::kConstant && d.value == 1.0)) {
+      const Val factor = ToNumber(Value(program_.d_score));
+      grad = Emit(Mode::MUL, Val{ds, Kind::kFloat, true}, factor, fe::DataType_t::FLOAT).t;
+    }
+    for (const Val& condition : visible_) grad = Select(grad, Scalar(0.0f), condition);
+    return grad;
   }
 
  private:
   using Mode = fe::PointwiseMode_t;
+  // What a value is: a float number, an int32 number (indices, lengths, int tensors), a
+  // boolean from a comparison, or an int32 0/1 truth value (from and / or / not).
+  enum class Kind { kFloat, kInt, kBool, kTruth };
+  struct Val {
+    TensorPtr t;
+    Kind kind = Kind::kFloat;
+    bool virt = false;        // computed in the graph (not a user tensor or a scalar)
+    bool constant = false;    // a scalar folded on the host
+    double value = 0;         // its value
+  };
 
-  TensorPtr Pointwise(Mode mode, const TensorPtr& a, const TensorPtr& b = nullptr,
-                      const TensorPtr& c = nullptr, bool boolean = false) {
+  static TensorPtr Scalar(float value) { return std::make_shared<fe::graph::Tensor_attributes>(value); }
+  static TensorPtr ScalarInt(int32_t value) {
+    return std::make_shared<fe::graph::Tensor_attributes>(value);
+  }
+  static bool IsIntegral(double v) {
+    return v == static_cast<double>(static_cast<int32_t>(v)) && v >= -2147483648.0 &&
+           v <= 2147483647.0;
+  }
+  static Val Constant(double v) {
+    Val c;
+    c.constant = true, c.value = v;
+    c.kind = IsIntegral(v) ? Kind::kInt : Kind::kFloat;
+    return c;
+  }
+  // The scalar tensor of a constant, int32 when it is used with int32 values.
+  static TensorPtr ScalarOf(const Val& c, bool as_int) {
+    return as_int && IsIntegral(c.value) ? ScalarInt(static_cast<int32_t>(c.value))
+                                         : Scalar(static_cast<float>(c.value));
+  }
+
+  // One pointwise node; its first operand must be virtual (callers see to it).
+  // Scalars are int32 in int32 arithmetic and where scalars_int asks (int comparisons).
+  Val Emit(Mode mode, const Val& a, const Val& b, fe::DataType_t compute,
+           const Val* c = nullptr, bool scalars_int = false) {
+    const bool as_int = compute == fe::DataType_t::INT32;
+    auto tensor = [&](const Val& v) { return v.constant ? ScalarOf(v, as_int || scalars_int) : v.t; };
     auto attributes = fe::graph::Pointwise_attributes()
                           .set_name("score_mod_" + std::to_string(++count_))
-                          .set_mode(mode);
-    if (boolean) attributes.set_compute_data_type(fe::DataType_t::BOOLEAN);
-    TensorPtr out = c ? graph_->pointwise(a, b, c, attributes)
-                      : b ? graph_->pointwise(a, b, attributes) : graph_->pointwise(a, attributes);
-    if (boolean) out->set_data_type(fe::DataType_t::BOOLEAN);
-    return out;
+                          .set_mode(mode)
+                          .set_compute_data_type(compute);
+    TensorPtr out;
+    if (c != nullptr)
+      out = graph_->pointwise(tensor(a), tensor(b), tensor(*c), attributes);
+    else if (b.t != nullptr || b.constant)
+      out = graph_->pointwise(tensor(a), tensor(b), attributes);
+    else
+      out = graph_->pointwise(tensor(a), attributes);
+    Kind kind = Kind::kFloat;
+    if (compute == fe::DataType_t::BOOLEAN) kind = Kind::kBool;
+    if (as_int) kind = Kind::kInt;
+    if (compute != fe::DataType_t::FLOAT) out->set_data_type(compute);
+    return Val{out, kind, true};
   }
-  TensorPtr Add(const TensorPtr& a, const TensorPtr& b) { return Pointwise(Mode::ADD, a, b); }
-  TensorPtr Mul(const TensorPtr& a, const TensorPtr& b) { return Pointwise(Mode::MUL, a, b); }
-  TensorPtr And(const TensorPtr& a, const TensorPtr& b) {
-    if (a == nullptr) return b;
-    if (b == nullptr) return a;
-    return Pointwise(Mode::LOGICAL_AND, a, b, nullptr, true);
-  }
-  TensorPtr Or(const TensorPtr& a, const TensorPtr& b) {
-    return Pointwise(Mode::LOGICAL_OR, a, b, nullptr, true);
-  }
-  TensorPtr Not(const TensorPtr& a) { return Pointwise(Mode::LOGICAL_NOT, a, nullptr, nullptr, true); }
-  TensorPtr Compare(Mode mode, const TensorPtr& a, const TensorPtr& b) {
-    return Pointwise(mode, a, b, nullptr, true);
-  }
-  // A scalar folded into the graph, as cuDNN's own masks pass theirs.
-  static TensorPtr Constant(float value) {
-    return std::make_shared<fe::graph::Tensor_attributes>(value);
+  Val Unary(Mode mode, const Val& a, fe::DataType_t compute) {
+    return Emit(mode, Materialize(a), Val{}, compute);
   }
 
   // The index of s along an axis (0 batch, 1 query head, 2 query, 3 key), made once.
-  TensorPtr Index(int axis) {
-    TensorPtr& index = index_[axis];
-    if (index == nullptr) {
-      index = graph_->pointwise(s_, fe::graph::Pointwise_attributes()
-                                        .set_name("score_mod_index_" + std::to_string(axis))
-                                        .set_mode(Mode::GEN_INDEX)
-                                        .set_axis(axis)
-                                        .set_compute_data_type(fe::DataType_t::INT32));
-      index->set_data_type(fe::DataType_t::INT32);
+  Val Index(int axis) {
+    Val& index = index_[axis];
+    if (index.t == nullptr) {
+      index.t = graph_->pointwise(s_, fe::graph::Pointwise_attributes()
+                                          .set_name("score_mod_index_" + std::to_string(axis))
+                                          .set_mode(Mode::GEN_INDEX)
+                                          .set_axis(axis)
+                                          .set_compute_data_type(fe::DataType_t::INT32));
+      index.t->set_data_type(fe::DataType_t::INT32);
+      index.kind = Kind::kInt, index.virt = true;
     }
     return index;
   }
-  TensorPtr SeqLenQ() {
-    return seq_lens_ ? seq_len_q_ : Constant(static_cast<float>(seqlen_q_));
+  // A virtual tensor over the whole score with v's values: v itself when already virtual.
+  Val Materialize(const Val& v) {
+    if (v.virt) return v;
+    const bool is_int = v.kind == Kind::kInt || v.kind == Kind::kTruth || v.kind == Kind::kBool;
+    Val& zero = is_int ? zero_int_ : zero_float_;
+    if (zero.t == nullptr)
+      zero = is_int ? Emit(Mode::SUB, Index(3), Index(3), fe::DataType_t::INT32)
+                    : Emit(Mode::MUL, Index(3), Constant(0.0), fe::DataType_t::FLOAT);
+    Val out = Emit(Mode::ADD, zero, v, is_int ? fe::DataType_t::INT32 : fe::DataType_t::FLOAT);
+    if (v.kind == Kind::kTruth || v.kind == Kind::kBool) out.kind = Kind::kTruth;
+    return out;
   }
-  TensorPtr SeqLenKv() {
-    return seq_lens_ ? seq_len_kv_ : Constant(static_cast<float>(seqlen_kv_));
+  Val SeqLenQ() {
+    return seq_lens_ ? Val{seq_len_q_, Kind::kInt, false} : Constant(double(seqlen_q_));
+  }
+  Val SeqLenKv() {
+    return seq_lens_ ? Val{seq_len_kv_, Kind::kInt, false} : Constant(double(seqlen_kv_));
   }
 
-  // The config's mask and the mask_mod as one boolean; null when every key stays visible.
-  TensorPtr Visible() {
-    TensorPtr visible;
+  // Numbers: a boolean used as a number is 0 / 1.
+  Val ToNumber(const Val& v) {
+    if (v.kind == Kind::kBool) return ToTruth(v);
+    return v;
+  }
+  Val ToTruth(const Val& v) {
+    if (v.kind == Kind::kTruth || v.constant) return v;
+    if (v.kind == Kind::kBool) {
+      Val out = Emit(Mode::IDENTITY, Materialize(v), Val{}, fe::DataType_t::INT32);
+      out.kind = Kind::kTruth;
+      return out;
+    }
+    return v;
+  }
+  Val ToBool(const Val& v) {
+    if (v.kind == Kind::kBool) return v;
+    if (v.constant)  // true / false over every key
+      return Emit(v.value != 0.0 ? Mode::CMP_GE : Mode::CMP_LT, Index(3), Constant(0.0),
+                  fe::DataType_t::BOOLEAN, nullptr, true);
+    return Emit(Mode::CMP_NEQ, Materialize(v), Constant(0.0), fe::DataType_t::BOOLEAN, nullptr,
+                v.kind != Kind::kFloat);
+  }
+
+  static bool Commutes(Mode mode) {
+    return mode == Mode::ADD || mode == Mode::MUL || mode == Mode::MIN || mode == Mode::MAX ||
+           mode == Mode::CMP_EQ || mode == Mode::CMP_NEQ;
+  }
+  static Mode Mirrored(Mode mode) {  // a op b == b Mirrored(op) a
+    switch (mode) {
+      case Mode::CMP_LT: return Mode::CMP_GT;
+      case Mode::CMP_LE: return Mode::CMP_GE;
+      case Mode::CMP_GT: return Mode::CMP_LT;
+      case Mode::CMP_GE: return Mode::CMP_LE;
+      default: return mode;
+    }
+  }
+  // a op b for numbers: folded when both are constants, int32 when both are integers,
+  // reordered or materialized so that the first operand is virtual.
+  Val Binary(flex::Op op, Mode mode, Val a, Val b) {
+    a = ToNumber(a), b = ToNumber(b);
+    const bool is_compare = mode == Mode::CMP_LT || mode == Mode::CMP_LE ||
+                            mode == Mode::CMP_GT || mode == Mode::CMP_GE ||
+                            mode == Mode::CMP_EQ || mode == Mode::CMP_NEQ;
+    if (a.constant && b.constant) {
+      Val c = Constant(flex::ApplyOp(op, a.value, b.value, 0.0));
+      if (is_compare) c.kind = Kind::kTruth;
+      return c;
+    }
+    auto is_int = [](const Val& v) { return v.kind == Kind::kInt || v.kind == Kind::kTruth; };
+    const bool ints = is_int(a) && is_int(b) && mode != Mode::DIV;
+    if (!a.virt && b.virt && (Commutes(mode) || is_compare)) {
+      std::swap(a, b);
+      mode = Mirrored(mode);
+    }
+    a = Materialize(a);
+    const fe::DataType_t compute = is_compare ? fe::DataType_t::BOOLEAN
+                                   : ints     ? fe::DataType_t::INT32
+                                              : fe::DataType_t::FLOAT;
+    // A comparison of integers against an integral constant compares int32 with int32.
+    return Emit(mode, a, b, compute, nullptr, ints);
+  }
+
+  // and / or / not / boolean equality on int32 0/1 truth values.
+  Val Logic(flex::Op op, const std::vector<Val>& args) {
+    bool all_constant = true;
+    for (const Val& v : args) all_constant = all_constant && v.constant;
+    if (all_constant) {
+      Val c = Constant(flex::ApplyOp(op, args[0].value, args.size() > 1 ? args[1].value : 0.0,
+                                     args.size() > 2 ? args[2].value : 0.0));
+      c.kind = Kind::kTruth;
+      return c;
+    }
+    auto truth = [&](const Val& v) { return ToTruth(v); };
+    auto min_max = [&](Mode mode, Val a, Val b) {
+      if (!a.virt) std::swap(a, b);
+      Val out = Emit(mode, Materialize(a), b, fe::DataType_t::INT32);
+      out.kind = Kind::kTruth;
+      return out;
+    };
+    auto negate = [&](const Val& a) {
+      if (a.constant) {
+        Val c = Constant(a.value != 0.0 ? 0.0 : 1.0);
+        c.kind = Kind::kTruth;
+        return c;
+      }
+      return Emit(Mode::CMP_EQ, Materialize(ToTruth(a)), Constant(0.0), fe::DataType_t::BOOLEAN,
+                  nullptr, true);
+    };
+    switch (op) {
+      case flex::Op::kNot: return negate(args[0]);
+      case flex::Op::kAnd: return min_max(Mode::MIN, truth(args[0]), truth(args[1]));
+      case flex::Op::kOr: return min_max(Mode::MAX, truth(args[0]), truth(args[1]));
+      case flex::Op::kEq:
+      case flex::Op::kNe: {
+        Val a = truth(args[0]), b = truth(args[1]);
+        if (!a.virt) std::swap(a, b);
+        return Emit(op == flex::Op::kEq ? Mode::CMP_EQ : Mode::CMP_NEQ, Materialize(a), b,
+                    fe::DataType_t::BOOLEAN, nullptr, true);
+      }
+      default: break;  // select of booleans: (c and a) or (not c and b)
+    }
+    const Val c = truth(args[0]);
+    const Val not_c = ToTruth(negate(args[0]));
+    return min_max(Mode::MAX, min_max(Mode::MIN, c, truth(args[1])),
+                   min_max(Mode::MIN, not_c, truth(args[2])));
+  }
+
+  TensorPtr Select(const TensorPtr& value, const TensorPtr& otherwise, const Val& condition) {
+    const Val mask = ToBool(condition);
+    return graph_->pointwise(value, otherwise, mask.t,
+                             fe::graph::Pointwise_attributes()
+                                 .set_name("score_mod_" + std::to_string(++count_))
+                                 .set_mode(Mode::BINARY_SELECT));
+  }
+
+  // The config's mask and the mask_mod as a conjunction of conditions (empty: all visible).
+  std::vector<Val> Visibility() {
+    std::vector<Val> terms;
     const Band& band = band_;
     if (band.left >= 0 || band.right >= 0) {
       // Key j is visible when -left <= j - d <= right, d = i (+ sk - sq bottom-right).
-      TensorPtr offset = Pointwise(Mode::SUB, Index(3), Index(2));
-      if (band.bottom_right)
-        offset = Pointwise(Mode::SUB, offset, Pointwise(Mode::SUB, SeqLenKv(), SeqLenQ()));
+      Val offset = Binary(flex::Op::kSub, Mode::SUB, Index(3), Index(2));
+      if (band.bottom_right) {
+        const Val shift = Binary(flex::Op::kSub, Mode::SUB, SeqLenKv(), SeqLenQ());
+        offset = Binary(flex::Op::kSub, Mode::SUB, offset, shift);
+      }
       if (band.right >= 0)
-        visible = Compare(Mode::CMP_LE, offset, Constant(static_cast<float>(band.right)));
+        terms.push_back(Binary(flex::Op::kLe, Mode::CMP_LE, offset, Constant(double(band.right))));
       if (band.left >= 0)
-        visible = And(visible, Compare(Mode::CMP_GE, offset,
-                                       Constant(-static_cast<float>(band.left))));
+        terms.push_back(Binary(flex::Op::kGe, Mode::CMP_GE, offset, Constant(-double(band.left))));
     }
-    if (seq_lens_)
-      visible = And(visible, And(Compare(Mode::CMP_LT, Index(2), seq_len_q_),
-                                 Compare(Mode::CMP_LT, Index(3), seq_len_kv_)));
-    if (program_.mask >= 0) visible = And(visible, Value(program_.mask));
-    return visible;
+    if (seq_lens_) {
+      terms.push_back(Binary(flex::Op::kLt, Mode::CMP_LT, Index(2), SeqLenQ()));
+      terms.push_back(Binary(flex::Op::kLt, Mode::CMP_LT, Index(3), SeqLenKv()));
+    }
+    if (program_.mask >= 0) {
+      // Top-level conjunctions become one term each.
+      std::vector<int32_t> pending{program_.mask};
+      while (!pending.empty()) {
+        const int32_t id = pending.back();
+        pending.pop_back();
+        const flex::Node& n = program_.nodes[static_cast<size_t>(id)];
+        if (n.op == flex::Op::kAnd) {
+          pending.push_back(n.args[1]);
+          pending.push_back(n.args[0]);
+          continue;
+        }
+        const Val term = Value(id);
+        if (term.constant && term.value != 0.0) continue;  // always true
+        terms.push_back(term);
+      }
+    }
+    return terms;
   }
 
-  // The tensor of node id, lowered once (operands first).
-  TensorPtr Value(int32_t id) {
-    TensorPtr& value = values_[static_cast<size_t>(id)];
-    if (value == nullptr) value = Lower(program_.nodes[static_cast<size_t>(id)]);
+  // The value of node id, lowered once (operands first).
+  Val Value(int32_t id) {
+    Val& value = values_[static_cast<size_t>(id)];
+    if (value.t == nullptr && !value.constant) value = Lower(program_.nodes[static_cast<size_t>(id)]);
     return value;
   }
 
-  TensorPtr Lower(const flex::Node& n) {
+  Val Lower(const flex::Node& n) {
     using flex::Op;
     auto arg = [&](int k) { return Value(n.args[k]); };
     auto is_bool = [&](int k) {
       return program_.nodes[static_cast<size_t>(n.args[k])].type == flex::Type::kBool;
     };
+    auto unary = [&](Mode mode) {
+      const Val a = ToNumber(arg(0));
+      if (a.constant) return Constant(flex::ApplyOp(n.op, a.value, 0.0, 0.0));
+      const bool keeps_int = (mode == Mode::NEG || mode == Mode::ABS) && a.kind == Kind::kInt;
+      return Unary(mode, a, keeps_int ? fe::DataType_t::INT32 : fe::DataType_t::FLOAT);
+    };
     switch (n.op) {
       case Op::kInput:
         switch (n.slot) {
-          case FUSEDATTN_SCORE_MOD_SCORE: return s_;
+          case FUSEDATTN_SCORE_MOD_SCORE: return Val{s_, Kind::kFloat, true};
           case FUSEDATTN_SCORE_MOD_BATCH: return Index(0);
           case FUSEDATTN_SCORE_MOD_HEAD: return Index(1);
           case FUSEDATTN_SCORE_MOD_Q_IDX: return Index(2);
@@ -239,46 +426,56 @@ class ScoreModLowering {
           case FUSEDATTN_SCORE_MOD_SEQLEN_KV: return SeqLenKv();
         }
         throw std::logic_error("score_mod input " + std::to_string(n.slot) + " has no lowering");
-      case Op::kConstant:
-        if (n.type == flex::Type::kBool)  // folded comparisons: true / false over every key
-          return Compare(n.value != 0.0 ? Mode::CMP_GE : Mode::CMP_LT, Index(3), Constant(0.0f));
-        return Constant(static_cast<float>(n.value));
-      case Op::kTensor:
+      case Op::kConstant: {
+        Val c = Constant(n.value);
+        if (n.type == flex::Type::kBool) c.kind = Kind::kTruth;
+        return c;
+      }
+      case Op::kTensor: {
         if (n.slot < 0 || static_cast<size_t>(n.slot) >= tensors_.size())
           throw std::logic_error("score_mod tensor " + std::to_string(n.slot) + " is not an input");
-        return tensors_[static_cast<size_t>(n.slot)];
-      case Op::kNeg: return Pointwise(Mode::NEG, arg(0));
-      case Op::kAbs: return Pointwise(Mode::ABS, arg(0));
-      case Op::kExp: return Pointwise(Mode::EXP, arg(0));
-      case Op::kLog: return Pointwise(Mode::LOG, arg(0));
-      case Op::kTanh: return Pointwise(Mode::TANH_FWD, arg(0));
-      case Op::kSigmoid: return Pointwise(Mode::SIGMOID_FWD, arg(0));
-      case Op::kNot: return Not(arg(0));
-      case Op::kAdd: return Add(arg(0), arg(1));
-      case Op::kSub: return Pointwise(Mode::SUB, arg(0), arg(1));
-      case Op::kMul: return Mul(arg(0), arg(1));
-      case Op::kDiv: return Pointwise(Mode::DIV, arg(0), arg(1));
-      case Op::kMin: return Pointwise(Mode::MIN, arg(0), arg(1));
-      case Op::kMax: return Pointwise(Mode::MAX, arg(0), arg(1));
-      case Op::kLt: return Compare(Mode::CMP_LT, arg(0), arg(1));
-      case Op::kLe: return Compare(Mode::CMP_LE, arg(0), arg(1));
-      case Op::kGt: return Compare(Mode::CMP_GT, arg(0), arg(1));
-      case Op::kGe: return Compare(Mode::CMP_GE, arg(0), arg(1));
-      case Op::kEq:
-      case Op::kNe: {
-        TensorPtr equal;
-        if (is_bool(0))  // booleans: (a and b) or (not a and not b)
-          equal = Or(And(arg(0), arg(1)), And(Not(arg(0)), Not(arg(1))));
-        else
-          return Compare(n.op == Op::kEq ? Mode::CMP_EQ : Mode::CMP_NEQ, arg(0), arg(1));
-        return n.op == Op::kEq ? equal : Not(equal);
+        const size_t k = static_cast<size_t>(n.slot);
+        return Val{tensors_[k], tensor_is_int_[k] ? Kind::kInt : Kind::kFloat, false};
       }
-      case Op::kAnd: return And(arg(0), arg(1));
-      case Op::kOr: return Or(arg(0), arg(1));
-      case Op::kSelect:
-        if (is_bool(1))  // booleans: (c and a) or (not c and b)
-          return Or(And(arg(0), arg(1)), And(Not(arg(0)), arg(2)));
-        return Pointwise(Mode::BINARY_SELECT, arg(1), arg(2), arg(0));
+      case Op::kNeg: return unary(Mode::NEG);
+      case Op::kAbs: return unary(Mode::ABS);
+      case Op::kExp: return unary(Mode::EXP);
+      case Op::kLog: return unary(Mode::LOG);
+      case Op::kTanh: return unary(Mode::TANH_FWD);
+      case Op::kSigmoid: return unary(Mode::SIGMOID_FWD);
+      case Op::kAdd: return Binary(n.op, Mode::ADD, arg(0), arg(1));
+      case Op::kSub: return Binary(n.op, Mode::SUB, arg(0), arg(1));
+      case Op::kMul: return Binary(n.op, Mode::MUL, arg(0), arg(1));
+      case Op::kDiv: return Binary(n.op, Mode::DIV, arg(0), arg(1));
+      case Op::kMin: return Binary(n.op, Mode::MIN, arg(0), arg(1));
+      case Op::kMax: return Binary(n.op, Mode::MAX, arg(0), arg(1));
+      case Op::kLt: return Binary(n.op, Mode::CMP_LT, arg(0), arg(1));
+      case Op::kLe: return Binary(n.op, Mode::CMP_LE, arg(0), arg(1));
+      case Op::kGt: return Binary(n.op, Mode::CMP_GT, arg(0), arg(1));
+      case Op::kGe: return Binary(n.op, Mode::CMP_GE, arg(0), arg(1));
+      case Op::kEq:
+      case Op::kNe:
+        if (is_bool(0)) return Logic(n.op, {arg(0), arg(1)});
+        return Binary(n.op, n.op == Op::kEq ? Mode::CMP_EQ : Mode::CMP_NEQ, arg(0), arg(1));
+      case Op::kNot: return Logic(n.op, {arg(0)});
+      case Op::kAnd:
+      case Op::kOr: return Logic(n.op, {arg(0), arg(1)});
+      case Op::kSelect: {
+        if (is_bool(1)) return Logic(n.op, {arg(0), arg(1), arg(2)});
+        const Val c = arg(0);
+        if (c.constant) return c.value != 0.0 ? arg(1) : arg(2);
+        Val a = ToNumber(arg(1)), b = ToNumber(arg(2));
+        Val condition = ToBool(c);
+        if (!a.virt && b.virt) {  // select(c, a, b) == select(not c, b, a)
+          std::swap(a, b);
+          condition = ToBool(Logic(Op::kNot, {c}));
+        }
+        const bool ints = a.kind == Kind::kInt && b.kind == Kind::kInt;
+        a = Materialize(a);
+        Val out = Emit(Mode::BINARY_SELECT, a, b,
+                       ints ? fe::DataType_t::INT32 : fe::DataType_t::FLOAT, &condition);
+        return out;
+      }
     }
     throw std::logic_error("score_mod operation without a lowering");
   }
@@ -289,12 +486,14 @@ class ScoreModLowering {
   std::shared_ptr<const flex::ScoreMod> score_mod_;
   const flex::Program& program_;  // score_mod_'s
   std::vector<TensorPtr> tensors_;
+  std::vector<bool> tensor_is_int_;
   TensorPtr seq_len_q_, seq_len_kv_;
   fe::graph::Graph* graph_ = nullptr;  // the callback's sub-graph, during the call
   TensorPtr s_;
-  TensorPtr visible_;
-  TensorPtr index_[4];
-  std::vector<TensorPtr> values_;
+  std::vector<Val> visible_;
+  Val index_[4];
+  Val zero_int_, zero_float_;
+  std::vector<Val> values_;
   int count_ = 0;
 };
 
@@ -420,10 +619,13 @@ class GraphMaker {
   // seq_len attributes belong to its padding mask, which stays off next to a callback).
   std::shared_ptr<ScoreModLowering> score_mod_lowering(const flex::Program& program) {
     std::vector<TensorPtr> tensors;
-    for (size_t k = 0; k < s_.aux.size(); ++k)
+    std::vector<bool> tensor_is_int;
+    for (size_t k = 0; k < s_.aux.size(); ++k) {
       tensors.push_back(plain(("score_mod_tensor_" + std::to_string(k)).c_str(),
                               static_cast<Uid>(kUidModTensor0 + static_cast<int>(k)),
                               s_.aux[k].desc, s_.aux[k].dtype));
+      tensor_is_int.push_back(s_.aux[k].dtype == FUSEDATTN_DTYPE_INT32);
+    }
     TensorPtr seq_q, seq_kv;
     if (s_.mod_seq_lens) {
       auto make = [&](const char* name, Uid uid) {
@@ -438,7 +640,8 @@ class GraphMaker {
       seq_kv = make("score_mod_seq_len_kv", kUidModSeqLenKv);
     }
     return std::make_shared<ScoreModLowering>(s_, s_.score_mod, program, std::move(tensors),
-                                              std::move(seq_q), std::move(seq_kv));
+                                              std::move(tensor_is_int), std::move(seq_q),
+                                              std::move(seq_kv));
   }
 
   TensorPtr plain(const char* name, Uid uid, const TensorDesc& d, fusedattn_dtype dtype) {
