@@ -77,6 +77,10 @@ def main():
     parser.add_argument("--seqlens", default="1024,4096,16384")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = parser.parse_args()
+    # Every (modifier, shape, grad mode) is its own compilation: past dynamo's default limit of 8
+    # FlexAttention would fall back to its unfused eager path (O(s^2) memory).
+    torch._dynamo.config.recompile_limit = 256
+    torch._dynamo.config.accumulated_recompile_limit = 4096
     compiled = torch.compile(flex_attention, dynamic=False)
     rows = []
     for name, (ours_kwargs, score_mod, mask_mod, pairs, sdpa_kwargs) in variants().items():

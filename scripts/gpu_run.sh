@@ -88,11 +88,13 @@ step_python() {
 }
 
 step_bench_quick() {
+  step_python_build >/dev/null || return 1
   export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
   python3 "$ROOT/bench/bench.py" --grid all --quick --out "$OUT"
 }
 
 step_bench() {
+  step_python_build >/dev/null || return 1
   export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
   # BENCH_ARGS: e.g. "--grid small_seq" or "--grid prefill --filter 'bf16 d128' --only ..."
   eval python3 "$ROOT/bench/bench.py" --out "$OUT" ${BENCH_ARGS:---grid prefill}
@@ -100,12 +102,14 @@ step_bench() {
 
 # Times fusedattn with score modifiers against compiled FlexAttention (bench/flex_bench.py).
 step_flex_bench() {
+  step_python_build >/dev/null || return 1
   export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
   python3 "$ROOT/bench/flex_bench.py" --out "$OUT" ${FLEX_BENCH_ARGS:-}
 }
 
 # Times the training forward on its own next to PyTorch's (bench/cudnn_train_probe.py).
 step_probe() {
+  step_python_build >/dev/null || return 1
   export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
   python3 "$ROOT/bench/cudnn_train_probe.py"
 }

@@ -156,8 +156,17 @@ TEST(CudnnScoreModSpec, TheCallbacksCarryTheConfigsMaskAndTheTensors) {
       EXPECT_EQ(s.aux[1].desc.dim[d], doc_dim[d]) << d;
       EXPECT_EQ(s.aux[1].desc.stride[d], doc_stride[d]) << d;
     }
-    EXPECT_EQ(s.aux[1].dtype, FUSEDATTN_DTYPE_INT32);
+    // The int32 tensor reaches the graph as a packed float32 copy (cuDNN's backward misreads
+    // int32 score_mod tensors).
+    EXPECT_EQ(s.aux[1].dtype, FUSEDATTN_DTYPE_FLOAT32);
+    EXPECT_TRUE(s.aux[1].staged);
+    EXPECT_FALSE(s.aux[0].staged);
   }
+  // Scratch holds the float32 copy of the int32 tensor (3 x 16 elements), not of the other.
+  const Scratch scratch = ForwardScratch(p, ForwardCallPlan(p, CanonicalFwdTensors(p)));
+  EXPECT_EQ(scratch.mod_tensor[0], Scratch::kNone);
+  ASSERT_NE(scratch.mod_tensor[1], Scratch::kNone);
+  EXPECT_GE(scratch.bytes, scratch.mod_tensor[1] + 3 * 16 * sizeof(float));
 }
 
 TEST(CudnnScoreModSpec, RealContiguousTensorsHitThePlanCheckBuilt) {

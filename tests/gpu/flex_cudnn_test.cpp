@@ -449,6 +449,82 @@ TEST(FlexCudnn, EqualGraphsBuiltTwiceShareThePlan) {
   EXPECT_EQ(misses(), after_first + 1) << "a constant one bit away";
 }
 
+
+// PROBE (temporary): which score_mod tensors cuDNN's backward reads right.
+HostTensor DocIds(fusedattn_dtype dtype, int64_t batch, int64_t s) {
+  HostTensor ids(dtype, {batch, s});
+  const int64_t bounds[2][2] = {{40, 100}, {17, 90}};
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t i = 0; i < s; ++i)
+      ids.set(b * s + i, static_cast<double>((i >= bounds[b][0]) + (i >= bounds[b][1])));
+  return ids;
+}
+TEST(FlexCudnnProbe, P1DocMaskFloatIds) {
+  SKIP_WITHOUT_CUDNN();
+  ScoreMod mod;
+  Expr dq = mod.tensor("doc_q", FUSEDATTN_DTYPE_FLOAT32, FUSEDATTN_SCORE_MOD_AXIS_BATCH | FUSEDATTN_SCORE_MOD_AXIS_Q);
+  Expr dk = mod.tensor("doc_kv", FUSEDATTN_DTYPE_FLOAT32, FUSEDATTN_SCORE_MOD_AXIS_BATCH | FUSEDATTN_SCORE_MOD_AXIS_KV);
+  mod.set_mask(eq(dq, dk) && mod.kv_idx() <= mod.q_idx()).finalize();
+  fusedattn_config c = Config(2, 4, 2, 128, 128, 64, FUSEDATTN_DTYPE_BFLOAT16);
+  c.score_mod = mod.get();
+  RunAndCompare(c, {DocIds(FUSEDATTN_DTYPE_FLOAT32, 2, 128), DocIds(FUSEDATTN_DTYPE_FLOAT32, 2, 128)}, {}, true);
+}
+TEST(FlexCudnnProbe, P2DocMaskIntIdsNoCausal) {
+  SKIP_WITHOUT_CUDNN();
+  ScoreMod mod;
+  Expr dq = mod.tensor("doc_q", FUSEDATTN_DTYPE_INT32, FUSEDATTN_SCORE_MOD_AXIS_BATCH | FUSEDATTN_SCORE_MOD_AXIS_Q);
+  Expr dk = mod.tensor("doc_kv", FUSEDATTN_DTYPE_INT32, FUSEDATTN_SCORE_MOD_AXIS_BATCH | FUSEDATTN_SCORE_MOD_AXIS_KV);
+  mod.set_mask(eq(dq, dk)).finalize();
+  fusedattn_config c = Config(2, 4, 2, 128, 128, 64, FUSEDATTN_DTYPE_BFLOAT16);
+  c.score_mod = mod.get();
+  RunAndCompare(c, {DocIds(FUSEDATTN_DTYPE_INT32, 2, 128), DocIds(FUSEDATTN_DTYPE_INT32, 2, 128)}, {}, true);
+}
+TEST(FlexCudnnProbe, P3IntKeyTensorOnly) {
+  SKIP_WITHOUT_CUDNN();
+  ScoreMod mod;
+  Expr dk = mod.tensor("doc_kv", FUSEDATTN_DTYPE_INT32, FUSEDATTN_SCORE_MOD_AXIS_BATCH | FUSEDATTN_SCORE_MOD_AXIS_KV);
+  mod.set_mask(dk >= 1.0).finalize();
+  fusedattn_config c = Config(2, 4, 2, 128, 128, 64, FUSEDATTN_DTYPE_BFLOAT16);
+  c.score_mod = mod.get();
+  RunAndCompare(c, {DocIds(FUSEDATTN_DTYPE_INT32, 2, 128)}, {}, true);
+}
+TEST(FlexCudnnProbe, P4FloatQueryBiasInScore) {
+  SKIP_WITHOUT_CUDNN();
+  ScoreMod mod;
+  Expr t = mod.tensor("tq", FUSEDATTN_DTYPE_FLOAT32, FUSEDATTN_SCORE_MOD_AXIS_BATCH | FUSEDATTN_SCORE_MOD_AXIS_Q);
+  mod.set_score(mod.score() + t).finalize();
+  fusedattn_config c = Config(2, 4, 2, 128, 128, 64, FUSEDATTN_DTYPE_BFLOAT16);
+  c.score_mod = mod.get();
+  RunAndCompare(c, {Uniform(FUSEDATTN_DTYPE_FLOAT32, {2, 128}, 5, -1.0, 1.0)}, {}, true);
+}
+TEST(FlexCudnnProbe, P5FloatKeyTensorMask) {
+  SKIP_WITHOUT_CUDNN();
+  ScoreMod mod;
+  Expr dk = mod.tensor("doc_kv", FUSEDATTN_DTYPE_FLOAT32, FUSEDATTN_SCORE_MOD_AXIS_BATCH | FUSEDATTN_SCORE_MOD_AXIS_KV);
+  mod.set_mask(dk >= 1.0).finalize();
+  fusedattn_config c = Config(2, 4, 2, 128, 128, 64, FUSEDATTN_DTYPE_BFLOAT16);
+  c.score_mod = mod.get();
+  RunAndCompare(c, {DocIds(FUSEDATTN_DTYPE_FLOAT32, 2, 128)}, {}, true);
+}
+TEST(FlexCudnnProbe, P6PaddingWithScaleOnly) {
+  SKIP_WITHOUT_CUDNN();
+  ScoreMod mod;
+  mod.set_score(mod.score() * 1.5).finalize();
+  fusedattn_config c = Config(4, 4, 2, 96, 128, 64, FUSEDATTN_DTYPE_BFLOAT16);
+  c.mask = FUSEDATTN_MASK_PADDING;
+  c.score_mod = mod.get();
+  RunAndCompare(c, {}, {}, true);
+}
+TEST(FlexCudnnProbe, P7IntKeyTensorAsNumber) {
+  SKIP_WITHOUT_CUDNN();
+  ScoreMod mod;
+  Expr dk = mod.tensor("doc_kv", FUSEDATTN_DTYPE_INT32, FUSEDATTN_SCORE_MOD_AXIS_BATCH | FUSEDATTN_SCORE_MOD_AXIS_KV);
+  mod.set_score(mod.score() + 0.5 * dk).finalize();
+  fusedattn_config c = Config(2, 4, 2, 128, 128, 64, FUSEDATTN_DTYPE_BFLOAT16);
+  c.score_mod = mod.get();
+  RunAndCompare(c, {DocIds(FUSEDATTN_DTYPE_INT32, 2, 128)}, {}, true);
+}
+
 }  // namespace
 }  // namespace fusedattn::testing
 

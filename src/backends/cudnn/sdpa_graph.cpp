@@ -234,10 +234,10 @@ class ScoreModLowering {
     return out;
   }
   Val SeqLenQ() {
-    return seq_lens_ ? Val{seq_len_q_, Kind::kInt, false} : Constant(double(seqlen_q_));
+    return seq_lens_ ? Val{seq_len_q_, Kind::kFloat, false} : Constant(double(seqlen_q_));
   }
   Val SeqLenKv() {
-    return seq_lens_ ? Val{seq_len_kv_, Kind::kInt, false} : Constant(double(seqlen_kv_));
+    return seq_lens_ ? Val{seq_len_kv_, Kind::kFloat, false} : Constant(double(seqlen_kv_));
   }
 
   // Numbers: a boolean used as a number is 0 / 1.
@@ -290,6 +290,11 @@ class ScoreModLowering {
     }
     auto is_int = [](const Val& v) { return v.kind == Kind::kInt || v.kind == Kind::kTruth; };
     const bool ints = is_int(a) && is_int(b) && mode != Mode::DIV;
+    // Comparisons see one type: an int32 tensor next to a float one becomes float.
+    if (is_compare && !ints) {
+      if (is_int(a) && !a.constant) a = Emit(Mode::IDENTITY, Materialize(a), Val{}, fe::DataType_t::FLOAT);
+      if (is_int(b) && !b.constant) b = Emit(Mode::IDENTITY, Materialize(b), Val{}, fe::DataType_t::FLOAT);
+    }
     if (!a.virt && b.virt && (Commutes(mode) || is_compare)) {
       std::swap(a, b);
       mode = Mirrored(mode);
@@ -624,7 +629,7 @@ class GraphMaker {
       tensors.push_back(plain(("score_mod_tensor_" + std::to_string(k)).c_str(),
                               static_cast<Uid>(kUidModTensor0 + static_cast<int>(k)),
                               s_.aux[k].desc, s_.aux[k].dtype));
-      tensor_is_int.push_back(s_.aux[k].dtype == FUSEDATTN_DTYPE_INT32);
+      tensor_is_int.push_back(s_.aux[k].dtype == FUSEDATTN_DTYPE_INT32);  // staged ones are float
     }
     TensorPtr seq_q, seq_kv;
     if (s_.mod_seq_lens) {
@@ -634,7 +639,7 @@ class GraphMaker {
                                   .set_uid(uid)
                                   .set_dim({s_.batch, 1, 1, 1})
                                   .set_stride({1, 1, 1, 1})
-                                  .set_data_type(fe::DataType_t::INT32));
+                                  .set_data_type(fe::DataType_t::FLOAT));
       };
       seq_q = make("score_mod_seq_len_q", kUidModSeqLenQ);
       seq_kv = make("score_mod_seq_len_kv", kUidModSeqLenKv);
