@@ -43,6 +43,9 @@ Status LaunchReduceDsink(const FlashParams& p, cudaStream_t stream);
 Status LaunchReduceDbias(const FlashParams& p, cudaStream_t stream);
 // dq = dq_accum (converted to the dq dtype and strides).
 Status LaunchConvertDq(const FlashParams& p, cudaStream_t stream);
+// A score_mod tensor's gradient (dtype, strides) from its float32 sum over the dense extents.
+Status LaunchConvertFlexGrad(const float* sum, const int64_t extents[4], const FlexTensorArg& out,
+                             fusedattn_dtype dtype, cudaStream_t stream);
 
 // ---- The fast path (tensor cores): fwd_kernel.cuh / bwd_kernel.cuh, one instance per file ----
 
