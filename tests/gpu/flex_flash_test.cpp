@@ -7,7 +7,7 @@
 // bias); rows a mask_mod hides entirely; the deterministic refusal; one small case for
 // compute-sanitizer:
 //
-//   build/tests/fusedattn_gpu_tests --gtest_filter='FlexFlash*'
+//   build/tests/fusedattn_gpu_tests --gtest_filter='*FlexFlash*'   (Dtypes/FlexFlashExamples.* too)
 //   compute-sanitizer --tool memcheck build/tests/fusedattn_gpu_tests --gtest_filter='FlexFlashSanitize*'
 #ifdef FUSEDATTN_WITH_FLASH
 
