@@ -1,5 +1,5 @@
 // Score modifiers with CUDA tensors: selection picks cuDNN (flex_cudnn_test.cpp checks what it
-// computes), the native backends still refuse them, and the reference, when forced, reads the
+// computes), flash accepts them (flex_flash_test.cpp), small_seq refuses them, and the reference, when forced, reads the
 // graph's tensors from device memory and writes their gradients back, bit for bit what it
 // computes on host tensors. Skips without a CUDA device.
 #include <gtest/gtest.h>
@@ -34,7 +34,7 @@ fusedattn_config Base() {
   return c;
 }
 
-TEST(FlexOnCuda, SelectionPicksCudnnAndFlashAndSmallSeqStillRefuseScoreMods) {
+TEST(FlexOnCuda, SelectionPicksCudnnFlashAcceptsAndSmallSeqRefusesScoreMods) {
   if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
   ScoreMod mod;
   mod.set_score(30.0 * tanh(mod.score() / 30.0)).finalize();
@@ -56,8 +56,15 @@ TEST(FlexOnCuda, SelectionPicksCudnnAndFlashAndSmallSeqStillRefuseScoreMods) {
     EXPECT_NE(std::string(msg).find("reference: not chosen automatically"), std::string::npos)
         << msg;
   }
-  // Forced, the native backends still give their reason.
-  for (fusedattn_backend id : {FUSEDATTN_BACKEND_FLASH, FUSEDATTN_BACKEND_SMALL_SEQ}) {
+  // Forced, flash compiles the graph into its kernels (flex_flash_test.cpp checks what it
+  // computes); small_seq still gives its reason.
+  if (fusedattn_backend_available(FUSEDATTN_BACKEND_FLASH, reason, sizeof reason)) {
+    fusedattn_config forced = c;
+    forced.backend = FUSEDATTN_BACKEND_FLASH;
+    EXPECT_EQ(fusedattn_get_backend(&forced, &backend, msg, sizeof msg), FUSEDATTN_SUCCESS)
+        << msg;
+  }
+  for (fusedattn_backend id : {FUSEDATTN_BACKEND_SMALL_SEQ}) {
     if (!fusedattn_backend_available(id, reason, sizeof reason)) continue;
     fusedattn_config forced = c;
     forced.backend = id;

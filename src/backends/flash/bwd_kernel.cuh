@@ -15,45 +15,20 @@
 // the key tiles in a fixed order like the forward and accumulating dQ = dS K in registers.
 #pragma once
 
+#ifndef __CUDACC_RTC__
 #include <climits>
 
+#include "common/cuda_util.h"
+#endif
 #include "backends/flash/device_common.cuh"
 #include "backends/flash/mma.cuh"
-#include "common/cuda_util.h"
+#include "backends/flash/tiles.h"
 
 namespace fusedattn::flash {
 
-template <int kHeadDim>
-struct BwdTile;
-template <>
-struct BwdTile<64> {
-  static constexpr int kBlockM = 64, kBlockN = 128, kWarps = 8;
-};
-template <>
-struct BwdTile<128> {
-  static constexpr int kBlockM = 64, kBlockN = 128, kWarps = 8;
-};
-template <>
-struct BwdTile<256> {
-  static constexpr int kBlockM = 64, kBlockN = 64, kWarps = 8;
-};
-
-template <int kHeadDim>
-struct DqTile;
-template <>
-struct DqTile<64> {
-  static constexpr int kBlockM = 64, kBlockN = 64, kWarps = 4;
-};
-template <>
-struct DqTile<128> {
-  static constexpr int kBlockM = 64, kBlockN = 64, kWarps = 4;
-};
-template <>
-struct DqTile<256> {
-  static constexpr int kBlockM = 64, kBlockN = 32, kWarps = 4;
-};
-
-template <typename Element, int kHeadDim, int kBlockM, int kBlockN, int kWarps, bool kFull>
+// Mod: the score-modifier policy (device_common.cuh), as in the forward.
+template <typename Element, int kHeadDim, int kBlockM, int kBlockN, int kWarps, bool kFull,
+          typename Mod = NoScoreMod>
 __global__ void __launch_bounds__(kWarps * 32)
     FastBackwardKernel(const FlashParams p, int n_tiles) {
   using T = typename ElementTraits<Element>::Type;
@@ -81,6 +56,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   static_assert(kQueryCols % 16 == 0 && kDimCols % 16 == 0 && kDqChunk % 16 == 0 &&
                     kDqCols % kDqChunk == 0,
                 "tiles");
+  static_assert(kFull || !Mod::kActive, "score_mod graphs run in the full variant");
 
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   T* Ks = reinterpret_cast<T*>(smem_bytes);
@@ -132,7 +108,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int dq_dim0 = (warp / kQueryGroups) * kDqCols;
   const int64_t shift = DiagShift(p, seq.len_q, seq.len_kv);
   const float scale_log2 = p.scale * kLog2e;
-  const bool score_mods = kFull && HasScoreMods(p);
+  const bool score_mods = kFull && (Mod::kActive || HasScoreMods(p));
 
   float acc_dk[kNT2][4], acc_dv[kNT2][4];
 #pragma unroll
@@ -140,12 +116,19 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc_dk[nt][e] = acc_dv[nt][e] = 0.f;
 
-  // Step s covers query head hk * group + s / m_count and query tile m_first + s % m_count. Its
-  // Q and dO land in buffer s % 2 while step s - 1 computes; its LSE and D are read into
-  // registers during step s - 1 and stored into their buffer at the end of it.
+  // The steps walk the query heads of the group and, per head, the query tiles
+  // [m_first, m_first + m_count) that can see the block's keys (with a mask_mod, only the tiles
+  // its block mask does not hide entirely). A step's Q and dO land in buffer step % 2 while the
+  // step before computes; its LSE and D are read into registers during the step before and
+  // stored into their buffer at the end of it.
   const int m_first = first / kBlockM;
   const int m_count = last / kBlockM - m_first + 1;
-  const int steps = p.group * m_count;
+  const int h_end = (hk + 1) * p.group;
+  auto advance = [&](int* h, int* m_tile) {  // to the step after (h, m_tile)
+    do {
+      if (++*m_tile >= m_first + m_count) *m_tile = m_first, ++*h;
+    } while (Mod::kActive && *h < h_end && !FlexTileActive(p, b, *h, *m_tile, tile.tile));
+  };
   auto load_step = [&](int h, int m0, int buf) {
     LoadTile<kBlockM, kHeadDim, kStride, kThreads>(
         q_buffers + buf * kBlockM * kStride,
@@ -168,20 +151,21 @@ __global__ void __launch_bounds__(kWarps * 32)
       *delta = p.delta[RowIndex(p, b, h, i)];
     }
   };
-  load_step(hk * p.group, m_first * kBlockM, 0);
-  {
+  int h = hk * p.group, m_tile = m_first;
+  if (Mod::kActive && !FlexTileActive(p, b, h, m_tile, tile.tile)) advance(&h, &m_tile);
+  if (h < h_end) {
+    load_step(h, m_tile * kBlockM, 0);
     float lse, delta;
-    read_stats(hk * p.group, m_first * kBlockM, &lse, &delta);
+    read_stats(h, m_tile * kBlockM, &lse, &delta);
     if (threadIdx.x < kBlockM) lse_buffers[threadIdx.x] = lse, delta_buffers[threadIdx.x] = delta;
   }
 
-  for (int step = 0, h = hk * p.group, m_tile = m_first; step < steps; ++step) {
+  for (int step = 0; h < h_end; ++step) {
     const int buf = step & 1;
     const int m0 = m_tile * kBlockM;
-    // The next step: the next query tile, or the next head's first.
-    const bool next_head = m_tile + 1 >= m_first + m_count;
-    const int next_h = next_head ? h + 1 : h;
-    const int next_m_tile = next_head ? m_first : m_tile + 1;
+    int next_h = h, next_m_tile = m_tile;
+    advance(&next_h, &next_m_tile);
+    const bool has_next = next_h < h_end;
     const T* Qs = q_buffers + buf * kBlockM * kStride;
     const T* dOs = do_buffers + buf * kBlockM * kStride;
     const float* lse_s = lse_buffers + buf * kBlockM;
@@ -190,7 +174,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     CpAsyncWait<0>();
     __syncthreads();  // this step's Q, dO, LSE, D are in place; every warp is done with the last
     float next_lse = INFINITY, next_delta = 0.f;
-    if (step + 1 < steps) {
+    if (has_next) {
       load_step(next_h, next_m_tile * kBlockM, buf ^ 1);
       read_stats(next_h, next_m_tile * kBlockM, &next_lse, &next_delta);
     }
@@ -224,7 +208,11 @@ __global__ void __launch_bounds__(kWarps * 32)
     const bool interior = m0 + kBlockM <= seq.len_q && n0 + kBlockN <= seq.len_kv &&
                           (p.window_left < 0 || n0 >= RawLo(p, m0 + kBlockM - 1, shift)) &&
                           (p.window_right < 0 || n0 + kBlockN <= RawHi(p, m0, shift));
+    // dcap: d s / d t of the softcap; dmod: d score_mod / d s; spipe: the pipeline's s (the
+    // score_mod's input, for the tensor gradients).
     float dcap[kFull ? kNT1 : 1][4];
+    float dmod[Mod::kActive ? kNT1 : 1][4];
+    float spipe[Mod::kTensorGrads ? kNT1 : 1][4];
 #pragma unroll
     for (int nt = 0; nt < kNT1; ++nt)
 #pragma unroll
@@ -238,11 +226,20 @@ __global__ void __launch_bounds__(kWarps * 32)
           const int64_t j = n0 + key_row0 + g + 8 * (e >> 1), i = m0 + query_local;
           int lo, hi;
           VisibleKeys(p, i, seq.len_q, seq.len_kv, &lo, &hi);
-          float derivative = 1.f;
-          u = j >= lo && j < hi
-                  ? ScoreOf(p, st[nt][e], b, h, i, j, seq.len_q, seq.len_kv, &derivative) *
-                        kLog2e
-                  : -INFINITY;
+          float derivative = 1.f, score = -INFINITY;
+          if constexpr (Mod::kActive) dmod[nt][e] = 0.f;
+          if (j >= lo && j < hi) {
+            score = ScoreOf(p, st[nt][e], b, h, i, j, seq.len_q, seq.len_kv, &derivative);
+            if constexpr (Mod::kActive) {
+              if constexpr (Mod::kTensorGrads) spipe[nt][e] = score;
+              float modified, d_s;
+              const bool visible = Mod::Backward(p, score, b, h, i, j, seq.len_q, seq.len_kv,
+                                                 &modified, &d_s);
+              score = visible ? modified : -INFINITY;
+              dmod[nt][e] = d_s;
+            }
+          }
+          u = score * kLog2e;
           if constexpr (kFull) dcap[nt][e] = derivative;
         }
         st[nt][e] = FastExp2(u - lse_s[query_local]);
@@ -275,10 +272,21 @@ __global__ void __launch_bounds__(kWarps * 32)
         const float ds = prob * (dpt[nt][e] * keep - delta_s[query_local]);
         float grad = ds * p.scale;  // d loss / d (q.k)
         if constexpr (kFull) {
+          // d loss / d (the pipeline's s): through the score_mod, where a zero stays zero even
+          // if the derivative is not finite (as in the reference).
+          float ds_pipe = ds;
+          if constexpr (Mod::kActive) {
+            const int64_t i = m0 + query_local, j = n0 + key_row0 + g + 8 * (e >> 1);
+            ds_pipe = ds != 0.f ? ds * dmod[nt][e] : 0.f;
+            if constexpr (Mod::kTensorGrads)
+              if (ds != 0.f)
+                Mod::AddTensorGrads(p, spipe[nt][e], ds, b, h, i, j, seq.len_q, seq.len_kv);
+            grad = ds_pipe * p.scale;
+          }
           grad *= dcap[nt][e];
           if (p.dbias_mode != kDbiasNone && prob != 0.f)
             WriteDbias(p, b, h, m0 + query_local, n0 + key_row0 + g + 8 * (e >> 1),
-                       p.bias_type == FUSEDATTN_BIAS_PRE_SCALE ? grad : ds);
+                       p.bias_type == FUSEDATTN_BIAS_PRE_SCALE ? grad : ds_pipe);
         }
         st[nt][e] = prob * keep;
         dpt[nt][e] = grad;
@@ -398,13 +406,14 @@ __global__ void __launch_bounds__(kWarps * 32)
         }
       }
     }
-    if (step + 1 < steps && threadIdx.x < kBlockM) {
+    if (has_next && threadIdx.x < kBlockM) {
       lse_buffers[(buf ^ 1) * kBlockM + threadIdx.x] = next_lse;
       delta_buffers[(buf ^ 1) * kBlockM + threadIdx.x] = next_delta;
     }
     h = next_h;
     m_tile = next_m_tile;
   }
+  CpAsyncWait<0>();  // K and V, when the block mask left no step
 
   // dK, dV of the block's keys (zero for keys past the sequence).
 #pragma unroll
@@ -426,7 +435,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-template <typename Element, int kHeadDim, int kBlockM, int kBlockN, int kWarps, bool kFull>
+template <typename Element, int kHeadDim, int kBlockM, int kBlockN, int kWarps, bool kFull,
+          typename Mod = NoScoreMod>
 __global__ void __launch_bounds__(kWarps * 32)
     FastBackwardDqKernel(const FlashParams p, int m_tiles) {
   using T = typename ElementTraits<Element>::Type;
@@ -435,6 +445,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   constexpr int kNTiles = kBlockN / 8;
   constexpr int kDTiles = kHeadDim / 8;
   static_assert(kBlockM == 16 * kWarps && kBlockN % 16 == 0, "one 16-row tile per warp");
+  static_assert(kFull || !Mod::kActive, "score_mod graphs run in the full variant");
 
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   T* Qs = reinterpret_cast<T*>(smem_bytes);
@@ -499,7 +510,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
   const DropoutRow drop_row0 = DropoutRowOf(p, b, h, 0);
   const float scale_log2 = p.scale * kLog2e;
-  const bool score_mods = kFull && HasScoreMods(p);
+  const bool score_mods = kFull && (Mod::kActive || HasScoreMods(p));
 
   float acc[kDTiles][4];
 #pragma unroll
@@ -508,6 +519,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int e = 0; e < 4; ++e) acc[dt][e] = 0.f;
 
   for (int n_tile = n_tile_begin; n_tile < n_tile_end; ++n_tile) {
+    if constexpr (Mod::kActive)  // the block mask hides the whole tile (uniform in the block)
+      if (!FlexTileActive(p, b, h, m_tile, n_tile)) continue;
     const int n0 = n_tile * kBlockN;
     __syncthreads();  // every warp is done with the previous K, V
     LoadTile<kBlockN, kHeadDim, kStride, kThreads>(Ks, k_base + n0 * p.k.stride_s, p.k.stride_s,
@@ -544,6 +557,7 @@ __global__ void __launch_bounds__(kWarps * 32)
                           (p.window_left < 0 || n0 >= RawLo(p, m0 + kBlockM - 1, shift)) &&
                           (p.window_right < 0 || n0 + kBlockN <= RawHi(p, m0, shift));
     float dcap[kFull ? kNTiles : 1][4];
+    float dmod[Mod::kActive ? kNTiles : 1][4];  // d score_mod / d s
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
@@ -555,12 +569,20 @@ __global__ void __launch_bounds__(kWarps * 32)
         if (!score_mods) {
           u = s[nt][e] * scale_log2;
         } else {
-          float derivative = 1.f;
-          u = j >= key_lo[r] && j < key_hi[r]
-                  ? ScoreOf(p, s[nt][e], b, h, row_index[r], j, seq.len_q, seq.len_kv,
-                            &derivative) *
-                        kLog2e
-                  : -INFINITY;
+          float derivative = 1.f, score = -INFINITY;
+          if constexpr (Mod::kActive) dmod[nt][e] = 0.f;
+          if (j >= key_lo[r] && j < key_hi[r]) {
+            score = ScoreOf(p, s[nt][e], b, h, row_index[r], j, seq.len_q, seq.len_kv,
+                            &derivative);
+            if constexpr (Mod::kActive) {
+              float modified, d_s;
+              const bool visible = Mod::Backward(p, score, b, h, row_index[r], j, seq.len_q,
+                                                 seq.len_kv, &modified, &d_s);
+              score = visible ? modified : -INFINITY;
+              dmod[nt][e] = d_s;
+            }
+          }
+          u = score * kLog2e;
           if constexpr (kFull) dcap[nt][e] = derivative;
         }
         s[nt][e] = FastExp2(u - lse[r]);  // lse = +inf: the row has no gradient
@@ -588,7 +610,9 @@ __global__ void __launch_bounds__(kWarps * 32)
         for (int c = 0; c < 2; ++c) {
           const int e = 2 * r + c;
           const float keep_scale = kFull && p.dropout ? (keep[c] ? p.keep_scale : 0.f) : 1.f;
-          float grad = s[nt][e] * (dp[nt][e] * keep_scale - delta[r]) * p.scale;
+          const float ds = s[nt][e] * (dp[nt][e] * keep_scale - delta[r]);
+          float grad = ds * p.scale;
+          if constexpr (Mod::kActive) grad = ds != 0.f ? grad * dmod[nt][e] : 0.f;
           if constexpr (kFull) grad *= dcap[nt][e];
           s[nt][e] = grad;
         }
@@ -627,13 +651,12 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+#ifndef __CUDACC_RTC__
 template <typename Element, int kHeadDim, bool kFull>
 Status LaunchFastBackwardVariant(const FlashParams& p, cudaStream_t stream) {
   using Tile = BwdTile<kHeadDim>;
   using T = typename ElementTraits<Element>::Type;
-  const size_t smem = size_t{2 * Tile::kBlockN + 4 * Tile::kBlockM} * (kHeadDim + 8) * sizeof(T) +
-                      size_t{2 * Tile::kBlockN} * (Tile::kBlockM + 8) * sizeof(T) +
-                      size_t{4 * Tile::kBlockM} * sizeof(float);
+  const size_t smem = BwdSmemBytes<kHeadDim>(sizeof(T));
   const int n_tiles = (p.max_seqlen_kv + Tile::kBlockN - 1) / Tile::kBlockN;
   const int64_t blocks = int64_t{n_tiles} * p.heads_kv * p.batch;
   if (blocks > INT_MAX) return NotSupported("flash: %lld backward blocks", (long long)blocks);
@@ -656,7 +679,7 @@ template <typename Element, int kHeadDim, bool kFull>
 Status LaunchFastBackwardDqVariant(const FlashParams& p, cudaStream_t stream) {
   using Tile = DqTile<kHeadDim>;
   using T = typename ElementTraits<Element>::Type;
-  const size_t smem = size_t{2 * Tile::kBlockM + 2 * Tile::kBlockN} * (kHeadDim + 8) * sizeof(T);
+  const size_t smem = DqSmemBytes<kHeadDim>(sizeof(T));
   const int m_tiles = (p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM;
   const int64_t blocks = int64_t{m_tiles} * p.heads_q * p.batch;
   if (blocks > INT_MAX) return NotSupported("flash: %lld dQ blocks", (long long)blocks);
@@ -674,5 +697,7 @@ Status LaunchFastBackwardDq(const FlashParams& p, cudaStream_t stream) {
   return NeedsFullKernel(p) ? LaunchFastBackwardDqVariant<Element, kHeadDim, true>(p, stream)
                             : LaunchFastBackwardDqVariant<Element, kHeadDim, false>(p, stream);
 }
+
+#endif  // __CUDACC_RTC__
 
 }  // namespace fusedattn::flash

@@ -4,9 +4,11 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#ifndef __CUDACC_RTC__  // NVRTC: built in (jit.cpp gives the rest)
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#endif
 
 #include "backends/flash/params.h"
 #include "common/philox.h"
@@ -185,6 +187,52 @@ __device__ __forceinline__ float ScoreOf(const FlashParams& p, float qk, int b, 
   }
   if (dcap) *dcap = derivative;
   return t;
+}
+
+// ------------------------------------------------------------------------------------------------
+// The score-modifier hook
+// ------------------------------------------------------------------------------------------------
+
+// The fast kernels take the score modifier as a template policy. The ahead-of-time instances use
+// NoScoreMod (every function is the identity, kActive false, so none of its code exists there);
+// a score_mod graph is compiled at run time (jit.cpp) into a struct with the same members and the
+// same kernels are instantiated with it by NVRTC. s is the score of the pipeline above (scale,
+// bias, softcap, ALiBi: ScoreOf), i and j the query and key inside the sequence, len_q and
+// len_kv the sequence's lengths.
+struct NoScoreMod {
+  static constexpr bool kActive = false;       // a graph is compiled in
+  static constexpr bool kTensorGrads = false;  // some tensor of the graph requires grad
+  // Whether the key stays visible (mask_mod); *score = score_mod(s).
+  __device__ __forceinline__ static bool Forward(const FlashParams&, float s, int, int, int64_t,
+                                                 int64_t, int, int, float* score) {
+    *score = s;
+    return true;
+  }
+  // As Forward, and *d_s = d score / d s.
+  __device__ __forceinline__ static bool Backward(const FlashParams&, float s, int, int, int64_t,
+                                                  int64_t, int, int, float* score, float* d_s) {
+    *score = s;
+    *d_s = 1.f;
+    return true;
+  }
+  // Adds ds * d score / d tensor (ds = d loss / d modified score) to the tensors' gradient sums.
+  __device__ __forceinline__ static void AddTensorGrads(const FlashParams&, float, float, int,
+                                                        int, int64_t, int64_t, int, int) {}
+};
+
+// Whether the kernel visits tile (m_tile, n_tile) of sequence b, head h: false only where the
+// mask_mod's block mask says it hides the whole tile.
+__device__ __forceinline__ bool FlexTileActive(const FlashParams& p, int b, int h, int m_tile,
+                                               int n_tile) {
+  const FlexArgs& f = p.flex;
+  return f.block_mask == nullptr ||
+         f.block_mask[b * f.block_mask_stride_b + h * f.block_mask_stride_h +
+                      int64_t{m_tile} * f.block_mask_n_tiles + n_tile] != 0;
+}
+
+__device__ __forceinline__ int64_t FlexOffset(const FlexTensorArg& t, int b, int h, int64_t i,
+                                              int64_t j) {
+  return b * t.stride_b + h * t.stride_h + i * t.stride_q + j * t.stride_kv;
 }
 
 // The extra logit of the softmax denominator in natural units: -inf (vanilla), 0 (off-by-one),

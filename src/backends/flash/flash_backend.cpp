@@ -19,8 +19,12 @@
 #include <climits>
 #include <cstdint>
 
+#include <cstring>
+
+#include "backends/flash/jit.h"
 #include "backends/flash/kernels.h"
 #include "common/cuda_util.h"
+#include "flex/score_mod.h"
 #include "common/philox.h"
 #include "select/backend.h"
 
@@ -40,6 +44,7 @@ int FastHeadDimFor(int head_dim_qk, int head_dim_v) {
 namespace {
 
 using flash::FlashParams;
+namespace jit = flash::jit;
 
 constexpr size_t kWorkspaceAlign = 256;
 
@@ -149,10 +154,87 @@ bool DbiasBroadcast(const fusedattn_config& c) {
   return (c.bias_batch == 1 && c.batch > 1) || (c.bias_heads == 1 && c.heads_q > 1);
 }
 
+// ------------------------------------------------------------------------------------------------
+// Score modifiers: the fast kernels with a graph compiled at run time (jit.h).
+// ------------------------------------------------------------------------------------------------
+
+jit::Variant FlexVariant(const Problem& problem, jit::Kernel kernel) {
+  jit::Variant v;
+  v.kernel = kernel;
+  v.dtype = problem.config.qkv_dtype;
+  v.head_dim = FastHeadDim(problem);
+  v.arch = CurrentDeviceComputeCapability();
+  return v;
+}
+
+size_t FlexBlockMaskBytes(const Problem& problem, jit::Kernel kernel) {
+  const auto& c = problem.config;
+  return jit::BlockMaskBytes(*problem.score_mod, FlexVariant(problem, kernel),
+                             static_cast<int>(c.batch), static_cast<int>(c.heads_q),
+                             static_cast<int>(c.max_seqlen_q), static_cast<int>(c.max_seqlen_kv));
+}
+
+// Extents of a score_mod tensor ([batch|1, heads_q|1, max_seqlen_q|1, max_seqlen_kv|1]).
+void FlexExtents(const Problem& p, uint32_t axes, int64_t e[4]) {
+  const auto& c = p.config;
+  e[0] = axes & FUSEDATTN_SCORE_MOD_AXIS_BATCH ? c.batch : 1;
+  e[1] = axes & FUSEDATTN_SCORE_MOD_AXIS_HEAD ? c.heads_q : 1;
+  e[2] = axes & FUSEDATTN_SCORE_MOD_AXIS_Q ? c.max_seqlen_q : 1;
+  e[3] = axes & FUSEDATTN_SCORE_MOD_AXIS_KV ? c.max_seqlen_kv : 1;
+}
+
+// What the fast kernels cannot run with a score_mod graph, or Ok.
+Status CheckScoreMod(const Problem& p) {
+  const auto& c = p.config;
+  const flex::ScoreMod& mod = *p.score_mod;
+  if (FastHeadDim(p) == 0)
+    return NotSupported(
+        "score_mod graphs run on flash's tensor-core kernels only: qkv_dtype float16 or "
+        "bfloat16 with o_dtype equal and head dims multiples of 8 up to 256, but qkv_dtype = %s, "
+        "o_dtype = %s, head_dim_qk = %lld, head_dim_v = %lld (the reference backend runs it)",
+        DtypeName(c.qkv_dtype), DtypeName(c.o_dtype), (long long)c.head_dim_qk,
+        (long long)c.head_dim_v);
+  if (mod.tensors().size() > static_cast<size_t>(flash::kMaxFlexTensors))
+    return NotSupported("config.score_mod declares %zu tensors; flash's kernels take at most %d",
+                        mod.tensors().size(), flash::kMaxFlexTensors);
+  if (c.deterministic && mod.any_requires_grad())
+    return NotSupported(
+        "config.deterministic = 1 but a score_mod tensor requires grad: flash sums those "
+        "gradients with float32 atomics, whose order varies run to run");
+  if (c.bias_requires_grad && p.has_tensor_bias() && DbiasBroadcast(c))
+    return NotSupported(
+        "a broadcast bias (bias_batch = %lld, bias_heads = %lld) with bias_requires_grad next to "
+        "a score_mod graph: flash's dbias reduction does not evaluate the graph (give the bias "
+        "as a score_mod tensor instead)",
+        (long long)c.bias_batch, (long long)c.bias_heads);
+  const int cc = CurrentDeviceComputeCapability();
+  if (cc < 80)
+    return NotSupported("score_mod kernels need compute capability 8.0 or later; this GPU has "
+                        "%d.%d",
+                        cc / 10, cc % 10);
+  return jit::Available();
+}
+
+// The score_mod tensors of a call in the kernels' params.
+template <typename Tensors>
+void SetFlexTensors(const Tensors& t, FlashParams* p) {
+  for (size_t k = 0; k < t.score_mod_tensors.size(); ++k) {
+    const AuxTensorView& v = t.score_mod_tensors[k];
+    flash::FlexTensorArg& a = p->flex.tensors[k];
+    a.data = v.data;
+    a.stride_b = v.stride_b, a.stride_h = v.stride_h;
+    a.stride_q = v.stride_q, a.stride_kv = v.stride_kv;
+  }
+}
+
 // Workspace of the backward, carved in this order from one buffer.
 struct BwdWorkspace {
   size_t delta = 0, sink_partial = 0, dq_accum = 0, total = 0;
   int dq_accum_dim = 0;
+  // score_mod: block masks of the key-block and dQ kernels, float32 gradient sums per tensor.
+  size_t block_mask = 0, block_mask_dq = 0;
+  size_t block_mask_bytes = 0, block_mask_dq_bytes = 0;
+  std::vector<size_t> flex_grad;  // offset per tensor (requires grad)
 };
 
 BwdWorkspace PlanBwdWorkspace(const Problem& problem) {
@@ -170,6 +252,23 @@ BwdWorkspace PlanBwdWorkspace(const Problem& problem) {
     w.dq_accum = w.total;
     w.dq_accum_dim = fast_dim;
     w.total += AlignUp(rows * static_cast<size_t>(fast_dim) * sizeof(float));
+  }
+  if (problem.score_mod && fast_dim > 0) {
+    w.block_mask = w.total;
+    w.block_mask_bytes = FlexBlockMaskBytes(problem, jit::Kernel::kBackward);
+    w.total += AlignUp(w.block_mask_bytes);
+    if (c.deterministic) {
+      w.block_mask_dq = w.total;
+      w.block_mask_dq_bytes = FlexBlockMaskBytes(problem, jit::Kernel::kBackwardDq);
+      w.total += AlignUp(w.block_mask_dq_bytes);
+    }
+    for (const flex::TensorDecl& decl : problem.score_mod->tensors()) {
+      w.flex_grad.push_back(w.total);
+      if (!decl.requires_grad) continue;
+      int64_t e[4];
+      FlexExtents(problem, decl.axes, e);
+      w.total += AlignUp(static_cast<size_t>(e[0] * e[1] * e[2] * e[3]) * sizeof(float));
+    }
   }
   return w;
 }
@@ -218,8 +317,7 @@ class FlashBackendImpl final : public Backend {
     const auto& c = p.config;
     if (p.device != Device::kCuda)
       return NotSupported("runs on CUDA tensors only, and config.device is CPU");
-    if (p.has_score_mod())
-      return NotSupported("score_mod graphs run only on the reference backend in this version");
+    if (p.has_score_mod()) FUSEDATTN_RETURN_IF_ERROR(CheckScoreMod(p));
     const size_t need = flash::SimpleSharedBytes(static_cast<int>(c.head_dim_qk),
                                                  static_cast<int>(c.head_dim_v));
     const size_t limit = flash::SimpleSharedLimit();
@@ -237,25 +335,40 @@ class FlashBackendImpl final : public Backend {
     return Status::Ok();
   }
 
-  Status fwd_workspace_size(const Problem&, size_t* bytes) override {
-    *bytes = 0;
+  Status fwd_workspace_size(const Problem& p, size_t* bytes) override {
+    // score_mod: the forward's block mask.
+    *bytes = p.score_mod && FastHeadDim(p) > 0
+                 ? AlignUp(FlexBlockMaskBytes(p, jit::Kernel::kForward))
+                 : 0;
     return Status::Ok();
   }
+
+  fusedattn_cache_stats cache_stats() const override { return jit::CacheStats(); }
 
   Status bwd_workspace_size(const Problem& p, size_t* bytes) override {
     *bytes = PlanBwdWorkspace(p).total;
     return Status::Ok();
   }
 
-  Status forward(const Problem& problem, const FwdTensors& t, void*, size_t,
+  Status forward(const Problem& problem, const FwdTensors& t, void* workspace, size_t,
                  void* stream) override {
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     FlashParams p = CommonParams(problem, t);
     p.max_logit = t.max_logit;
     p.max_logit_stride = t.max_logit_stride;
-    if (p.max_logit) FUSEDATTN_RETURN_IF_ERROR(flash::LaunchFillMaxLogit(p, s));
     const int dim = FastHeadDim(problem);
-    if (dim > 0 && RowsAligned16(t.q) && RowsAligned16(t.k) && RowsAligned16(t.v)) {
+    const bool fast = dim > 0 && RowsAligned16(t.q) && RowsAligned16(t.k) && RowsAligned16(t.v);
+    if (problem.score_mod && !fast)
+      return NotSupported(
+          "flash runs score_mod graphs on its tensor-core kernels only, which need q, k and v "
+          "rows contiguous (head-dim stride 1) and 16-byte aligned");
+    if (p.max_logit) FUSEDATTN_RETURN_IF_ERROR(flash::LaunchFillMaxLogit(p, s));
+    if (problem.score_mod) {
+      SetFlexTensors(t, &p);
+      return jit::Launch(problem.score_mod, FlexVariant(problem, jit::Kernel::kForward), p,
+                         workspace, s);
+    }
+    if (fast) {
       if (problem.config.qkv_dtype == FUSEDATTN_DTYPE_FLOAT16)
         return FastForward<flash::Half>(dim, p, s);
       return FastForward<flash::Bfloat16>(dim, p, s);
@@ -288,6 +401,10 @@ class FlashBackendImpl final : public Backend {
     const int dim = FastHeadDim(problem);
     const bool fast = dim > 0 && RowsAligned16(t.q) && RowsAligned16(t.k) &&
                       RowsAligned16(t.v) && RowsAligned16(t.d_o);
+    if (problem.score_mod && !fast)
+      return NotSupported(
+          "flash runs score_mod graphs on its tensor-core kernels only, which need q, k, v and dO "
+          "rows contiguous (head-dim stride 1) and 16-byte aligned");
     if (fast && !p.deterministic) {
       p.dq_accum = reinterpret_cast<float*>(base + plan.dq_accum);
       p.dq_accum_dim = plan.dq_accum_dim;
@@ -308,6 +425,50 @@ class FlashBackendImpl final : public Backend {
 
     FUSEDATTN_RETURN_IF_ERROR(flash::LaunchBackwardPreprocess(p, s));
     if (p.dsink) FUSEDATTN_RETURN_IF_ERROR(flash::LaunchReduceDsink(p, s));
+    if (problem.score_mod) {
+      // Gradient sums of the tensors that require grad: zeroed, added by the key-block kernel
+      // with float32 atomics (not deterministic; check() refuses deterministic), converted.
+      SetFlexTensors(t, &p);
+      const auto& decls = problem.score_mod->tensors();
+      for (size_t k = 0; k < decls.size(); ++k) {
+        if (!decls[k].requires_grad) continue;
+        int64_t e[4];
+        FlexExtents(problem, decls[k].axes, e);
+        flash::FlexTensorArg& g = p.flex.grads[k];
+        g.data = base + plan.flex_grad[k];
+        g.stride_kv = e[3] > 1 ? 1 : 0;
+        g.stride_q = e[2] > 1 ? e[3] : 0;
+        g.stride_h = e[1] > 1 ? e[2] * e[3] : 0;
+        g.stride_b = e[0] > 1 ? e[1] * e[2] * e[3] : 0;
+        FUSEDATTN_CUDA_CHECK(cudaMemsetAsync(const_cast<void*>(g.data), 0,
+                                             static_cast<size_t>(e[0] * e[1] * e[2] * e[3]) *
+                                                 sizeof(float),
+                                             s));
+      }
+      FUSEDATTN_RETURN_IF_ERROR(jit::Launch(problem.score_mod,
+                                            FlexVariant(problem, jit::Kernel::kBackward), p,
+                                            base + plan.block_mask, s));
+      if (p.deterministic) {
+        FUSEDATTN_RETURN_IF_ERROR(jit::Launch(problem.score_mod,
+                                              FlexVariant(problem, jit::Kernel::kBackwardDq), p,
+                                              base + plan.block_mask_dq, s));
+      } else {
+        FUSEDATTN_RETURN_IF_ERROR(flash::LaunchConvertDq(p, s));
+      }
+      for (size_t k = 0; k < decls.size(); ++k) {
+        if (!decls[k].requires_grad) continue;
+        int64_t e[4];
+        FlexExtents(problem, decls[k].axes, e);
+        const AuxTensorView& out = t.score_mod_grads[k];
+        flash::FlexTensorArg o;
+        o.data = out.data;
+        o.stride_b = out.stride_b, o.stride_h = out.stride_h;
+        o.stride_q = out.stride_q, o.stride_kv = out.stride_kv;
+        FUSEDATTN_RETURN_IF_ERROR(flash::LaunchConvertFlexGrad(
+            static_cast<const float*>(p.flex.grads[k].data), e, o, out.dtype, s));
+      }
+      return Status::Ok();
+    }
     if (fast) {
       const bool half = c.qkv_dtype == FUSEDATTN_DTYPE_FLOAT16;
       FUSEDATTN_RETURN_IF_ERROR(half ? FastBackward<flash::Half>(dim, p, s)

@@ -13,30 +13,16 @@
 //    argument: uniform branches.
 #pragma once
 
+#ifndef __CUDACC_RTC__
 #include <climits>
 
+#include "common/cuda_util.h"
+#endif
 #include "backends/flash/device_common.cuh"
 #include "backends/flash/mma.cuh"
-#include "common/cuda_util.h"
+#include "backends/flash/tiles.h"
 
 namespace fusedattn::flash {
-
-// Tile shapes per padded head dim and variant: kBlockM query rows, kBlockN keys, kWarps warps.
-// kBlockM / kWarps rows per warp: 32 (two 16-row mma tiles) halves the shared-memory reads of K
-// and V per flop, where registers allow; the full variant (score modifiers, dropout) needs more
-// registers and takes 16 rows per warp. Measured on H100 (bf16, s=4096): see the report.
-template <int kHeadDim, bool kFull>
-struct FwdTile {
-  static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 8;
-};
-template <>
-struct FwdTile<64, false> {
-  static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4;
-};
-template <>
-struct FwdTile<128, false> {
-  static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4;
-};
 
 // O = 0 and LSE = -inf for the rows [m0, m0 + rows) of a tile whose rows see no key.
 template <int kThreads>
@@ -57,7 +43,10 @@ __device__ void WriteRowsWithoutKeys(const FlashParams& p, int b, int h, const S
     }
 }
 
-template <typename Element, int kHeadDim, int kBlockM, int kBlockN, int kWarps, bool kFull>
+// Mod: the score-modifier policy (device_common.cuh's NoScoreMod, or a graph compiled at run
+// time, which needs kFull).
+template <typename Element, int kHeadDim, int kBlockM, int kBlockN, int kWarps, bool kFull,
+          typename Mod = NoScoreMod>
 __global__ void __launch_bounds__(kWarps * 32)
     FastForwardKernel(const FlashParams p, int m_tiles) {
   using T = typename ElementTraits<Element>::Type;
@@ -68,6 +57,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   constexpr int kNTiles = kBlockN / 8;        // 8-column tiles of S
   constexpr int kDTiles = kHeadDim / 8;       // 8-column tiles of O
   static_assert(kRowsPerWarp % 16 == 0 && kBlockN % 16 == 0 && kHeadDim % 16 == 0, "tiles");
+  static_assert(kFull || !Mod::kActive, "score_mod graphs run in the full variant");
 
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   T* Qs = reinterpret_cast<T*>(smem_bytes);
@@ -94,6 +84,15 @@ __global__ void __launch_bounds__(kWarps * 32)
       n_tile_end = static_cast<int>((key_hi + kBlockN - 1) / kBlockN);
     }
   }
+  // The next key tile to visit below n_tile: the one before it, or with a mask_mod the next one
+  // its block mask does not hide entirely.
+  auto next_tile = [&](int n_tile) {
+    int n = n_tile - 1;
+    if constexpr (Mod::kActive)
+      while (n >= n_tile_begin && !FlexTileActive(p, b, h, m_tile, n)) --n;
+    return n;
+  };
+  if constexpr (Mod::kActive) n_tile_end = next_tile(n_tile_end) + 1;
   if (n_tile_begin >= n_tile_end) {
     WriteRowsWithoutKeys<kThreads>(p, b, h, seq, m0, min(kBlockM, p.max_seqlen_q - m0));
     return;
@@ -136,10 +135,11 @@ __global__ void __launch_bounds__(kWarps * 32)
     row_sum[mt][0] = row_sum[mt][1] = 0.f;
   }
   const float scale_log2 = p.scale * kLog2e;
-  const bool score_mods = kFull && HasScoreMods(p);
+  const bool score_mods = kFull && (Mod::kActive || HasScoreMods(p));
 
-  for (int n_tile = n_tile_end - 1; n_tile >= n_tile_begin; --n_tile) {
+  for (int n_tile = n_tile_end - 1, next = 0; n_tile >= n_tile_begin; n_tile = next) {
     const int n0 = n_tile * kBlockN;
+    next = next_tile(n_tile);
     CpAsyncWait<0>();
     __syncthreads();  // K(n) landed for every thread; every warp is done with V(n+1)
     load_v(n_tile);
@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(kWarps * 32)
               }
           }
       }
-    } else {  // bias, ALiBi, softcap: only visible elements are read and computed
+    } else {  // bias, ALiBi, softcap, score_mod: only visible elements are read and computed
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -212,9 +212,17 @@ __global__ void __launch_bounds__(kWarps * 32)
             for (int c = 0; c < 2; ++c) {
               const int j = n0 + nt * 8 + 2 * t + c;
               float& x = s[mt][nt][2 * r + c];
-              x = j >= lo && j < hi
-                      ? ScoreOf(p, x, b, h, i, j, seq.len_q, seq.len_kv, nullptr) * kLog2e
-                      : -INFINITY;
+              float score = -INFINITY;
+              if (j >= lo && j < hi) {
+                score = ScoreOf(p, x, b, h, i, j, seq.len_q, seq.len_kv, nullptr);
+                if constexpr (Mod::kActive) {
+                  float modified;
+                  const bool visible =
+                      Mod::Forward(p, score, b, h, i, j, seq.len_q, seq.len_kv, &modified);
+                  score = visible ? modified : -INFINITY;
+                }
+              }
+              x = score * kLog2e;
             }
         }
     }
@@ -268,8 +276,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 
     CpAsyncWait<0>();
     __syncthreads();  // V(n) landed; every warp is done with K(n)
-    if (n_tile > n_tile_begin) {
-      load_k(n_tile - 1);
+    if (next >= n_tile_begin) {
+      load_k(next);
       CpAsyncCommit();
     }
 
@@ -339,11 +347,12 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+#ifndef __CUDACC_RTC__
 template <typename Element, int kHeadDim, bool kFull>
 Status LaunchFastForwardVariant(const FlashParams& p, cudaStream_t stream) {
   using Tile = FwdTile<kHeadDim, kFull>;
   using T = typename ElementTraits<Element>::Type;
-  const size_t smem = size_t{Tile::kBlockM + 2 * Tile::kBlockN} * (kHeadDim + 8) * sizeof(T);
+  const size_t smem = FwdSmemBytes<kHeadDim, kFull>(sizeof(T));
   const int m_tiles = (p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM;
   const int64_t blocks = int64_t{m_tiles} * p.heads_q * p.batch;
   if (blocks > INT_MAX) return NotSupported("flash: %lld forward blocks", (long long)blocks);
@@ -361,5 +370,7 @@ Status LaunchFastForward(const FlashParams& p, cudaStream_t stream) {
   return NeedsFullKernel(p) ? LaunchFastForwardVariant<Element, kHeadDim, true>(p, stream)
                             : LaunchFastForwardVariant<Element, kHeadDim, false>(p, stream);
 }
+
+#endif  // __CUDACC_RTC__
 
 }  // namespace fusedattn::flash

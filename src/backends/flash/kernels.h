@@ -2,12 +2,20 @@
 // cudaGetLastError right after the launch); none synchronizes.
 #pragma once
 
+#include "backends/flash/params.h"
+#ifndef __CUDACC_RTC__
 #include <cuda_runtime_api.h>
 
-#include "backends/flash/params.h"
 #include "common/status.h"
+#endif
 
 namespace fusedattn::flash {
+
+// Element types of the instances.
+struct Half {};
+struct Bfloat16 {};
+
+#ifndef __CUDACC_RTC__  // host entry points (NVRTC sees only the element types)
 
 // ---- The simple path (SIMT, any dtype, head dim, stride): simple_kernels.cu ----
 
@@ -35,12 +43,11 @@ Status LaunchReduceDsink(const FlashParams& p, cudaStream_t stream);
 Status LaunchReduceDbias(const FlashParams& p, cudaStream_t stream);
 // dq = dq_accum (converted to the dq dtype and strides).
 Status LaunchConvertDq(const FlashParams& p, cudaStream_t stream);
+// A score_mod tensor's gradient (dtype, strides) from its float32 sum over the dense extents.
+Status LaunchConvertFlexGrad(const float* sum, const int64_t extents[4], const FlexTensorArg& out,
+                             fusedattn_dtype dtype, cudaStream_t stream);
 
 // ---- The fast path (tensor cores): fwd_kernel.cuh / bwd_kernel.cuh, one instance per file ----
-
-// Element types of the instances.
-struct Half {};
-struct Bfloat16 {};
 
 template <typename Element, int kHeadDim>
 Status LaunchFastForward(const FlashParams& p, cudaStream_t stream);
@@ -53,5 +60,6 @@ Status LaunchFastBackwardDq(const FlashParams& p, cudaStream_t stream);
 
 // The padded head dims the fast path is compiled for (instances.h lists them).
 int FastHeadDimFor(int head_dim_qk, int head_dim_v);
+#endif  // __CUDACC_RTC__
 
 }  // namespace fusedattn::flash

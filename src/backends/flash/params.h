@@ -3,7 +3,9 @@
 // not use are left zero/null. Lengths fit int32 (validated by MakeProblem); offsets are int64.
 #pragma once
 
+#ifndef __CUDACC_RTC__
 #include <cstdint>
+#endif
 
 #include "fusedattn/fusedattn.h"
 
@@ -29,6 +31,30 @@ struct BiasArg {
   void* data = nullptr;
   fusedattn_dtype dtype = FUSEDATTN_DTYPE_FLOAT32;
   int64_t stride_b = 0, stride_h = 0, stride_q = 0, stride_kv = 0;
+};
+
+// A score_mod tensor (or the float32 sum of its gradient): element (b, h, i, j) at
+// b * stride_b + h * stride_h + i * stride_q + j * stride_kv, stride 0 on axes it does not index.
+// Its dtype is part of the compiled graph.
+struct FlexTensorArg {
+  const void* data = nullptr;
+  int64_t stride_b = 0, stride_h = 0, stride_q = 0, stride_kv = 0;
+};
+constexpr int kMaxFlexTensors = 8;
+
+// What the run-time compiled score_mod kernels read besides the graph (jit.h); unused (null)
+// by the ahead-of-time instances.
+struct FlexArgs {
+  FlexTensorArg tensors[kMaxFlexTensors];
+  // float32 [E_b, E_h, E_q, E_kv] sums of dS * d score / d tensor, for tensors requiring grad
+  // (added with atomics); data null otherwise.
+  FlexTensorArg grads[kMaxFlexTensors];
+  // Block sparsity from the mask_mod: one byte per (b, h, query tile, key tile) of the launched
+  // kernel's tile shape, 0 where the mask_mod hides every element of the tile. Null: every tile
+  // is visited. Broadcast axes (the mask reads neither the batch nor the head) have stride 0.
+  const unsigned char* block_mask = nullptr;
+  int64_t block_mask_stride_b = 0, block_mask_stride_h = 0;
+  int block_mask_n_tiles = 0;  // row stride: key tiles per query tile
 };
 
 struct FlashParams {
@@ -91,6 +117,9 @@ struct FlashParams {
   // How the backward kernels treat dbias: 0 none, 1 store (each element written once),
   // 2 atomic add into float32 dbias (broadcast axes, non-deterministic).
   int dbias_mode = 0;
+
+  // Score modifiers (run-time compiled kernels only).
+  FlexArgs flex;
 };
 
 enum DbiasMode { kDbiasNone = 0, kDbiasStore = 1, kDbiasAtomic = 2 };

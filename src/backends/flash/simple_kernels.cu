@@ -591,4 +591,27 @@ Status LaunchConvertDq(const FlashParams& p, cudaStream_t stream) {
   return Status::Ok();
 }
 
+// A score_mod tensor's gradient from its float32 sum (dense [E_b, E_h, E_q, E_kv], jit.h): element
+// (b, h, i, j) of `out` (dtype, strides) = sum[((b * E_h + h) * E_q + i) * E_kv + j].
+__global__ void ConvertFlexGradKernel(const float* sum, FlexTensorArg out, fusedattn_dtype dtype,
+                                      int64_t e_h, int64_t e_q, int64_t e_kv, int64_t elements) {
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < elements;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t j = e % e_kv, i = (e / e_kv) % e_q, h = (e / (e_kv * e_q)) % e_h,
+                  b = e / (e_kv * e_q * e_h);
+    StoreElem(const_cast<void*>(out.data), dtype,
+              b * out.stride_b + h * out.stride_h + i * out.stride_q + j * out.stride_kv, sum[e]);
+  }
+}
+
+Status LaunchConvertFlexGrad(const float* sum, const int64_t extents[4], const FlexTensorArg& out,
+                             fusedattn_dtype dtype, cudaStream_t stream) {
+  const int64_t elements = extents[0] * extents[1] * extents[2] * extents[3];
+  if (elements == 0) return Status::Ok();
+  ConvertFlexGradKernel<<<ElementwiseBlocks(elements), 256, 0, stream>>>(
+      sum, out, dtype, extents[1], extents[2], extents[3], elements);
+  FUSEDATTN_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
+
 }  // namespace fusedattn::flash
