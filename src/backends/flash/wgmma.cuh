@@ -306,19 +306,28 @@ __device__ __forceinline__ void MbarArrive(uint64_t* bar) {
 #endif
 }
 // Waits until the phase with this parity has completed (a fresh barrier is in phase 0, so a
-// wait for parity 1 returns at once).
+// wait for parity 1 returns at once). A wait that lasts about 2^34 cycles (seconds; no correct
+// wait comes near) traps, so that a wrong transaction count or a lost arrival fails the launch
+// instead of hanging the GPU.
 __device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
 #if FUSEDATTN_SM90_DEVICE
   const uint32_t address = SmemAddress(bar);
   uint32_t done = 0;
-  do {
+  long long start = 0;
+  for (uint32_t polls = 0;; ++polls) {
     asm volatile(
         "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
         "selp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
         : "r"(address), "r"(parity)
         : "memory");
-  } while (!done);
+    if (done) break;
+    if (polls == 0) {
+      start = clock64();
+    } else if ((polls & 1023u) == 0 && clock64() - start > (1ll << 34)) {
+      __trap();
+    }
+  }
 #endif
 }
 
