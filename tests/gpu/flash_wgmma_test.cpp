@@ -231,7 +231,7 @@ std::string TileName(const ::testing::TestParamInfo<FlashWgmmaTile::ParamType>& 
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Modes, FlashWgmmaTile,
+    FlashWgmmaTiles, FlashWgmmaTile,
     ::testing::Combine(::testing::Values(0, 1, 2),
                        ::testing::Values(FUSEDATTN_DTYPE_BFLOAT16, FUSEDATTN_DTYPE_FLOAT16)),
     TileName);
