@@ -8,6 +8,8 @@
 // Usage: flash_bench [--backend flash|cudnn|...] [--dtype bf16|fp16|all] [--d 64|128|...|all]
 //                    [--seqlen N|all] [--causal 0|1|all] [--tokens 16384] [--hidden 2048]
 //                    [--iters 10] [--fwd-only] [--deterministic]
+// With --backend flash each line says which forward kernel ran: [wgmma] (Hopper, sm_90) or
+// [mma.sync]; FUSEDATTN_FLASH_WGMMA=0 turns the wgmma forward off.
 // Defaults run the standard grid: bf16 and fp16, d 64 and 128, seqlen 1024..16384 at 16k tokens
 // (batch = tokens / seqlen, heads = hidden / d), causal and not. Exits 0 without a GPU.
 #include <cuda_runtime_api.h>
@@ -21,6 +23,9 @@
 
 #include "common/dtype.h"
 #include "fusedattn/fusedattn.h"
+#ifdef FUSEDATTN_WITH_FLASH
+#include "backends/flash/sm90.h"  // which forward kernel ran (FUSEDATTN_FLASH_WGMMA=0|1)
+#endif
 
 namespace {
 
@@ -153,6 +158,10 @@ void RunOne(const Options& o, fusedattn_dtype dtype, int64_t d, int64_t seqlen, 
               dtype == FUSEDATTN_DTYPE_BFLOAT16 ? "bf16" : "fp16", (long long)d,
               (long long)seqlen, (long long)batch, (long long)heads,
               causal ? "causal" : "full", fwd_ms, flops / fwd_ms / 1e9);
+#ifdef FUSEDATTN_WITH_FLASH
+  if (o.backend == FUSEDATTN_BACKEND_FLASH)
+    std::printf(" [%s]", fusedattn::flash::LastForwardUsedWgmma() ? "wgmma" : "mma.sync");
+#endif
   if (!o.fwd_only && fwd_ms > 0) {
     const double bwd_ms = TimeMs(o.iters, bwd);
     const double both_ms = TimeMs(o.iters, [&] { return fwd() && bwd(); });

@@ -23,6 +23,7 @@
 
 #include "backends/flash/jit.h"
 #include "backends/flash/kernels.h"
+#include "backends/flash/sm90.h"
 #include "common/cuda_util.h"
 #include "flex/score_mod.h"
 #include "common/philox.h"
@@ -273,8 +274,23 @@ BwdWorkspace PlanBwdWorkspace(const Problem& problem) {
   return w;
 }
 
+// The wgmma forward (fwd_kernel_sm90.cuh) when the build has it, the device is sm_90, the problem
+// is plain (no bias, ALiBi, softcap, dropout), the instance is 64 or 128 and TMA can describe the
+// tensors (LaunchWgmmaForward checks and reports whether it launched); else the mma.sync kernel.
+// FUSEDATTN_FLASH_WGMMA=0 turns the wgmma path off.
 template <typename Element>
 Status FastForward(int dim, const FlashParams& p, cudaStream_t s) {
+#ifdef FUSEDATTN_FLASH_SM90
+  if ((dim == 64 || dim == 128) && flash::WgmmaForwardEnabled()) {
+    bool launched = false;
+    Status status = dim == 64 ? flash::LaunchWgmmaForward<Element, 64>(p, s, &launched)
+                              : flash::LaunchWgmmaForward<Element, 128>(p, s, &launched);
+    if (launched || !status.ok()) {
+      flash::SetLastForwardUsedWgmma(launched);
+      return status;
+    }
+  }
+#endif
   switch (dim) {
     case 64: return flash::LaunchFastForward<Element, 64>(p, s);
     case 128: return flash::LaunchFastForward<Element, 128>(p, s);
@@ -356,6 +372,7 @@ class FlashBackendImpl final : public Backend {
     FlashParams p = CommonParams(problem, t);
     p.max_logit = t.max_logit;
     p.max_logit_stride = t.max_logit_stride;
+    flash::SetLastForwardUsedWgmma(false);
     const int dim = FastHeadDim(problem);
     const bool fast = dim > 0 && RowsAligned16(t.q) && RowsAligned16(t.k) && RowsAligned16(t.v);
     if (problem.score_mod && !fast)

@@ -1,0 +1,50 @@
+// Host entry points of the Hopper (sm_90a) forward: warpgroup MMA (wgmma) with TMA loads and an
+// mbarrier pipeline (fwd_kernel_sm90.cuh, wgmma.cuh). Built only when CMAKE_CUDA_ARCHITECTURES
+// contains 90a (FUSEDATTN_FLASH_SM90); without it WgmmaCompiled() is false and nothing else here
+// is called.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "backends/flash/kernels.h"
+
+namespace fusedattn::flash {
+
+// Whether this build contains the wgmma forward.
+bool WgmmaCompiled();
+// Whether the forward may take the wgmma kernel now: compiled, not turned off by the environment
+// variable FUSEDATTN_FLASH_WGMMA=0 (read once per process) and the current device is sm_90
+// (queried once per device).
+bool WgmmaForwardEnabled();
+// Whether the last flash forward launched in this process ran the wgmma kernel (set by every
+// flash forward; for tests and benchmarks).
+bool LastForwardUsedWgmma();
+void SetLastForwardUsedWgmma(bool used);
+
+// The wgmma forward of a plain problem (no bias, ALiBi, softcap or dropout) on head dims padded
+// to kHeadDim (64 or 128). Sets *launched = false and returns Ok without launching anything when
+// the problem or its tensors do not qualify (score modifiers, scale <= 0, strides or addresses TMA
+// cannot describe); the caller then runs the mma.sync kernel.
+template <typename Element, int kHeadDim>
+Status LaunchWgmmaForward(const FlashParams& p, cudaStream_t stream, bool* launched);
+
+// Encodes a CUtensorMap (128-byte aligned storage of 128 bytes at `map`) for a q/k/v tensor of
+// 16-bit elements seen as [batch][heads][rows][cols] with the strides of `t` (THD: rows are the
+// token axis and batch is 1), boxes of 64 columns x box_rows rows, 128-byte swizzle, zero fill
+// out of bounds. False when TMA cannot describe the tensor (alignment, strides, sizes) or the
+// driver entry point is missing.
+bool EncodeQkvTensorMap(void* map, const TensorArg& t, bool bf16, int64_t rows, int cols,
+                        int heads, int batch, int box_rows);
+
+// Test hook for one warpgroup MMA tile against a CPU matmul (tests/gpu/flash_wgmma_test.cpp), all
+// pointers on the device, 16-bit elements (fp16 or bf16), row-major:
+//  mode 0: C[64][64] = A[64][128] . B[64][128]^T, both operands K-major from shared memory written
+//          by threads in the swizzled layout (the S = Q K^T pattern, two column blocks);
+//  mode 1: C[64][128] = A[64][64] . B[64][128], A from registers, B MN-major (the O += P V pattern);
+//  mode 2: mode 0 with the operands loaded by TMA (tensor maps from EncodeQkvTensorMap).
+Status WgmmaTileSelfTest(int mode, bool bf16, const void* a, const void* b, float* c,
+                         cudaStream_t stream);
+
+}  // namespace fusedattn::flash

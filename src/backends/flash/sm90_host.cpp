@@ -1,0 +1,127 @@
+// Host side of the wgmma forward: whether it may run (build, environment, device) and the TMA
+// tensor maps, encoded through the driver entry point that the runtime hands out (no -lcuda).
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "backends/flash/sm90.h"
+#include "common/cuda_util.h"
+
+#ifdef FUSEDATTN_FLASH_SM90
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#endif
+
+namespace fusedattn::flash {
+
+namespace {
+std::atomic<bool> g_last_forward_used_wgmma{false};
+}  // namespace
+
+bool LastForwardUsedWgmma() { return g_last_forward_used_wgmma.load(); }
+void SetLastForwardUsedWgmma(bool used) { g_last_forward_used_wgmma.store(used); }
+
+#ifdef FUSEDATTN_FLASH_SM90
+
+bool WgmmaCompiled() { return true; }
+
+namespace {
+
+bool EnvironmentAllows() {
+  static const bool allowed = [] {
+    const char* value = std::getenv("FUSEDATTN_FLASH_WGMMA");
+    return value == nullptr || std::strcmp(value, "0") != 0;
+  }();
+  return allowed;
+}
+
+// Compute capability per device ordinal, queried once (0: not yet known).
+constexpr int kMaxDevices = 64;
+std::atomic<int> g_capability[kMaxDevices];
+
+bool CurrentDeviceIsSm90() {
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0) return false;
+  if (device >= kMaxDevices) return CurrentDeviceComputeCapability() == 90;
+  int cc = g_capability[device].load(std::memory_order_relaxed);
+  if (cc == 0) {
+    cc = CurrentDeviceComputeCapability();
+    g_capability[device].store(cc > 0 ? cc : -1, std::memory_order_relaxed);
+  }
+  return cc == 90;
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 EncodeTiledEntryPoint() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 entry = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();  // clear a sticky lookup error
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return entry;
+}
+
+}  // namespace
+
+bool WgmmaForwardEnabled() { return EnvironmentAllows() && CurrentDeviceIsSm90(); }
+
+bool EncodeQkvTensorMap(void* map, const TensorArg& t, bool bf16, int64_t rows, int cols,
+                        int heads, int batch, int box_rows) {
+  constexpr int64_t kElement = 2;
+  constexpr int64_t kStrideLimit = int64_t{1} << 40;
+  if (t.data == nullptr || reinterpret_cast<uintptr_t>(t.data) % 16 != 0 || t.stride_d != 1)
+    return false;
+  if (rows < 1 || rows > (int64_t{1} << 31) - 1 || cols < 1 || heads < 1 || batch < 1)
+    return false;
+  // Strides of the axes that are walked (size > 1) must be 16-byte multiples and non-negative;
+  // an axis of size 1 is never stepped, and gets a harmless valid stride.
+  int64_t extent = 16;
+  for (int64_t s : {t.stride_s * rows, t.stride_h * heads}) extent = s * kElement > extent ? s * kElement : extent;
+  extent = (extent + 15) / 16 * 16;
+  auto stride_bytes = [&](int64_t stride, int64_t size, cuuint64_t* out) {
+    if (size == 1) {
+      *out = static_cast<cuuint64_t>(extent < kStrideLimit ? extent : 16);
+      return true;
+    }
+    const int64_t bytes = stride * kElement;
+    if (bytes <= 0 || bytes % 16 != 0 || bytes >= kStrideLimit) return false;
+    *out = static_cast<cuuint64_t>(bytes);
+    return true;
+  };
+  cuuint64_t dims[4] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows),
+                        static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
+  cuuint64_t strides[3];
+  if (!stride_bytes(t.stride_s, rows, &strides[0]) || !stride_bytes(t.stride_h, heads, &strides[1]) ||
+      !stride_bytes(t.stride_b, batch, &strides[2]))
+    return false;
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  PFN_cuTensorMapEncodeTiled_v12000 encode = EncodeTiledEntryPoint();
+  if (encode == nullptr) return false;
+  const CUresult result = encode(
+      static_cast<CUtensorMap*>(map),
+      bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, t.data, dims,
+      strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return result == CUDA_SUCCESS;
+}
+
+#else  // !FUSEDATTN_FLASH_SM90
+
+bool WgmmaCompiled() { return false; }
+bool WgmmaForwardEnabled() { return false; }
+bool EncodeQkvTensorMap(void*, const TensorArg&, bool, int64_t, int, int, int, int) {
+  return false;
+}
+Status WgmmaTileSelfTest(int, bool, const void*, const void*, float*, cudaStream_t) {
+  return NotSupported("flash: built without sm_90a kernels");
+}
+
+#endif
+
+}  // namespace fusedattn::flash

@@ -1,0 +1,379 @@
+// Hopper (sm_90a) building blocks of the wgmma forward (fwd_kernel_sm90.cuh): shared-memory
+// matrix descriptors for the 128-byte swizzle, warpgroup MMA (wgmma.mma_async), mbarriers, TMA
+// tile loads and register reallocation, as inline PTX. Everything here compiles only for the
+// sm_90a target (FUSEDATTN_SM90_DEVICE); other targets see empty bodies and never run them.
+//
+// Shared-memory tiles (written by TMA with CU_TENSOR_MAP_SWIZZLE_128B, or by threads with
+// Swizzle128Offset): a tile of R rows x C 16-bit columns is stored as C / 64 column blocks of
+// R rows x 128 bytes; inside a block, row r's 16-byte chunk c lies at r * 128 + ((c ^ r % 8) * 16).
+// Every block starts 1024-byte aligned (the swizzle repeats every 8 rows = 1024 bytes and is a
+// function of the address bits, so the hardware and TMA agree only on aligned atoms).
+//
+// Descriptors (64 bits): start address >> 4 in bits [0, 14), leading byte offset >> 4 in
+// [16, 30), stride byte offset >> 4 in [32, 46), base offset 0 in [49, 52), layout 1 = 128-byte
+// swizzle in [62, 64).
+//  * K-major operand (Q or K for S = Q K^T: rows = M or N, K contiguous): one wgmma reads 16
+//    K-columns = 32 bytes of each 128-byte row. SBO = 1024 (next 8 rows), LBO unused (1). The
+//    k-th 16-column step inside a column block adds 32 * k bytes to the start address (the
+//    hardware applies the swizzle to the final address); the next column block starts R * 128
+//    bytes further.
+//  * MN-major operand (V for O += P V: rows = keys = K, columns = d = N contiguous, the transpose
+//    bit set): 16 keys = two 8-row groups, SBO = 1024 between them; LBO = the distance between
+//    64-column blocks (R * 128 bytes). The k-th 16-key step adds 16 * 128 * k bytes.
+//
+// Accumulator of m64nNk16 (float32, N / 2 registers per thread): thread t of the warpgroup,
+// w = t / 32, g = (t % 32) / 4, q = t % 4 holds d[4 i + 2 r + c] = D[16 w + g + 8 r][8 i + 2 q + c]
+// (the mma.sync m16n8 C fragment of each 8-column slice, for the warp's 16 rows). The register
+// A operand of m64nNk16 is the mma.sync m16n8k16 A fragment of the warp's 16 rows, so
+// accumulator slices 2k and 2k+1 packed to 16 bits are the A operand for keys 16k..16k+15.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap (a plain struct; nothing from the driver library is linked)
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backends/flash/mma.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FUSEDATTN_SM90_DEVICE 1
+#else
+#define FUSEDATTN_SM90_DEVICE 0
+#endif
+
+namespace fusedattn::flash::sm90 {
+
+// ---- Descriptors and the swizzled layout ----
+
+constexpr uint64_t kSwizzle128 = uint64_t{1} << 62;
+
+__device__ __forceinline__ uint64_t MakeDesc(uint32_t smem_address, uint32_t lbo_bytes,
+                                             uint32_t sbo_bytes) {
+  return kSwizzle128 | (uint64_t{(sbo_bytes >> 4) & 0x3FFFu} << 32) |
+         (uint64_t{(lbo_bytes >> 4) & 0x3FFFu} << 16) | uint64_t{(smem_address >> 4) & 0x3FFFu};
+}
+
+// Byte offset of element (row, col) (16-bit elements) in a swizzled tile of `rows` rows whose
+// column blocks are rows * 128 bytes apart.
+__host__ __device__ __forceinline__ uint32_t Swizzle128Offset(int row, int col, int rows) {
+  const int block = col / 64, in_block = col % 64;
+  const int chunk = in_block / 8, within = in_block % 8;
+  return static_cast<uint32_t>(block * rows * 128 + row * 128 + ((chunk ^ (row % 8)) * 16) +
+                               within * 2);
+}
+
+// ---- wgmma ----
+
+__device__ __forceinline__ void WgmmaFence() {
+#if FUSEDATTN_SM90_DEVICE
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void WgmmaCommit() {
+#if FUSEDATTN_SM90_DEVICE
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int kPending>
+__device__ __forceinline__ void WgmmaWait() {
+#if FUSEDATTN_SM90_DEVICE
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+// Keeps the compiler from moving reads or writes of an accumulator / A register across the
+// asynchronous wgmma that owns it (no instruction is emitted).
+__device__ __forceinline__ void FenceOperand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+__device__ __forceinline__ void FenceOperand(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
+template <int kN>
+__device__ __forceinline__ void FenceOperands(float (&r)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) FenceOperand(r[i]);
+}
+
+// m64nNk16 with float32 accumulators for Element (Half, Bfloat16) and N (64, 128).
+template <typename Element, int kN>
+struct Wgmma;
+
+#if FUSEDATTN_SM90_DEVICE
+template <>
+struct Wgmma<Half, 64> {
+  // d (+)= A B, A from shared memory (K-major), B from shared memory (K-major, or MN-major when
+  // kTransB); accumulate = false overwrites d.
+  template <int kTransB>
+  static __device__ __forceinline__ void SS(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
+                                            bool accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, %35;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
+  }
+  // d (+)= A B, A from registers (the m16n8k16 A fragment of this warp's 16 rows), B from
+  // shared memory (MN-major when kTransB).
+  template <int kTransB>
+  static __device__ __forceinline__ void RS(float (&d)[32], const uint32_t (&a)[4],
+                                            uint64_t desc_b, bool accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)),
+          "n"(kTransB));
+  }
+};
+
+template <>
+struct Wgmma<Bfloat16, 64> {
+  // d (+)= A B, A from shared memory (K-major), B from shared memory (K-major, or MN-major when
+  // kTransB); accumulate = false overwrites d.
+  template <int kTransB>
+  static __device__ __forceinline__ void SS(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
+                                            bool accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, %35;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
+  }
+  // d (+)= A B, A from registers (the m16n8k16 A fragment of this warp's 16 rows), B from
+  // shared memory (MN-major when kTransB).
+  template <int kTransB>
+  static __device__ __forceinline__ void RS(float (&d)[32], const uint32_t (&a)[4],
+                                            uint64_t desc_b, bool accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)),
+          "n"(kTransB));
+  }
+};
+
+template <>
+struct Wgmma<Half, 128> {
+  // d (+)= A B, A from shared memory (K-major), B from shared memory (K-major, or MN-major when
+  // kTransB); accumulate = false overwrites d.
+  template <int kTransB>
+  static __device__ __forceinline__ void SS(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
+                                            bool accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, %67;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
+  }
+  // d (+)= A B, A from registers (the m16n8k16 A fragment of this warp's 16 rows), B from
+  // shared memory (MN-major when kTransB).
+  template <int kTransB>
+  static __device__ __forceinline__ void RS(float (&d)[64], const uint32_t (&a)[4],
+                                            uint64_t desc_b, bool accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)),
+          "n"(kTransB));
+  }
+};
+
+template <>
+struct Wgmma<Bfloat16, 128> {
+  // d (+)= A B, A from shared memory (K-major), B from shared memory (K-major, or MN-major when
+  // kTransB); accumulate = false overwrites d.
+  template <int kTransB>
+  static __device__ __forceinline__ void SS(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
+                                            bool accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, %67;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
+  }
+  // d (+)= A B, A from registers (the m16n8k16 A fragment of this warp's 16 rows), B from
+  // shared memory (MN-major when kTransB).
+  template <int kTransB>
+  static __device__ __forceinline__ void RS(float (&d)[64], const uint32_t (&a)[4],
+                                            uint64_t desc_b, bool accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)),
+          "n"(kTransB));
+  }
+};
+
+#else
+template <typename Element, int kN>
+struct Wgmma {
+  template <int kTransB>
+  static __device__ __forceinline__ void SS(float (&)[kN / 2], uint64_t, uint64_t, bool) {}
+  template <int kTransB>
+  static __device__ __forceinline__ void RS(float (&)[kN / 2], const uint32_t (&)[4], uint64_t,
+                                            bool) {}
+};
+#endif
+
+// ---- mbarriers ----
+
+__device__ __forceinline__ void MbarInit(uint64_t* bar, uint32_t count) {
+#if FUSEDATTN_SM90_DEVICE
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(SmemAddress(bar)), "r"(count)
+               : "memory");
+#endif
+}
+// Makes the initialized barriers visible to the async proxy (TMA) before first use.
+__device__ __forceinline__ void FenceBarrierInit() {
+#if FUSEDATTN_SM90_DEVICE
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+// One arrival that also expects `bytes` of TMA transactions in the current phase.
+__device__ __forceinline__ void MbarArriveExpectTx(uint64_t* bar, uint32_t bytes) {
+#if FUSEDATTN_SM90_DEVICE
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SmemAddress(bar)),
+               "r"(bytes)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void MbarArrive(uint64_t* bar) {
+#if FUSEDATTN_SM90_DEVICE
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(SmemAddress(bar)) : "memory");
+#endif
+}
+// Waits until the phase with this parity has completed (a fresh barrier is in phase 0, so a
+// wait for parity 1 returns at once). A wait that lasts about 2^34 cycles (seconds; no correct
+// wait comes near) traps, so that a wrong transaction count or a lost arrival fails the launch
+// instead of hanging the GPU.
+__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
+#if FUSEDATTN_SM90_DEVICE
+  const uint32_t address = SmemAddress(bar);
+  uint32_t done = 0;
+  long long start = 0;
+  for (uint32_t polls = 0;; ++polls) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(address), "r"(parity)
+        : "memory");
+    if (done) break;
+    if (polls == 0) {
+      start = clock64();
+    } else if ((polls & 1023u) == 0 && clock64() - start > (1ll << 34)) {
+      __trap();
+    }
+  }
+#endif
+}
+
+// Orders this thread's generic-proxy shared-memory writes before later async-proxy accesses
+// (wgmma operand reads, TMA) of the same memory.
+__device__ __forceinline__ void FenceProxyAsync() {
+#if FUSEDATTN_SM90_DEVICE
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// ---- TMA ----
+
+__device__ __forceinline__ void PrefetchTensorMap(const CUtensorMap* map) {
+#if FUSEDATTN_SM90_DEVICE
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+#endif
+}
+
+// The box at coordinates (c0 innermost, c1, c2, c3) of a 4-d tensor map into shared memory;
+// completion is counted in bytes on `bar`. Out-of-bounds elements are written as zeros.
+__device__ __forceinline__ void TmaLoad4d(void* smem, const CUtensorMap* map, uint64_t* bar,
+                                          int c0, int c1, int c2, int c3) {
+#if FUSEDATTN_SM90_DEVICE
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(SmemAddress(smem)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(SmemAddress(bar)), "r"(c0), "r"(c1), "r"(c2),
+      "r"(c3)
+      : "memory");
+#endif
+}
+
+// ---- Register reallocation between warpgroups ----
+
+template <int kRegs>
+__device__ __forceinline__ void RegistersDown() {
+#if FUSEDATTN_SM90_DEVICE
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+template <int kRegs>
+__device__ __forceinline__ void RegistersUp() {
+#if FUSEDATTN_SM90_DEVICE
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+
+}  // namespace fusedattn::flash::sm90

@@ -1,0 +1,457 @@
+// The flash backend's Hopper forward (wgmma + TMA, src/backends/flash/fwd_kernel_sm90.cuh)
+// against the CPU reference, on a GPU.
+//
+//  * FlashWgmmaTile.*: one warpgroup MMA tile (sm90.h's WgmmaTileSelfTest) against a CPU
+//    matmul: the descriptors and the 128-byte swizzle, apart from the attention logic.
+//  * FlashWgmma/FlashWgmmaCase.*: forward cases (masks, lengths, layouts, GQA, sinks) for bf16
+//    and fp16 at head dims 64 and 128: O, LSE and max_logit against the reference with the
+//    tolerances of shared/DESIGN.md, poisoned outputs, and on an sm_90 device the check that the
+//    wgmma kernel ran (flash::LastForwardUsedWgmma()).
+//  * FlashWgmma.*: a large case, the dispatch rule, and FlashWgmmaSanitize.* for
+//    compute-sanitizer:
+//      compute-sanitizer --tool memcheck build/tests/fusedattn_gpu_tests --gtest_filter='FlashWgmmaSanitize*'
+//      compute-sanitizer --tool racecheck build/tests/fusedattn_gpu_tests --gtest_filter='FlashWgmmaSanitize*'
+// Without a CUDA device every test skips; on a device that is not sm_90 (or with
+// FUSEDATTN_FLASH_WGMMA=0) the forward cases still run, on the mma.sync kernel.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fusedattn/fusedattn.hpp"
+#include "testing/tensors.h"
+
+#ifdef FUSEDATTN_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+#ifdef FUSEDATTN_WITH_FLASH
+#include "backends/flash/sm90.h"
+#endif
+
+namespace fusedattn::testing {
+namespace {
+
+#define SKIP_WITHOUT_FLASH()                                                            \
+  do {                                                                                  \
+    if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";                       \
+    char reason_[512];                                                                  \
+    if (!fusedattn_backend_available(FUSEDATTN_BACKEND_FLASH, reason_, sizeof reason_)) \
+      GTEST_SKIP() << "flash backend unavailable: " << reason_;                         \
+  } while (0)
+
+// Whether forwards on this device and build are expected to take the wgmma kernel.
+bool WgmmaExpected() {
+#ifdef FUSEDATTN_WITH_FLASH
+  return flash::WgmmaForwardEnabled();
+#else
+  return false;
+#endif
+}
+
+bool LastForwardUsedWgmma() {
+#ifdef FUSEDATTN_WITH_FLASH
+  return flash::LastForwardUsedWgmma();
+#else
+  return false;
+#endif
+}
+
+bool DeviceIsSm90() {
+#ifdef FUSEDATTN_WITH_CUDA
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  return major == 9 && minor == 0;
+#else
+  return false;
+#endif
+}
+
+fusedattn_config Config(int64_t b, int64_t hq, int64_t hkv, int64_t sq, int64_t skv, int64_t d,
+                        fusedattn_dtype dtype) {
+  fusedattn_config c = FUSEDATTN_CONFIG_INIT;
+  c.batch = b, c.heads_q = hq, c.heads_kv = hkv, c.max_seqlen_q = sq, c.max_seqlen_kv = skv;
+  c.head_dim_qk = c.head_dim_v = d;
+  c.qkv_dtype = c.o_dtype = dtype;
+  c.is_training = 1;  // LSE
+  c.return_max_logit = 1;
+  c.device = FUSEDATTN_DEVICE_CUDA;
+  c.backend = FUSEDATTN_BACKEND_FLASH;
+  return c;
+}
+
+void SetFormats(fusedattn_config* c, fusedattn_format f) {
+  c->q_format = c->kv_format = c->o_format = c->do_format = c->dqkv_format = f;
+}
+
+// NaN in every element of q, k and v rows past their sequence's length (BSHD/SBHD/BHSD with a
+// padding mask): a kernel must never let them into a visible result (0 * NaN = NaN).
+void PoisonPaddingRows(ProblemTensors* t) {
+  const auto& c = t->config;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  auto poison = [&](HostTensor& x, fusedattn_format f, const std::vector<int32_t>& lens,
+                    int64_t seqlen, int64_t heads, int64_t dim) {
+    for (int64_t b = 0; b < c.batch; ++b)
+      for (int64_t s = lens[b]; s < seqlen; ++s)
+        for (int64_t h = 0; h < heads; ++h)
+          for (int64_t d = 0; d < dim; ++d) {
+            std::vector<int64_t> index;
+            switch (f) {
+              case FUSEDATTN_FORMAT_BSHD: index = {b, s, h, d}; break;
+              case FUSEDATTN_FORMAT_SBHD: index = {s, b, h, d}; break;
+              case FUSEDATTN_FORMAT_BHSD: index = {b, h, s, d}; break;
+              default: return;
+            }
+            x.set(x.offset_of(index), nan);
+          }
+  };
+  poison(t->q, c.q_format, t->len_q, c.max_seqlen_q, c.heads_q, c.head_dim_qk);
+  poison(t->k, c.kv_format, t->len_kv, c.max_seqlen_kv, c.heads_kv, c.head_dim_qk);
+  poison(t->v, c.kv_format, t->len_kv, c.max_seqlen_kv, c.heads_kv, c.head_dim_v);
+}
+
+struct Case {
+  std::string name;
+  fusedattn_config config;
+  TensorOptions options;
+  bool poison_padding = false;
+  bool expect_wgmma = true;  // on an sm_90 device with the path enabled
+};
+
+// Forward on flash (device) and on the reference (host) from the same inputs; O, LSE and
+// max_logit compared; whether the wgmma kernel ran checked against `expect_wgmma`.
+void ExpectForwardMatches(const Case& k) {
+#ifdef FUSEDATTN_WITH_CUDA
+  SCOPED_TRACE(k.name);
+  ProblemTensors host = MakeProblemTensors(k.config, k.options);
+  if (k.poison_padding) PoisonPaddingRows(&host);
+  ProblemTensors ref = host;
+  ref.config.backend = FUSEDATTN_BACKEND_REFERENCE;
+  ref.config.device = FUSEDATTN_DEVICE_CPU;
+  ASSERT_NO_THROW(Forward(ref.config, ref.fwd_args())) << "reference forward";
+  DeviceProblem dev;
+  std::string error;
+  ASSERT_TRUE(dev.upload(host, &error)) << error;
+  try {
+    Forward(k.config, dev.fwd_args());
+  } catch (const Error& e) {
+    FAIL() << "flash forward failed: " << e.what();
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const bool used = LastForwardUsedWgmma();
+  if (WgmmaExpected())
+    EXPECT_EQ(used, k.expect_wgmma) << "wgmma path " << (used ? "taken" : "not taken");
+  else
+    EXPECT_FALSE(used);
+  ASSERT_TRUE(dev.download_outputs(&host, &error)) << error;
+  const double tol = Tolerance(k.config.qkv_dtype);
+  auto expect = [&](const char* what, const HostTensor& out, const HostTensor& expected) {
+    if (expected.empty()) return;
+    Comparison cmp = Compare(out, expected);
+    EXPECT_TRUE(cmp.ok(tol)) << what << ": " << cmp.describe();
+  };
+  expect("O", host.o, ref.o);
+  expect("LSE", host.lse, ref.lse);
+  expect("max_logit", host.max_logit, ref.max_logit);
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
+}
+
+// ------------------------------------------------------------------------------------------------
+// One wgmma tile against a CPU matmul
+// ------------------------------------------------------------------------------------------------
+
+#ifdef FUSEDATTN_WITH_FLASH
+void ExpectTileMatches(int mode, fusedattn_dtype dtype) {
+  const bool bf16 = dtype == FUSEDATTN_DTYPE_BFLOAT16;
+  // mode 0, 2: C[64][64] = A[64][128] B[64][128]^T; mode 1: C[64][128] = A[64][64] B[64][128].
+  const int m = 64, n = mode == 1 ? 128 : 64, k = mode == 1 ? 64 : 128;
+  HostTensor a(dtype, {m, k}), b(dtype, mode == 1 ? std::vector<int64_t>{k, n}
+                                                  : std::vector<int64_t>{n, k});
+  std::mt19937_64 rng(77 + mode);
+  a.fill_uniform(rng, -1, 1);
+  b.fill_uniform(rng, -1, 1);
+  std::vector<double> expected(m * n, 0.0);
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      double sum = 0;
+      for (int x = 0; x < k; ++x)
+        sum += a.get(i * k + x) * (mode == 1 ? b.get(x * n + j) : b.get(j * k + x));
+      expected[i * n + j] = sum;
+    }
+  void *da = nullptr, *db = nullptr, *dc = nullptr;
+  ASSERT_EQ(cudaMalloc(&da, a.storage_bytes()), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&db, b.storage_bytes()), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dc, sizeof(float) * m * n), cudaSuccess);
+  cudaMemcpy(da, a.data(), a.storage_bytes(), cudaMemcpyHostToDevice);
+  cudaMemcpy(db, b.data(), b.storage_bytes(), cudaMemcpyHostToDevice);
+  cudaMemset(dc, 0xFF, sizeof(float) * m * n);  // NaN: an unwritten element fails
+  Status status = flash::WgmmaTileSelfTest(mode, bf16, da, db, static_cast<float*>(dc), nullptr);
+  EXPECT_TRUE(status.ok()) << status.message();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<float> c(m * n);
+  cudaMemcpy(c.data(), dc, sizeof(float) * m * n, cudaMemcpyDeviceToHost);
+  cudaFree(da), cudaFree(db), cudaFree(dc);
+  double err = 0, norm = 0, worst = 0;
+  int worst_at = -1, nan = 0;
+  for (int e = 0; e < m * n; ++e) {
+    if (!std::isfinite(c[e])) ++nan;
+    const double d = c[e] - expected[e];
+    err += d * d, norm += expected[e] * expected[e];
+    if (!(std::fabs(d) <= worst)) worst = std::fabs(d), worst_at = e;
+  }
+  EXPECT_EQ(nan, 0);
+  EXPECT_LT(std::sqrt(err / norm), 1e-5)
+      << "largest error " << worst << " at row " << worst_at / n << " column " << worst_at % n
+      << ": got " << c[worst_at] << ", expected " << expected[worst_at];
+}
+#endif
+
+class FlashWgmmaTile : public ::testing::TestWithParam<std::tuple<int, fusedattn_dtype>> {};
+
+TEST_P(FlashWgmmaTile, MatchesCpuMatmul) {
+  SKIP_WITHOUT_FLASH();
+#ifdef FUSEDATTN_WITH_FLASH
+  if (!flash::WgmmaCompiled()) GTEST_SKIP() << "built without sm_90a kernels";
+  if (!DeviceIsSm90()) GTEST_SKIP() << "the device is not sm_90";
+  ExpectTileMatches(std::get<0>(GetParam()), std::get<1>(GetParam()));
+#endif
+}
+
+std::string TileName(const ::testing::TestParamInfo<FlashWgmmaTile::ParamType>& info) {
+  static const char* kModes[] = {"SsKMajor", "RsMnMajor", "SsKMajorTma"};
+  return std::string(kModes[std::get<0>(info.param)]) +
+         (std::get<1>(info.param) == FUSEDATTN_DTYPE_BFLOAT16 ? "Bf16" : "Fp16");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    FlashWgmmaTiles, FlashWgmmaTile,
+    ::testing::Combine(::testing::Values(0, 1, 2),
+                       ::testing::Values(FUSEDATTN_DTYPE_BFLOAT16, FUSEDATTN_DTYPE_FLOAT16)),
+    TileName);
+
+// ------------------------------------------------------------------------------------------------
+// Forward cases: every one for bf16/fp16 x d64/d128
+// ------------------------------------------------------------------------------------------------
+
+std::vector<Case> CasesFor(fusedattn_dtype dtype, int64_t d) {
+  std::vector<Case> cases;
+  auto add = [&](std::string name, fusedattn_config c, TensorOptions o = {},
+                 bool poison_padding = false) {
+    o.seed = 4000 + cases.size() * 13 + d;
+    cases.push_back({name, c, o, poison_padding, true});
+  };
+  add("no_mask", Config(2, 4, 4, 200, 200, d, dtype));
+  {
+    fusedattn_config c = Config(2, 4, 4, 300, 300, d, dtype);
+    c.mask = FUSEDATTN_MASK_CAUSAL;
+    add("causal", c);
+  }
+  {
+    fusedattn_config c = Config(2, 4, 2, 77, 300, d, dtype);
+    c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    add("causal_bottom_right_sq_lt_skv", c);
+  }
+  {
+    fusedattn_config c = Config(2, 2, 2, 150, 40, d, dtype);  // first 110 rows see no key
+    c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+    add("fully_masked_rows_with_sink", c);
+  }
+  {
+    fusedattn_config c = Config(2, 4, 4, 333, 280, d, dtype);
+    c.window_left = 100, c.window_right = 20;
+    add("window_100_20", c);
+  }
+  {
+    fusedattn_config c = Config(1, 4, 4, 400, 400, d, dtype);
+    c.mask = FUSEDATTN_MASK_CAUSAL;
+    c.window_left = 130;
+    add("causal_window_130", c);
+  }
+  {
+    fusedattn_config c = Config(4, 4, 2, 200, 180, d, dtype);
+    c.mask = FUSEDATTN_MASK_PADDING;
+    TensorOptions o;
+    o.len_q = {200, 0, 77, 130};
+    o.len_kv = {180, 50, 0, 129};
+    add("padding_uneven_with_empty_nan_in_padding", c, o, true);
+  }
+  {
+    fusedattn_config c = Config(3, 4, 4, 260, 250, d, dtype);
+    c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
+    TensorOptions o;
+    o.len_q = {1, 260, 129};
+    o.len_kv = {250, 3, 200};
+    add("padding_causal_bottom_right_nan_in_padding", c, o, true);
+  }
+  {
+    fusedattn_config c = Config(5, 4, 2, 150, 170, d, dtype);
+    SetFormats(&c, FUSEDATTN_FORMAT_THD);
+    c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
+    TensorOptions o;
+    o.len_q = {150, 0, 17, 1, 129};
+    o.len_kv = {170, 5, 0, 64, 129};
+    o.thd_gaps = true;
+    add("thd_uneven_with_empty_gaps", c, o);
+    o.thd_gaps = false;
+    o.lse_packed = true;
+    c.mask = FUSEDATTN_MASK_PADDING;
+    add("thd_uneven_packed_lse", c, o);
+  }
+  {
+    fusedattn_config c = Config(2, 6, 2, 257, 257, d, dtype);
+    c.mask = FUSEDATTN_MASK_CAUSAL;
+    add("gqa_group3_causal", c);
+  }
+  {
+    fusedattn_config c = Config(2, 4, 1, 129, 300, d, dtype);
+    add("mqa_uneven_tiles", c);
+  }
+  for (auto [sq, skv] : {std::pair<int64_t, int64_t>{1, 1000}, {1000, 1}, {129, 257}, {17, 33}}) {
+    fusedattn_config c = Config(2, 2, 2, sq, skv, d, dtype);
+    add("lengths_" + std::to_string(sq) + "_" + std::to_string(skv), c);
+  }
+  {
+    fusedattn_config c = Config(2, 2, 2, 190, 190, d, dtype);
+    c.head_dim_qk = d == 128 ? 128 : 40;  // zero-filled columns of the 64 instance
+    c.head_dim_v = 64;
+    c.mask = FUSEDATTN_MASK_CAUSAL;
+    add(d == 128 ? "head_dim_qk128_v64" : "head_dim_qk40_v64", c);
+  }
+  {
+    fusedattn_config c = Config(2, 4, 4, 160, 230, d, dtype);
+    c.mask = FUSEDATTN_MASK_CAUSAL;
+    c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+    add("learnable_sink", c);
+    c.softmax_type = FUSEDATTN_SOFTMAX_OFF_BY_ONE;
+    add("off_by_one", c);
+  }
+  {
+    fusedattn_config c = Config(2, 4, 2, 140, 200, d, dtype);
+    SetFormats(&c, FUSEDATTN_FORMAT_BHSD);
+    c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    add("bhsd", c);
+    SetFormats(&c, FUSEDATTN_FORMAT_SBHD);
+    add("sbhd", c);
+    c.q_format = FUSEDATTN_FORMAT_BSHD, c.kv_format = FUSEDATTN_FORMAT_BHSD;
+    c.o_format = FUSEDATTN_FORMAT_SBHD;
+    add("mixed_formats", c);
+  }
+  {
+    fusedattn_config c = Config(1, 2, 2, 100, 100, d, dtype);
+    c.attn_scale = 0.3;
+    add("custom_scale", c);
+  }
+  return cases;
+}
+
+struct ForwardParam {
+  fusedattn_dtype dtype;
+  int64_t d;
+  Case c;
+};
+
+std::vector<ForwardParam> AllForwardCases() {
+  std::vector<ForwardParam> all;
+  for (fusedattn_dtype dtype : {FUSEDATTN_DTYPE_BFLOAT16, FUSEDATTN_DTYPE_FLOAT16})
+    for (int64_t d : {64, 128})
+      for (Case& c : CasesFor(dtype, d)) all.push_back({dtype, d, c});
+  return all;
+}
+
+class FlashWgmmaCase : public ::testing::TestWithParam<ForwardParam> {};
+
+TEST_P(FlashWgmmaCase, ForwardMatchesReference) {
+  SKIP_WITHOUT_FLASH();
+  ExpectForwardMatches(GetParam().c);
+}
+
+INSTANTIATE_TEST_SUITE_P(FlashWgmma, FlashWgmmaCase, ::testing::ValuesIn(AllForwardCases()),
+                         [](const ::testing::TestParamInfo<ForwardParam>& info) {
+                           const ForwardParam& p = info.param;
+                           return std::string(p.dtype == FUSEDATTN_DTYPE_BFLOAT16 ? "bf16" : "fp16") +
+                                  "_d" + std::to_string(p.d) + "_" + p.c.name;
+                         });
+
+// ------------------------------------------------------------------------------------------------
+// Named cases
+// ------------------------------------------------------------------------------------------------
+
+TEST(FlashWgmma, LargeBf16HeadDim128) {
+  SKIP_WITHOUT_FLASH();
+  fusedattn_config c = Config(2, 4, 4, 2048, 2048, 128, FUSEDATTN_DTYPE_BFLOAT16);
+  ExpectForwardMatches({"b2 h4 s2048 d128 bf16", c, {}, false, true});
+  c.mask = FUSEDATTN_MASK_CAUSAL;
+  ExpectForwardMatches({"b2 h4 s2048 d128 bf16 causal", c, {}, false, true});
+}
+
+TEST(FlashWgmma, LargeFp16HeadDim64Gqa) {
+  SKIP_WITHOUT_FLASH();
+  fusedattn_config c = Config(2, 4, 2, 2048, 2048, 64, FUSEDATTN_DTYPE_FLOAT16);
+  c.mask = FUSEDATTN_MASK_CAUSAL;
+  ExpectForwardMatches({"b2 h4/2 s2048 d64 fp16 causal", c, {}, false, true});
+}
+
+// The dispatch: plain problems of the 64 and 128 instances take the wgmma kernel on sm_90;
+// score modifiers, dropout, head dim 256, float32 and unaligned rows do not (and stay correct).
+TEST(FlashWgmma, PathIsTakenExactlyWhenItShouldBe) {
+  SKIP_WITHOUT_FLASH();
+  if (!WgmmaExpected())
+    GTEST_SKIP() << "the wgmma forward is not enabled here (not sm_90, built without 90a, or "
+                    "FUSEDATTN_FLASH_WGMMA=0)";
+  fusedattn_config c = Config(1, 2, 2, 130, 140, 128, FUSEDATTN_DTYPE_BFLOAT16);
+  ExpectForwardMatches({"plain d128", c, {}, false, true});
+  fusedattn_config x = c;
+  x.bias_type = FUSEDATTN_BIAS_ALIBI;
+  ExpectForwardMatches({"alibi falls back", x, {}, false, false});
+  x = c;
+  x.softcap = 20.0;
+  ExpectForwardMatches({"softcap falls back", x, {}, false, false});
+  x = c;
+  x.dropout = 0.1;
+  ExpectForwardMatches({"dropout falls back", x, {}, false, false});
+  x = c;
+  x.head_dim_qk = x.head_dim_v = 256;
+  ExpectForwardMatches({"d256 falls back", x, {}, false, false});
+  x = c;
+  x.qkv_dtype = x.o_dtype = FUSEDATTN_DTYPE_FLOAT32;
+  ExpectForwardMatches({"float32 falls back", x, {}, false, false});
+  x = c;
+  x.attn_scale = -0.1;
+  ExpectForwardMatches({"negative scale falls back", x, {}, false, false});
+  x = c;
+  TensorOptions padded;
+  padded.padded_strides = true;  // rows padded by 3 elements: not 16-byte aligned
+  ExpectForwardMatches({"unaligned rows fall back", x, padded, false, false});
+}
+
+// Small problems for compute-sanitizer (memcheck, racecheck, synccheck).
+TEST(FlashWgmmaSanitize, SmallCases) {
+  SKIP_WITHOUT_FLASH();
+  fusedattn_config c = Config(3, 4, 2, 150, 170, 64, FUSEDATTN_DTYPE_BFLOAT16);
+  SetFormats(&c, FUSEDATTN_FORMAT_THD);
+  c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
+  c.window_left = 90;
+  c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+  TensorOptions o;
+  o.len_q = {150, 0, 140};
+  o.len_kv = {170, 30, 129};
+  o.thd_gaps = true;
+  ExpectForwardMatches({"sanitize THD d64 bf16", c, o, false, true});
+  c = Config(2, 2, 2, 200, 260, 128, FUSEDATTN_DTYPE_FLOAT16);
+  c.mask = FUSEDATTN_MASK_PADDING;
+  TensorOptions p;
+  p.len_q = {200, 33};
+  p.len_kv = {260, 131};
+  ExpectForwardMatches({"sanitize padding d128 fp16", c, p, true, true});
+}
+
+}  // namespace
+}  // namespace fusedattn::testing
