@@ -5,7 +5,7 @@
 #   bash scripts/gpu_run.sh build tests sanitize cli python bench-quick
 # Each step logs to $OUT/<step>.log and the summary of all steps to $OUT/summary.txt.
 set -uo pipefail
-export ROOT OUT BUILD JOBS CUDNN_MEMCHECK SANITIZE_FILTER RACECHECK_FILTER NATIVE_BENCHES BENCH_ARGS GTEST_FILTER PYTEST_ARGS FLEX_BENCH_ARGS 2>/dev/null
+export ROOT OUT BUILD JOBS SHARDS CUDNN_MEMCHECK SANITIZE_FILTER RACECHECK_FILTER NATIVE_BENCHES BENCH_ARGS GTEST_FILTER PYTEST_ARGS FLEX_BENCH_ARGS 2>/dev/null
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/gpu-out}"
 mkdir -p "$OUT"
@@ -44,6 +44,21 @@ step_build() {
 step_tests() {
   "$BUILD/tests/fusedattn_gpu_tests" --gtest_brief=1 --gtest_output="xml:$OUT/gpu_tests.xml" \
     --gtest_filter="${GTEST_FILTER:-*}"
+}
+
+# The gpu tests in SHARDS processes at once (default 8): the score_mod tests compile kernels with
+# NVRTC on one CPU core each, which the machine's 16 cores then share.
+step_tests_parallel() {
+  local shards="${SHARDS:-8}" pids=() rc=0
+  for ((i = 0; i < shards; ++i)); do
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i "$BUILD/tests/fusedattn_gpu_tests" \
+      --gtest_brief=1 --gtest_output="xml:$OUT/gpu_tests_shard$i.xml" \
+      --gtest_filter="${GTEST_FILTER:-*}" >"$OUT/tests_shard$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  grep -h -E "^\[  (FAILED|PASSED|SKIPPED) " "$OUT"/tests_shard*.log
+  return $rc
 }
 
 step_cputests() {

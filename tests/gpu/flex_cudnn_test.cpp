@@ -315,7 +315,7 @@ TEST(FlexCudnn, EqualGraphsBuiltTwiceShareThePlan) {
 }
 
 
-// PROBE (temporary): which score_mod tensors cuDNN's backward reads right.
+// PROBE (temporary): what cuDNN's callbacks accept and compute right.
 HostTensor DocIds(fusedattn_dtype dtype, int64_t batch, int64_t s) {
   HostTensor ids(dtype, {batch, s});
   const int64_t bounds[2][2] = {{40, 100}, {17, 90}};
@@ -324,54 +324,41 @@ HostTensor DocIds(fusedattn_dtype dtype, int64_t batch, int64_t s) {
       ids.set(b * s + i, static_cast<double>((i >= bounds[b][0]) + (i >= bounds[b][1])));
   return ids;
 }
-TEST(FlexCudnnProbe, P1DocMaskFloatIds) {
-  SKIP_WITHOUT_CUDNN();
-  ScoreMod mod;
-  Expr dq = mod.tensor("doc_q", FUSEDATTN_DTYPE_FLOAT32, FUSEDATTN_SCORE_MOD_AXIS_BATCH | FUSEDATTN_SCORE_MOD_AXIS_Q);
-  Expr dk = mod.tensor("doc_kv", FUSEDATTN_DTYPE_FLOAT32, FUSEDATTN_SCORE_MOD_AXIS_BATCH | FUSEDATTN_SCORE_MOD_AXIS_KV);
-  mod.set_mask(eq(dq, dk) && mod.kv_idx() <= mod.q_idx()).finalize();
-  fusedattn_config c = Config(2, 4, 2, 128, 128, 64, FUSEDATTN_DTYPE_BFLOAT16);
-  c.score_mod = mod.get();
-  RunAndCompare(c, {DocIds(FUSEDATTN_DTYPE_FLOAT32, 2, 128), DocIds(FUSEDATTN_DTYPE_FLOAT32, 2, 128)}, {}, true);
-}
-TEST(FlexCudnnProbe, P2DocMaskIntIdsNoCausal) {
-  SKIP_WITHOUT_CUDNN();
-  ScoreMod mod;
-  Expr dq = mod.tensor("doc_q", FUSEDATTN_DTYPE_INT32, FUSEDATTN_SCORE_MOD_AXIS_BATCH | FUSEDATTN_SCORE_MOD_AXIS_Q);
-  Expr dk = mod.tensor("doc_kv", FUSEDATTN_DTYPE_INT32, FUSEDATTN_SCORE_MOD_AXIS_BATCH | FUSEDATTN_SCORE_MOD_AXIS_KV);
-  mod.set_mask(eq(dq, dk)).finalize();
-  fusedattn_config c = Config(2, 4, 2, 128, 128, 64, FUSEDATTN_DTYPE_BFLOAT16);
-  c.score_mod = mod.get();
-  RunAndCompare(c, {DocIds(FUSEDATTN_DTYPE_INT32, 2, 128), DocIds(FUSEDATTN_DTYPE_INT32, 2, 128)}, {}, true);
-}
-TEST(FlexCudnnProbe, P3IntKeyTensorOnly) {
-  SKIP_WITHOUT_CUDNN();
-  ScoreMod mod;
-  Expr dk = mod.tensor("doc_kv", FUSEDATTN_DTYPE_INT32, FUSEDATTN_SCORE_MOD_AXIS_BATCH | FUSEDATTN_SCORE_MOD_AXIS_KV);
-  mod.set_mask(dk >= 1.0).finalize();
-  fusedattn_config c = Config(2, 4, 2, 128, 128, 64, FUSEDATTN_DTYPE_BFLOAT16);
-  c.score_mod = mod.get();
-  RunAndCompare(c, {DocIds(FUSEDATTN_DTYPE_INT32, 2, 128)}, {}, true);
-}
-TEST(FlexCudnnProbe, P4FloatQueryBiasInScore) {
-  SKIP_WITHOUT_CUDNN();
-  ScoreMod mod;
-  Expr t = mod.tensor("tq", FUSEDATTN_DTYPE_FLOAT32, FUSEDATTN_SCORE_MOD_AXIS_BATCH | FUSEDATTN_SCORE_MOD_AXIS_Q);
-  mod.set_score(mod.score() + t).finalize();
-  fusedattn_config c = Config(2, 4, 2, 128, 128, 64, FUSEDATTN_DTYPE_BFLOAT16);
-  c.score_mod = mod.get();
-  RunAndCompare(c, {Uniform(FUSEDATTN_DTYPE_FLOAT32, {2, 128}, 5, -1.0, 1.0)}, {}, true);
-}
-TEST(FlexCudnnProbe, P5FloatKeyTensorMask) {
-  SKIP_WITHOUT_CUDNN();
-  ScoreMod mod;
-  Expr dk = mod.tensor("doc_kv", FUSEDATTN_DTYPE_FLOAT32, FUSEDATTN_SCORE_MOD_AXIS_BATCH | FUSEDATTN_SCORE_MOD_AXIS_KV);
-  mod.set_mask(dk >= 1.0).finalize();
-  fusedattn_config c = Config(2, 4, 2, 128, 128, 64, FUSEDATTN_DTYPE_BFLOAT16);
-  c.score_mod = mod.get();
-  RunAndCompare(c, {DocIds(FUSEDATTN_DTYPE_FLOAT32, 2, 128)}, {}, true);
-}
-TEST(FlexCudnnProbe, P6PaddingWithScaleOnly) {
+constexpr uint32_t kBQ = FUSEDATTN_SCORE_MOD_AXIS_BATCH | FUSEDATTN_SCORE_MOD_AXIS_Q;
+constexpr uint32_t kBK = FUSEDATTN_SCORE_MOD_AXIS_BATCH | FUSEDATTN_SCORE_MOD_AXIS_KV;
+#define PROBE(name, body, ...)                                                         \
+  TEST(FlexCudnnProbe, name) {                                                         \
+    SKIP_WITHOUT_CUDNN();                                                              \
+    ScoreMod mod;                                                                      \
+    body;                                                                              \
+    mod.finalize();                                                                    \
+    fusedattn_config c = Config(2, 4, 2, 128, 128, 64, FUSEDATTN_DTYPE_BFLOAT16);      \
+    c.score_mod = mod.get();                                                           \
+    RunAndCompare(c, {__VA_ARGS__}, {}, true);                                         \
+  }
+PROBE(R1FloatKeyTensorMask,
+      mod.set_mask(mod.tensor("t", FUSEDATTN_DTYPE_FLOAT32, kBK) >= 1.0),
+      DocIds(FUSEDATTN_DTYPE_FLOAT32, 2, 128))
+PROBE(R2IntKeyTensorMaskStaged,
+      mod.set_mask(mod.tensor("t", FUSEDATTN_DTYPE_INT32, kBK) >= 1.0),
+      DocIds(FUSEDATTN_DTYPE_INT32, 2, 128))
+PROBE(R3FloatCompareOnScore,
+      mod.set_score(select(mod.score() > 0.0, mod.score(), 0.5 * mod.score())))
+PROBE(R4ArithmeticDocMaskFloat,
+      mod.set_score(mod.score() - 1e9 * abs(mod.tensor("a", FUSEDATTN_DTYPE_FLOAT32, kBQ) -
+                                            mod.tensor("b", FUSEDATTN_DTYPE_FLOAT32, kBK))),
+      DocIds(FUSEDATTN_DTYPE_FLOAT32, 2, 128), DocIds(FUSEDATTN_DTYPE_FLOAT32, 2, 128))
+PROBE(R5IntKeyTensorAsNumberStaged,
+      mod.set_score(mod.score() + 0.5 * mod.tensor("t", FUSEDATTN_DTYPE_INT32, kBK)),
+      DocIds(FUSEDATTN_DTYPE_INT32, 2, 128))
+PROBE(R6IntDocEqStaged,
+      mod.set_mask(eq(mod.tensor("a", FUSEDATTN_DTYPE_INT32, kBQ),
+                      mod.tensor("b", FUSEDATTN_DTYPE_INT32, kBK))),
+      DocIds(FUSEDATTN_DTYPE_INT32, 2, 128), DocIds(FUSEDATTN_DTYPE_INT32, 2, 128))
+PROBE(R7FloatTensorInSelectValue,
+      mod.set_score(select(mod.kv_idx() <= mod.q_idx(), mod.score() + mod.tensor("t", FUSEDATTN_DTYPE_FLOAT32, kBK), mod.score())),
+      DocIds(FUSEDATTN_DTYPE_FLOAT32, 2, 128))
+TEST(FlexCudnnProbe, R8PaddingWithScaleOnly) {
   SKIP_WITHOUT_CUDNN();
   ScoreMod mod;
   mod.set_score(mod.score() * 1.5).finalize();
@@ -379,15 +366,6 @@ TEST(FlexCudnnProbe, P6PaddingWithScaleOnly) {
   c.mask = FUSEDATTN_MASK_PADDING;
   c.score_mod = mod.get();
   RunAndCompare(c, {}, {}, true);
-}
-TEST(FlexCudnnProbe, P7IntKeyTensorAsNumber) {
-  SKIP_WITHOUT_CUDNN();
-  ScoreMod mod;
-  Expr dk = mod.tensor("doc_kv", FUSEDATTN_DTYPE_INT32, FUSEDATTN_SCORE_MOD_AXIS_BATCH | FUSEDATTN_SCORE_MOD_AXIS_KV);
-  mod.set_score(mod.score() + 0.5 * dk).finalize();
-  fusedattn_config c = Config(2, 4, 2, 128, 128, 64, FUSEDATTN_DTYPE_BFLOAT16);
-  c.score_mod = mod.get();
-  RunAndCompare(c, {DocIds(FUSEDATTN_DTYPE_INT32, 2, 128)}, {}, true);
 }
 
 }  // namespace

@@ -122,7 +122,7 @@ class ScoreModLowering {
     s_ = s;
     values_.assign(program_.nodes.size(), Val{});
     for (Val& index : index_) index = Val{};
-    zero_int_ = zero_float_ = Val{};
+    zero_int_ = zero_float_ = seq_q_ = seq_kv_ = Val{};
     Val score{s, Kind::kFloat, true};
     if (program_.score >= 0) score = Materialize(ToNumber(Value(program_.score)));
     visible_ = Visibility();
@@ -233,11 +233,21 @@ class ScoreModLowering {
     if (v.kind == Kind::kTruth || v.kind == Kind::kBool) out.kind = Kind::kTruth;
     return out;
   }
+  // Integers staged as float32 (lengths, int32 tensors) are read as float and converted to
+  // int32 in the graph, so that comparisons with them are int32 comparisons.
+  Val StagedInt(const TensorPtr& t) {
+    return Emit(Mode::IDENTITY, Materialize(Val{t, Kind::kFloat, false}), Val{},
+                fe::DataType_t::INT32);
+  }
   Val SeqLenQ() {
-    return seq_lens_ ? Val{seq_len_q_, Kind::kFloat, false} : Constant(double(seqlen_q_));
+    if (!seq_lens_) return Constant(double(seqlen_q_));
+    if (seq_q_.t == nullptr) seq_q_ = StagedInt(seq_len_q_);
+    return seq_q_;
   }
   Val SeqLenKv() {
-    return seq_lens_ ? Val{seq_len_kv_, Kind::kFloat, false} : Constant(double(seqlen_kv_));
+    if (!seq_lens_) return Constant(double(seqlen_kv_));
+    if (seq_kv_.t == nullptr) seq_kv_ = StagedInt(seq_len_kv_);
+    return seq_kv_;
   }
 
   // Numbers: a boolean used as a number is 0 / 1.
@@ -440,7 +450,8 @@ class ScoreModLowering {
         if (n.slot < 0 || static_cast<size_t>(n.slot) >= tensors_.size())
           throw std::logic_error("score_mod tensor " + std::to_string(n.slot) + " is not an input");
         const size_t k = static_cast<size_t>(n.slot);
-        return Val{tensors_[k], tensor_is_int_[k] ? Kind::kInt : Kind::kFloat, false};
+        if (tensor_is_int_[k]) return StagedInt(tensors_[k]);
+        return Val{tensors_[k], Kind::kFloat, false};
       }
       case Op::kNeg: return unary(Mode::NEG);
       case Op::kAbs: return unary(Mode::ABS);
@@ -498,6 +509,7 @@ class ScoreModLowering {
   std::vector<Val> visible_;
   Val index_[4];
   Val zero_int_, zero_float_;
+  Val seq_q_, seq_kv_;  // the lengths as int32, made once per expansion
   std::vector<Val> values_;
   int count_ = 0;
 };
@@ -629,7 +641,7 @@ class GraphMaker {
       tensors.push_back(plain(("score_mod_tensor_" + std::to_string(k)).c_str(),
                               static_cast<Uid>(kUidModTensor0 + static_cast<int>(k)),
                               s_.aux[k].desc, s_.aux[k].dtype));
-      tensor_is_int.push_back(s_.aux[k].dtype == FUSEDATTN_DTYPE_INT32);  // staged ones are float
+      tensor_is_int.push_back(s_.aux[k].staged);
     }
     TensorPtr seq_q, seq_kv;
     if (s_.mod_seq_lens) {
