@@ -266,31 +266,14 @@ T* At(const WorkspaceLayout& w, size_t offset) {
 }
 
 // The score modifier's inputs (a graph without a score_mod asks for none of them): its tensors
-// (int32 ones staged as float32 copies, SdpaGraphSpec says why) and, with padding, the sequence
-// lengths the prepare kernel wrote.
+// and, with padding, the sequence lengths the prepare kernel wrote.
 template <typename Tensors>
-Status SetScoreModInputs(const SdpaGraphSpec& spec, const Tensors& t, const Scratch& scratch,
-                         const WorkspaceLayout& ws, cudaStream_t stream, GraphPointers* ptrs) {
+void SetScoreModPointers(const Tensors& t, const Scratch& scratch, const WorkspaceLayout& ws,
+                         GraphPointers* ptrs) {
   ptrs->at[kUidModSeqLenQ] = At<int32_t>(ws, scratch.seq_len_q);
   ptrs->at[kUidModSeqLenKv] = At<int32_t>(ws, scratch.seq_len_kv);
-  for (size_t k = 0; k < t.score_mod_tensors.size() && k < size_t{kMaxScoreModTensors}; ++k) {
-    const AuxTensorView& view = t.score_mod_tensors[k];
-    void*& at = ptrs->at[kUidModTensor0 + static_cast<int>(k)];
-    at = view.data;
-    if (k >= spec.aux.size() || !spec.aux[k].staged) continue;
-    StageIntParams stage;
-    stage.src = static_cast<const int32_t*>(view.data);
-    stage.dst = At<float>(ws, scratch.mod_tensor[k]);
-    if (stage.dst == nullptr) return InternalError("no scratch for score_mod tensor %zu", k);
-    const int64_t strides[4] = {view.stride_b, view.stride_h, view.stride_q, view.stride_kv};
-    for (int d = 0; d < 4; ++d) {
-      stage.dim[d] = spec.aux[k].desc.dim[d];
-      stage.stride[d] = stage.dim[d] > 1 ? strides[d] : 0;
-    }
-    FUSEDATTN_CUDA_CHECK(LaunchStageInt(stage, stream));
-    at = stage.dst;
-  }
-  return Status::Ok();
+  for (size_t k = 0; k < t.score_mod_tensors.size() && k < size_t{kMaxScoreModTensors}; ++k)
+    ptrs->at[kUidModTensor0 + static_cast<int>(k)] = t.score_mod_tensors[k].data;
 }
 
 Status Execute(const SdpaGraph& graph, int device, void* stream, const GraphPointers& ptrs,
@@ -450,7 +433,6 @@ Status CudnnBackendImpl::forward(const Problem& problem, const FwdTensors& t, vo
     prep.graph_batch = spec.batch;
     prep.seq_len_q = At<int32_t>(ws, scratch.seq_len_q);
     prep.seq_len_kv = At<int32_t>(ws, scratch.seq_len_kv);
-    prep.seq_len_float = spec.score_mod != nullptr;
     const TensorView* ragged_views[kRaggedSlots] = {&t.q, &t.k, &t.v, &t.o};
     for (int slot : {kRaggedQ, kRaggedK, kRaggedV, kRaggedO}) {
       prep.ragged[slot] = At<int32_t>(ws, scratch.ragged[slot]);
@@ -482,7 +464,7 @@ Status CudnnBackendImpl::forward(const Problem& problem, const FwdTensors& t, vo
   ptrs.at[kUidRaggedK] = At<int32_t>(ws, scratch.ragged[kRaggedK]);
   ptrs.at[kUidRaggedV] = At<int32_t>(ws, scratch.ragged[kRaggedV]);
   ptrs.at[kUidRaggedO] = At<int32_t>(ws, scratch.ragged[kRaggedO]);
-  FUSEDATTN_RETURN_IF_ERROR(SetScoreModInputs(spec, t, scratch, ws, cuda_stream, &ptrs));
+  SetScoreModPointers(t, scratch, ws, &ptrs);
   FUSEDATTN_RETURN_IF_ERROR(Execute(*entry->graph, device.ordinal, stream, ptrs, ws.cudnn));
 
   if (call.fixup) {
@@ -557,7 +539,6 @@ Status CudnnBackendImpl::backward(const Problem& problem, const BwdTensors& t, v
     prep.graph_batch = spec.batch;
     prep.seq_len_q = At<int32_t>(ws, scratch.seq_len_q);
     prep.seq_len_kv = At<int32_t>(ws, scratch.seq_len_kv);
-    prep.seq_len_float = spec.score_mod != nullptr;
     const TensorView* ragged_views[kRaggedSlots] = {&t.q,   &t.k,  &t.v,  &t.o,
                                                     &t.d_o, &t.dq, &t.dk, &t.dv};
     for (int slot = 0; slot < kRaggedSlots; ++slot) {
@@ -596,7 +577,7 @@ Status CudnnBackendImpl::backward(const Problem& problem, const BwdTensors& t, v
                                          kUidRaggedDO, kUidRaggedDQ, kUidRaggedDK, kUidRaggedDV};
   for (int slot = 0; slot < kRaggedSlots; ++slot)
     ptrs.at[ragged_uids[slot]] = At<int32_t>(ws, scratch.ragged[slot]);
-  FUSEDATTN_RETURN_IF_ERROR(SetScoreModInputs(spec, t, scratch, ws, cuda_stream, &ptrs));
+  SetScoreModPointers(t, scratch, ws, &ptrs);
   FUSEDATTN_RETURN_IF_ERROR(Execute(*entry->graph, device.ordinal, stream, ptrs, ws.cudnn));
 
   if (call.fixup) {

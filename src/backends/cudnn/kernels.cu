@@ -81,10 +81,7 @@ __global__ void PrepareKernel(PrepareParams p) {
   const int64_t start = GridStart(), stride = GridStride();
   for (int64_t b = start; b <= p.graph_batch; b += stride) {
     Seq s = SequenceOf(p.seq, b);
-    if (b < p.graph_batch && p.seq_len_float) {
-      if (p.seq_len_q != nullptr) reinterpret_cast<float*>(p.seq_len_q)[b] = float(s.len_q);
-      if (p.seq_len_kv != nullptr) reinterpret_cast<float*>(p.seq_len_kv)[b] = float(s.len_kv);
-    } else if (b < p.graph_batch) {
+    if (b < p.graph_batch) {
       if (p.seq_len_q != nullptr) p.seq_len_q[b] = static_cast<int32_t>(s.len_q);
       if (p.seq_len_kv != nullptr) p.seq_len_kv[b] = static_cast<int32_t>(s.len_kv);
     }
@@ -112,18 +109,6 @@ __global__ void PrepareKernel(PrepareParams p) {
       }
       p.stats[r] = value;
     }
-  }
-}
-
-__global__ void StageIntKernel(StageIntParams p) {
-  const int64_t n = p.dim[0] * p.dim[1] * p.dim[2] * p.dim[3];
-  for (int64_t e = GridStart(); e < n; e += GridStride()) {
-    int64_t rest = e, offset = 0;
-    for (int d = 3; d >= 0; --d) {
-      offset += (rest % p.dim[d]) * p.stride[d];
-      rest /= p.dim[d];
-    }
-    p.dst[e] = static_cast<float>(p.src[offset]);
   }
 }
 
@@ -253,11 +238,6 @@ cudaError_t LaunchPrepare(const PrepareParams& p, cudaStream_t stream) {
   if (p.stats != nullptr && p.graph_batch * p.heads_q * p.seq.max_seqlen_q > work)
     work = p.graph_batch * p.heads_q * p.seq.max_seqlen_q;
   PrepareKernel<<<Blocks(work), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchStageInt(const StageIntParams& p, cudaStream_t stream) {
-  StageIntKernel<<<Blocks(p.dim[0] * p.dim[1] * p.dim[2] * p.dim[3]), kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -38,7 +38,6 @@ struct PrepareParams {
   int64_t graph_batch = 0;
   int32_t* seq_len_q = nullptr;   // [graph_batch], or null
   int32_t* seq_len_kv = nullptr;
-  bool seq_len_float = false;     // write the lengths as float32 (a score_mod's callback reads them)
   int32_t* ragged[kRaggedSlots] = {};        // [graph_batch + 1] element offsets, or null
   int64_t ragged_stride[kRaggedSlots] = {};  // token stride of that tensor
   bool ragged_kv_side[kRaggedSlots] = {};
@@ -56,16 +55,6 @@ struct PrepareParams {
   Band band;
 };
 cudaError_t LaunchPrepare(const PrepareParams& params, cudaStream_t stream);
-
-// dst (packed float32, dims dim[0..3]) = src (int32, strides stride[0..3] elements), element by
-// element: a score_mod's int32 tensor as the graph reads it.
-struct StageIntParams {
-  const int32_t* src = nullptr;
-  float* dst = nullptr;
-  int64_t dim[4] = {1, 1, 1, 1};
-  int64_t stride[4] = {0, 0, 0, 0};
-};
-cudaError_t LaunchStageInt(const StageIntParams& params, cudaStream_t stream);
 
 struct ForwardFixupParams {
   Sequences seq;

@@ -233,14 +233,11 @@ std::vector<SdpaGraphSpec::Aux> AuxDescs(const Problem& p, const std::vector<Aux
                               FUSEDATTN_SCORE_MOD_AXIS_Q, FUSEDATTN_SCORE_MOD_AXIS_KV};
     const int64_t extents[4] = {c.batch, c.heads_q, c.max_seqlen_q, c.max_seqlen_kv};
     const int64_t strides[4] = {t[k].stride_b, t[k].stride_h, t[k].stride_q, t[k].stride_kv};
-    // int32 tensors are staged as packed float32 (SdpaGraphSpec says why).
-    a.staged = a.dtype == FUSEDATTN_DTYPE_INT32;
-    if (a.staged) a.dtype = FUSEDATTN_DTYPE_FLOAT32;
     int64_t packed = 1;
     for (int d = 3; d >= 0; --d) {
       const bool present = (decls[k].axes & bits[d]) != 0;
       a.desc.dim[d] = present ? extents[d] : 1;
-      a.desc.stride[d] = present && !a.staged ? strides[d] : packed;
+      a.desc.stride[d] = present ? strides[d] : packed;
       packed *= a.desc.dim[d];
     }
     out.push_back(a);
@@ -277,7 +274,7 @@ Status ScoreModPreCheck(const Problem& p) {
         "both)");
   if (c.bias_type == FUSEDATTN_BIAS_PRE_SCALE)
     return NotSupported("bias_type = pre_scale with a score_mod: cuDNN SDPA has no pre-scale "
-                        "bias (the reference backend runs both)");
+                        "bias (flash and the reference backend run both)");
   if (c.bias_type == FUSEDATTN_BIAS_ALIBI)
     return NotSupported(
         "bias_type = alibi with a score_mod: cuDNN disables its ALiBi next to a score modifier "
@@ -290,11 +287,29 @@ Status ScoreModPreCheck(const Problem& p) {
     return NotSupported("return_max_logit = 1 with a score_mod: cuDNN SDPA has no per-head max "
                         "logit (the reference backend returns it)");
   const auto& decls = p.score_mod->tensors();
+  // cuDNN 9.19's backward computes wrong gradients (50-150% relative error against the reference
+  // on H100, its forward right) when a score-modifier callback reads a tensor broadcast over the
+  // queries but not over the batch or the keys: a [batch, 1, 1, seqlen_kv] tensor or the padding
+  // mask's per-sequence lengths. Training with one goes to flash.
+  if (c.is_training && ScoreModPathOf(p) == ScoreModPath::kCallback) {
+    if (p.padding)
+      return NotSupported(
+          "%s with a score_mod in training: cuDNN 9.19's backward misreads the per-sequence "
+          "lengths a score-modifier callback reads (gradients ~97%% off on H100; flash and the reference backend run it)",
+          MaskName(c.mask));
+    for (const flex::TensorDecl& decl : decls)
+      if (!(decl.axes & FUSEDATTN_SCORE_MOD_AXIS_Q) &&
+          (decl.axes & (FUSEDATTN_SCORE_MOD_AXIS_BATCH | FUSEDATTN_SCORE_MOD_AXIS_KV)))
+        return NotSupported(
+            "score_mod tensor '%s' is indexed by batch or kv_idx but not by q_idx: cuDNN 9.19's "
+            "backward misreads such tensors (gradients 50-150%% off on H100; flash and the reference backend run it)",
+            decl.name.c_str());
+  }
   for (const flex::TensorDecl& decl : decls)
     if (decl.requires_grad)
       return NotSupported(
           "score_mod tensor '%s' requires_grad: cuDNN's score-modifier backward returns the "
-          "score's gradient only, not its tensors' (the reference backend computes them)",
+          "score's gradient only, not its tensors' (flash and the reference backend compute them)",
           decl.name.c_str());
   if (decls.size() > static_cast<size_t>(kMaxScoreModTensors))
     return NotSupported("a score_mod with %zu tensors: the cuDNN backend takes at most %d (the "
@@ -601,7 +616,7 @@ PlanKey MakePlanKey(const SdpaGraphSpec& s, const DeviceInfo& device) {
     w.add(s.mod_band.left), w.add(s.mod_band.right), w.add(s.mod_band.bottom_right);
     w.add(s.mod_seq_lens);
     w.add(static_cast<int64_t>(s.aux.size()));
-    for (const auto& a : s.aux) w.add(a.dtype), w.add(a.desc), w.add(a.staged);
+    for (const auto& a : s.aux) w.add(a.dtype), w.add(a.desc);
   }
   key.score_mod.score_mod = s.score_mod;
   w.add(device.ordinal), w.add(device.compute_capability), w.add(device.cudnn_version);
@@ -616,23 +631,6 @@ PlanKey MakePlanKey(const SdpaGraphSpec& s, const DeviceInfo& device) {
   h *= 1099511628211ull;
   key.hash = static_cast<size_t>(h);
   return key;
-}
-
-// Scratch for the float32 copies of the int32 score_mod tensors (the callback path only).
-template <typename Take>
-void TakeStagedModTensors(const Problem& p, Take& take, Scratch* s) {
-  if (p.score_mod == nullptr || ScoreModPathOf(p) != ScoreModPath::kCallback) return;
-  const auto& c = p.config;
-  const auto& decls = p.score_mod->tensors();
-  for (size_t k = 0; k < decls.size() && k < size_t{kMaxScoreModTensors}; ++k) {
-    if (decls[k].dtype != FUSEDATTN_DTYPE_INT32) continue;
-    int64_t elements = 1;
-    if (decls[k].axes & FUSEDATTN_SCORE_MOD_AXIS_BATCH) elements *= c.batch;
-    if (decls[k].axes & FUSEDATTN_SCORE_MOD_AXIS_HEAD) elements *= c.heads_q;
-    if (decls[k].axes & FUSEDATTN_SCORE_MOD_AXIS_Q) elements *= c.max_seqlen_q;
-    if (decls[k].axes & FUSEDATTN_SCORE_MOD_AXIS_KV) elements *= c.max_seqlen_kv;
-    s->mod_tensor[k] = take(sizeof(float) * static_cast<size_t>(elements));
-  }
 }
 
 Scratch ForwardScratch(const Problem& p, const CallPlan& call) {
@@ -654,7 +652,6 @@ Scratch ForwardScratch(const Problem& p, const CallPlan& call) {
       s.ragged[slot] = take(sizeof(int32_t) * (batch + 1));
   if (call.stage_stats) s.stats = take(sizeof(float) * batch * c.heads_q * c.max_seqlen_q);
   if (call.stage_sink) s.sink = take(sizeof(float) * c.heads_q);
-  TakeStagedModTensors(p, take, &s);
   s.bytes = at;
   return s;
 }
@@ -678,7 +675,6 @@ Scratch BackwardScratch(const Problem& p, const CallPlan& call) {
       s.ragged[slot] = take(sizeof(int32_t) * (batch + 1));
   if (call.stage_stats) s.stats = take(sizeof(float) * batch * c.heads_q * c.max_seqlen_q);
   if (call.dsink) s.dsink_partials = take(sizeof(float) * kDsinkChunks * c.heads_q);
-  TakeStagedModTensors(p, take, &s);
   s.bytes = at;
   return s;
 }

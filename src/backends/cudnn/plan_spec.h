@@ -108,17 +108,14 @@ struct SdpaGraphSpec {
   bool deterministic = false;     // backward
   // Score modifier (ScoreModPath::kCallback; null otherwise). The callbacks also evaluate the
   // config's band (mod_band, -1 = unbounded) and, with padding, the per-sequence lengths read
-  // from float32 [batch] tensors (mod_seq_lens; else the lengths are max_seqlen); cuDNN's own
-  // padding and band attributes stay off. Integer inputs reach the graph as float32 copies
-  // (exact below 2^24): cuDNN 9.19's backward reads int32 tensors in a score_mod wrongly
-  // (gradients off by 50-150% on H100, forward right) or refuses the graph.
+  // from int32 [batch] tensors (mod_seq_lens; else the lengths are max_seqlen); cuDNN's own
+  // padding and band attributes stay off.
   std::shared_ptr<const flex::ScoreMod> score_mod;
   Band mod_band;
   bool mod_seq_lens = false;
   struct Aux {
     fusedattn_dtype dtype = FUSEDATTN_DTYPE_FLOAT32;
     TensorDesc desc;  // dims (batch | 1, heads_q | 1, seqlen_q | 1, seqlen_kv | 1)
-    bool staged = false;  // an int32 tensor read from a packed float32 copy in our scratch
   };
   std::vector<Aux> aux;  // the score_mod tensors, in declaration order
 };
@@ -188,12 +185,7 @@ struct Scratch {
   size_t stats = kNone;           // float32 [graph batch, heads_q, seqlen_q]
   size_t sink = kNone;            // float32 [heads_q]
   size_t dsink_partials = kNone;  // float32 [kDsinkChunks, heads_q]
-  // float32 copies of int32 score_mod tensors (packed, the Aux desc's dims), kNone for others.
-  size_t mod_tensor[kMaxScoreModTensors];
   size_t bytes = 0;
-  Scratch() {
-    for (size_t& offset : mod_tensor) offset = kNone;
-  }
 };
 constexpr int kDsinkChunks = 64;
 Scratch ForwardScratch(const Problem& problem, const CallPlan& call);

@@ -122,7 +122,7 @@ class ScoreModLowering {
     s_ = s;
     values_.assign(program_.nodes.size(), Val{});
     for (Val& index : index_) index = Val{};
-    zero_int_ = zero_float_ = seq_q_ = seq_kv_ = Val{};
+    zero_int_ = zero_float_ = Val{};
     Val score{s, Kind::kFloat, true};
     if (program_.score >= 0) score = Materialize(ToNumber(Value(program_.score)));
     visible_ = Visibility();
@@ -233,21 +233,11 @@ class ScoreModLowering {
     if (v.kind == Kind::kTruth || v.kind == Kind::kBool) out.kind = Kind::kTruth;
     return out;
   }
-  // Integers staged as float32 (lengths, int32 tensors) are read as float and converted to
-  // int32 in the graph, so that comparisons with them are int32 comparisons.
-  Val StagedInt(const TensorPtr& t) {
-    return Emit(Mode::IDENTITY, Materialize(Val{t, Kind::kFloat, false}), Val{},
-                fe::DataType_t::INT32);
-  }
   Val SeqLenQ() {
-    if (!seq_lens_) return Constant(double(seqlen_q_));
-    if (seq_q_.t == nullptr) seq_q_ = StagedInt(seq_len_q_);
-    return seq_q_;
+    return seq_lens_ ? Val{seq_len_q_, Kind::kInt, false} : Constant(double(seqlen_q_));
   }
   Val SeqLenKv() {
-    if (!seq_lens_) return Constant(double(seqlen_kv_));
-    if (seq_kv_.t == nullptr) seq_kv_ = StagedInt(seq_len_kv_);
-    return seq_kv_;
+    return seq_lens_ ? Val{seq_len_kv_, Kind::kInt, false} : Constant(double(seqlen_kv_));
   }
 
   // Numbers: a boolean used as a number is 0 / 1.
@@ -300,11 +290,6 @@ class ScoreModLowering {
     }
     auto is_int = [](const Val& v) { return v.kind == Kind::kInt || v.kind == Kind::kTruth; };
     const bool ints = is_int(a) && is_int(b) && mode != Mode::DIV;
-    // Comparisons see one type: an int32 tensor next to a float one becomes float.
-    if (is_compare && !ints) {
-      if (is_int(a) && !a.constant) a = Emit(Mode::IDENTITY, Materialize(a), Val{}, fe::DataType_t::FLOAT);
-      if (is_int(b) && !b.constant) b = Emit(Mode::IDENTITY, Materialize(b), Val{}, fe::DataType_t::FLOAT);
-    }
     if (!a.virt && b.virt && (Commutes(mode) || is_compare)) {
       std::swap(a, b);
       mode = Mirrored(mode);
@@ -450,8 +435,7 @@ class ScoreModLowering {
         if (n.slot < 0 || static_cast<size_t>(n.slot) >= tensors_.size())
           throw std::logic_error("score_mod tensor " + std::to_string(n.slot) + " is not an input");
         const size_t k = static_cast<size_t>(n.slot);
-        if (tensor_is_int_[k]) return StagedInt(tensors_[k]);
-        return Val{tensors_[k], Kind::kFloat, false};
+        return Val{tensors_[k], tensor_is_int_[k] ? Kind::kInt : Kind::kFloat, false};
       }
       case Op::kNeg: return unary(Mode::NEG);
       case Op::kAbs: return unary(Mode::ABS);
@@ -509,7 +493,6 @@ class ScoreModLowering {
   std::vector<Val> visible_;
   Val index_[4];
   Val zero_int_, zero_float_;
-  Val seq_q_, seq_kv_;  // the lengths as int32, made once per expansion
   std::vector<Val> values_;
   int count_ = 0;
 };
@@ -641,7 +624,7 @@ class GraphMaker {
       tensors.push_back(plain(("score_mod_tensor_" + std::to_string(k)).c_str(),
                               static_cast<Uid>(kUidModTensor0 + static_cast<int>(k)),
                               s_.aux[k].desc, s_.aux[k].dtype));
-      tensor_is_int.push_back(s_.aux[k].staged);
+      tensor_is_int.push_back(s_.aux[k].dtype == FUSEDATTN_DTYPE_INT32);
     }
     TensorPtr seq_q, seq_kv;
     if (s_.mod_seq_lens) {
@@ -651,7 +634,7 @@ class GraphMaker {
                                   .set_uid(uid)
                                   .set_dim({s_.batch, 1, 1, 1})
                                   .set_stride({1, 1, 1, 1})
-                                  .set_data_type(fe::DataType_t::FLOAT));
+                                  .set_data_type(fe::DataType_t::INT32));
       };
       seq_q = make("score_mod_seq_len_q", kUidModSeqLenQ);
       seq_kv = make("score_mod_seq_len_kv", kUidModSeqLenKv);
