@@ -250,8 +250,8 @@ TEST(CudnnScoreModPreCheck, RefusalsNameTheFeatureAndTheReference) {
                                               FUSEDATTN_SCORE_MOD_AXIS_KV));
        },
        "'doc' is indexed by batch or kv_idx but not by q_idx"},
-      {"padding in training", [](fusedattn_config* c) { c->mask = FUSEDATTN_MASK_PADDING; },
-       SoftCap, "misreads the per-sequence lengths"},
+      {"padding", [](fusedattn_config* c) { c->mask = FUSEDATTN_MASK_PADDING; }, SoftCap,
+       "misreads the per-sequence lengths"},
       {"nine tensors", [](fusedattn_config*) {},
        [](ScoreMod& m) {
          Expr s = m.score();
@@ -278,8 +278,7 @@ TEST(CudnnScoreModPreCheck, LeavesWhatThePipelineOrderAllowsToCudnn) {
   std::vector<fusedattn_config> configs;
   fusedattn_config c = BaseConfig();
   configs.push_back(c);
-  c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT, c.window_left = 5;
-  c.is_training = 0;  // in training cuDNN's backward misreads the lengths
+  c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT, c.window_left = 5;
   configs.push_back(c);
   c = BaseConfig();
   c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK, c.dropout = 0.1;  // both after the scores
@@ -351,10 +350,8 @@ TEST(CudnnScoreModKey, TheLargestScoreModSpecFitsTheKey) {
     m.set_score(s);
   });
   fusedattn_config c = BaseConfig();
-  c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT, c.window_left = 3;
+  c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT, c.window_left = 3;
   c.dropout = 0.1, c.deterministic = 1;
-  c.is_training = 0;  // padding next to a callback is refused for training (its backward spec
-                      // is still the largest one)
   Problem p = WithMod(c, mod);
   ASSERT_TRUE(PreCheck(p).ok()) << PreCheck(p).message();
   PlanKey key = MakePlanKey(BackwardSpec(p, CanonicalBwdTensors(p)), kDevice);

@@ -199,9 +199,9 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, FlexCudnnExamples,
 // ------------------------------------------------------------------------------------------------
 // What the callbacks evaluate besides the graph, and rows a mask_mod hides entirely.
 // ------------------------------------------------------------------------------------------------
-// Inference only: in training cuDNN's backward misreads the lengths (plan_spec.cpp), and check()
-// says so.
-TEST(FlexCudnn, SoftCapWithAPaddingCausalMaskEvaluatedInTheCallback) {
+// cuDNN misreads the per-sequence lengths in a callback (plan_spec.cpp): check() says so, and
+// selection takes flash, which runs it against the reference.
+TEST(FlexCudnn, SoftCapWithAPaddingMaskIsRefusedWithTheReasonAndRunsOnFlash) {
   SKIP_WITHOUT_CUDNN();
   ScoreMod mod;
   mod.set_score(3.0 * tanh(mod.score() / 3.0)).finalize();
@@ -212,7 +212,13 @@ TEST(FlexCudnn, SoftCapWithAPaddingCausalMaskEvaluatedInTheCallback) {
   fusedattn_backend chosen = FUSEDATTN_BACKEND_AUTO;
   EXPECT_EQ(fusedattn_get_backend(&c, &chosen, msg, sizeof msg), FUSEDATTN_ERROR_NOT_SUPPORTED);
   EXPECT_NE(std::string(msg).find("misreads the per-sequence lengths"), std::string::npos) << msg;
-  c.is_training = 0;
+  char reason[512];
+  if (!fusedattn_backend_available(FUSEDATTN_BACKEND_FLASH, reason, sizeof reason))
+    GTEST_SKIP() << reason;
+  c.backend = FUSEDATTN_BACKEND_AUTO;
+  ASSERT_EQ(fusedattn_get_backend(&c, &chosen, msg, sizeof msg), FUSEDATTN_SUCCESS) << msg;
+  EXPECT_EQ(chosen, FUSEDATTN_BACKEND_FLASH) << msg;
+  c.backend = FUSEDATTN_BACKEND_FLASH;
   TensorOptions o;
   o.seed = 7;
   o.input_range = 2.0;

@@ -287,23 +287,25 @@ Status ScoreModPreCheck(const Problem& p) {
     return NotSupported("return_max_logit = 1 with a score_mod: cuDNN SDPA has no per-head max "
                         "logit (the reference backend returns it)");
   const auto& decls = p.score_mod->tensors();
-  // cuDNN 9.19's backward computes wrong gradients (50-150% relative error against the reference
-  // on H100, its forward right) when a score-modifier callback reads a tensor broadcast over the
-  // queries but not over the batch or the keys: a [batch, 1, 1, seqlen_kv] tensor or the padding
-  // mask's per-sequence lengths. Training with one goes to flash.
-  if (c.is_training && ScoreModPathOf(p) == ScoreModPath::kCallback) {
+  // Measured on H100 with cuDNN 9.19 against the reference: a padding mask evaluated in the
+  // callback (the per-sequence lengths, [batch, 1, 1, 1] tensors) gives a wrong O (~100%
+  // relative error); a tensor read without q_idx but with batch or kv_idx gives right forwards
+  // and wrong gradients (50-150%). flash runs both.
+  if (ScoreModPathOf(p) == ScoreModPath::kCallback) {
     if (p.padding)
       return NotSupported(
-          "%s with a score_mod in training: cuDNN 9.19's backward misreads the per-sequence "
-          "lengths a score-modifier callback reads (gradients ~97%% off on H100; flash and the reference backend run it)",
+          "%s with a score_mod: cuDNN 9.19 misreads the per-sequence lengths a score-modifier "
+          "callback reads (O ~100%% off on H100; flash and the reference backend run it)",
           MaskName(c.mask));
-    for (const flex::TensorDecl& decl : decls)
-      if (!(decl.axes & FUSEDATTN_SCORE_MOD_AXIS_Q) &&
-          (decl.axes & (FUSEDATTN_SCORE_MOD_AXIS_BATCH | FUSEDATTN_SCORE_MOD_AXIS_KV)))
-        return NotSupported(
-            "score_mod tensor '%s' is indexed by batch or kv_idx but not by q_idx: cuDNN 9.19's "
-            "backward misreads such tensors (gradients 50-150%% off on H100; flash and the reference backend run it)",
-            decl.name.c_str());
+    if (c.is_training)
+      for (const flex::TensorDecl& decl : decls)
+        if (!(decl.axes & FUSEDATTN_SCORE_MOD_AXIS_Q) &&
+            (decl.axes & (FUSEDATTN_SCORE_MOD_AXIS_BATCH | FUSEDATTN_SCORE_MOD_AXIS_KV)))
+          return NotSupported(
+              "score_mod tensor '%s' is indexed by batch or kv_idx but not by q_idx: cuDNN 9.19's "
+              "backward misreads such tensors (gradients 50-150%% off on H100; flash and the "
+              "reference backend run it)",
+              decl.name.c_str());
   }
   for (const flex::TensorDecl& decl : decls)
     if (decl.requires_grad)
