@@ -70,12 +70,12 @@ CUDNN_MEMCHECK='CudnnGrid/CudnnGridTest.Matches/bshd_causal_bf16_d64:CudnnGrid/C
 SANITIZE_FILTER="${SANITIZE_FILTER:-*Sanitize*:$CUDNN_MEMCHECK}"
 step_sanitize() {
   compute-sanitizer --tool memcheck --error-exitcode 9 \
-    "$BUILD/tests/fusedattn_gpu_tests" --gtest_brief=1 --gtest_filter="$SANITIZE_FILTER"
+    "$BUILD/tests/fusedattn_gpu_tests" --gtest_filter="$SANITIZE_FILTER"
 }
-RACECHECK_FILTER="${RACECHECK_FILTER:-*Racecheck*:FlashSanitize*}"
+RACECHECK_FILTER="${RACECHECK_FILTER:-*Racecheck*:FlashSanitize*:FlashWgmmaSanitize*:FlexFlashSanitize*}"
 step_racecheck() {
   compute-sanitizer --tool racecheck --error-exitcode 9 \
-    "$BUILD/tests/fusedattn_gpu_tests" --gtest_brief=1 --gtest_filter="$RACECHECK_FILTER"
+    "$BUILD/tests/fusedattn_gpu_tests" --gtest_filter="$RACECHECK_FILTER"
 }
 
 step_cli() {
