@@ -303,7 +303,8 @@ class CudnnBackendImpl final : public Backend {
   }
 
   Status check(const Problem& problem) override {
-    const Problem p = EffectiveProblem(problem);
+    Problem storage;
+    const Problem& p = EffectiveProblem(problem, &storage);
     FUSEDATTN_RETURN_IF_ERROR(PreCheck(p));
     DeviceInfo device;
     FUSEDATTN_RETURN_IF_ERROR(CurrentDevice(&device));
@@ -319,7 +320,8 @@ class CudnnBackendImpl final : public Backend {
   }
 
   Status fwd_workspace_size(const Problem& problem, size_t* bytes) override {
-    const Problem p = EffectiveProblem(problem);
+    Problem storage;
+    const Problem& p = EffectiveProblem(problem, &storage);
     DeviceInfo device;
     FUSEDATTN_RETURN_IF_ERROR(CurrentDevice(&device));
     std::shared_ptr<PlanEntry> entry;
@@ -333,7 +335,8 @@ class CudnnBackendImpl final : public Backend {
   }
 
   Status bwd_workspace_size(const Problem& problem, size_t* bytes) override {
-    const Problem p = EffectiveProblem(problem);
+    Problem storage;
+    const Problem& p = EffectiveProblem(problem, &storage);
     DeviceInfo device;
     FUSEDATTN_RETURN_IF_ERROR(CurrentDevice(&device));
     BwdTensors canonical = CanonicalBwdTensors(p);
@@ -384,7 +387,8 @@ class CudnnBackendImpl final : public Backend {
 
 Status CudnnBackendImpl::forward(const Problem& problem, const FwdTensors& t, void* workspace,
                                  size_t workspace_bytes, void* stream) {
-  const Problem p = EffectiveProblem(problem);
+  Problem storage;
+  const Problem& p = EffectiveProblem(problem, &storage);
   const auto& c = p.config;
   auto fallback = [&](const std::string& reason) {
     return Fallback(p, reason, [&](Backend* other) {
@@ -485,7 +489,8 @@ Status CudnnBackendImpl::forward(const Problem& problem, const FwdTensors& t, vo
 
 Status CudnnBackendImpl::backward(const Problem& problem, const BwdTensors& t, void* workspace,
                                   size_t workspace_bytes, void* stream) {
-  const Problem p = EffectiveProblem(problem);
+  Problem storage;
+  const Problem& p = EffectiveProblem(problem, &storage);
   const auto& c = p.config;
   auto fallback = [&](const std::string& reason) {
     return Fallback(p, reason, [&](Backend* other) {

@@ -333,13 +333,17 @@ ScoreModPath ScoreModPathOf(const Problem& p) {
   return ScoreModPath::kCallback;
 }
 
-Problem EffectiveProblem(const Problem& p) {
-  if (ScoreModPathOf(p) != ScoreModPath::kNativeBand) return p;
+const Problem& EffectiveProblem(const Problem& p, Problem* storage) {
+  if (ScoreModPathOf(p) != ScoreModPath::kNativeBand) return p;  // no copy on the common path
   flex::MaskBand band;
   flex::RecognizeBandMask(p.score_mod->forward(), &band);
-  Problem combined;
-  CombineBands(p, band, &combined);
-  return combined;
+  CombineBands(p, band, storage);
+  return *storage;
+}
+
+Problem EffectiveProblem(const Problem& p) {
+  Problem storage;
+  return EffectiveProblem(p, &storage);
 }
 
 Status PreCheck(const Problem& p) {

@@ -63,6 +63,9 @@ ScoreModPath ScoreModPathOf(const Problem& problem);
 // its score_mod and with the combined band. check(), the workspace sizes, forward and backward
 // all plan from it, so a band mask_mod and the equal config mask share one plan.
 Problem EffectiveProblem(const Problem& problem);
+// The same without a copy when the problem is its own effective problem (the per-call path):
+// the problem itself, or the combined one written into *storage.
+const Problem& EffectiveProblem(const Problem& problem, Problem* storage);
 
 // At most this many score_mod tensors reach one cuDNN graph (each is one more graph input).
 constexpr int kMaxScoreModTensors = 8;
