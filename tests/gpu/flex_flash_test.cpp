@@ -36,16 +36,10 @@ namespace {
     if (!s_.ok()) GTEST_SKIP() << s_.message();                                         \
   } while (0)
 
+// A training problem on CUDA tensors forced to this file's backend.
 fusedattn_config Config(int64_t b, int64_t hq, int64_t hkv, int64_t sq, int64_t skv, int64_t d,
                         fusedattn_dtype dtype) {
-  fusedattn_config c = FUSEDATTN_CONFIG_INIT;
-  c.batch = b, c.heads_q = hq, c.heads_kv = hkv, c.max_seqlen_q = sq, c.max_seqlen_kv = skv;
-  c.head_dim_qk = c.head_dim_v = d;
-  c.qkv_dtype = c.o_dtype = dtype;
-  c.device = FUSEDATTN_DEVICE_CUDA;
-  c.backend = FUSEDATTN_BACKEND_FLASH;
-  c.is_training = 1;
-  return c;
+  return FlexConfig(FUSEDATTN_BACKEND_FLASH, b, hq, hkv, sq, skv, d, dtype);
 }
 
 class FlexFlashExamples : public ::testing::TestWithParam<fusedattn_dtype> {

@@ -44,6 +44,19 @@ struct DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 };
 
+// A training problem on CUDA tensors, forced to `backend`.
+inline fusedattn_config FlexConfig(fusedattn_backend backend, int64_t b, int64_t hq, int64_t hkv,
+                                   int64_t sq, int64_t skv, int64_t d, fusedattn_dtype dtype) {
+  fusedattn_config c = FUSEDATTN_CONFIG_INIT;
+  c.batch = b, c.heads_q = hq, c.heads_kv = hkv, c.max_seqlen_q = sq, c.max_seqlen_kv = skv;
+  c.head_dim_qk = c.head_dim_v = d;
+  c.qkv_dtype = c.o_dtype = dtype;
+  c.device = FUSEDATTN_DEVICE_CUDA;
+  c.backend = backend;
+  c.is_training = 1;
+  return c;
+}
+
 // What one run produced, for tests that compare two cuDNN runs with each other.
 struct Outputs {
   ProblemTensors fwd, bwd;  // O/LSE, and dQ/dK/dV

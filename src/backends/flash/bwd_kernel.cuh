@@ -464,16 +464,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t shift = DiagShift(p, seq.len_q, seq.len_kv);
   const int64_t rows_out = p.thd ? seq.len_q : p.max_seqlen_q;
 
-  int n_tile_begin = 0, n_tile_end = 0;
-  if (m0 < seq.len_q) {
-    const int last_row = min(m0 + kBlockM, seq.len_q) - 1;
-    const int64_t key_lo = ClampI64(RawLo(p, m0, shift), 0, seq.len_kv);
-    const int64_t key_hi = ClampI64(RawHi(p, last_row, shift), 0, seq.len_kv);
-    if (key_lo < key_hi) {
-      n_tile_begin = static_cast<int>(key_lo / kBlockN);
-      n_tile_end = static_cast<int>((key_hi + kBlockN - 1) / kBlockN);
-    }
-  }
+  int n_tile_begin, n_tile_end;
+  KeyTilesSeenBy(p, seq, m0, kBlockM, kBlockN, shift, &n_tile_begin, &n_tile_end);
   if (n_tile_begin >= n_tile_end) {  // no key: dQ = 0
     const int rows = min(kBlockM, p.max_seqlen_q - m0);
     for (int e = threadIdx.x; e < rows * dqk; e += kThreads)

@@ -101,6 +101,21 @@ __device__ __forceinline__ void VisibleKeys(const FlashParams& p, int64_t i, int
   *hi = static_cast<int>(end < begin ? begin : end);
 }
 
+// The key tiles [*begin, *end) of block_n keys that the query rows [m0, m0 + block_m) of a
+// sequence can see; empty (begin >= end) when those rows see no key.
+__device__ __forceinline__ void KeyTilesSeenBy(const FlashParams& p, const SeqInfo& seq, int m0,
+                                               int block_m, int block_n, int64_t shift,
+                                               int* begin, int* end) {
+  *begin = *end = 0;
+  if (m0 >= seq.len_q) return;
+  const int last_row = min(m0 + block_m, seq.len_q) - 1;
+  const int64_t key_lo = ClampI64(RawLo(p, m0, shift), 0, seq.len_kv);
+  const int64_t key_hi = ClampI64(RawHi(p, last_row, shift), 0, seq.len_kv);
+  if (key_lo >= key_hi) return;
+  *begin = static_cast<int>(key_lo / block_n);
+  *end = static_cast<int>((key_hi + block_n - 1) / block_n);
+}
+
 // The query rows [*first, *last] (empty when first > last) that may see a key in [n_lo, n_hi)
 // (a superset: rows inside still need their own check).
 __device__ __forceinline__ void RowsSeeingKeys(const FlashParams& p, int64_t n_lo, int64_t n_hi,

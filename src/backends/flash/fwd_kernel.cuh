@@ -74,16 +74,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t shift = DiagShift(p, seq.len_q, seq.len_kv);
 
   // The key tiles [n_tile_begin, n_tile_end) this query tile sees.
-  int n_tile_begin = 0, n_tile_end = 0;
-  if (m0 < seq.len_q) {
-    const int last_row = min(m0 + kBlockM, seq.len_q) - 1;
-    const int64_t key_lo = ClampI64(RawLo(p, m0, shift), 0, seq.len_kv);
-    const int64_t key_hi = ClampI64(RawHi(p, last_row, shift), 0, seq.len_kv);
-    if (key_lo < key_hi) {
-      n_tile_begin = static_cast<int>(key_lo / kBlockN);
-      n_tile_end = static_cast<int>((key_hi + kBlockN - 1) / kBlockN);
-    }
-  }
+  int n_tile_begin, n_tile_end;
+  KeyTilesSeenBy(p, seq, m0, kBlockM, kBlockN, shift, &n_tile_begin, &n_tile_end);
   // The next key tile to visit below n_tile: the one before it, or with a mask_mod the next one
   // its block mask does not hide entirely.
   auto next_tile = [&](int n_tile) {
