@@ -215,7 +215,9 @@ class SmallSeqBackendImpl final : public Backend {
 
   Status check(const Problem& problem) override {
     if (problem.has_score_mod())
-      return NotSupported("score_mod graphs run only on the reference backend in this version");
+      return NotSupported(
+          "score_mod graphs: small_seq has no score modifier hook (cuDNN, flash and the "
+          "reference backend run them)");
     FUSEDATTN_RETURN_IF_ERROR(small_seq::CheckProblem(problem));
     return available();
   }
