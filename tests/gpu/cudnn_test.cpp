@@ -30,20 +30,13 @@
 
 #include "backends/cudnn/cudnn_backend.h"
 #include "common/status.h"
+#include "gpu/skip.h"
 #include "problem/problem.h"
 #include "fusedattn/fusedattn.h"
 #include "testing/tensors.h"
 
 namespace fusedattn::testing {
 namespace {
-
-#define SKIP_WITHOUT_CUDNN()                                                        \
-  do {                                                                              \
-    if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";                   \
-    char reason_[512];                                                              \
-    if (!fusedattn_backend_available(FUSEDATTN_BACKEND_CUDNN, reason_, sizeof reason_)) \
-      GTEST_SKIP() << "cuDNN backend unavailable: " << reason_;                     \
-  } while (0)
 
 fusedattn_config Config(int64_t b, int64_t hq, int64_t hkv, int64_t sq, int64_t skv, int64_t d,
                         fusedattn_dtype dtype = FUSEDATTN_DTYPE_BFLOAT16) {
@@ -364,7 +357,7 @@ void PrintTo(const GridCase& c, std::ostream* os) { *os << c.name; }
 class CudnnGridTest : public ::testing::TestWithParam<GridCase> {};
 
 TEST_P(CudnnGridTest, Matches) {
-  SKIP_WITHOUT_CUDNN();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   const GridCase& k = GetParam();
   if (k.may_refuse) {
     fusedattn_config c = k.config;
@@ -390,7 +383,7 @@ INSTANTIATE_TEST_SUITE_P(CudnnGrid, CudnnGridTest, ::testing::ValuesIn(Grid()),
 // cuDNN and either run on the flash fallback (when built) or are refused naming the tensor.
 // ------------------------------------------------------------------------------------------------
 TEST(CudnnStrides, PaddedRowsBuildTheirOwnPlanAndMatch) {
-  SKIP_WITHOUT_CUDNN();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   for (fusedattn_format f : {FUSEDATTN_FORMAT_BSHD, FUSEDATTN_FORMAT_THD}) {
     fusedattn_config c = Config(3, 4, 2, 64, 96, 64);
     SetFormats(&c, f);
@@ -406,7 +399,7 @@ TEST(CudnnStrides, PaddedRowsBuildTheirOwnPlanAndMatch) {
 }
 
 TEST(CudnnStrides, AnLseLaidOutAsBatchSeqHeadsKeepsThePlanCheckBuilt) {
-  SKIP_WITHOUT_CUDNN();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   fusedattn_config c = Config(2, 4, 4, 96, 96, 64);
   c.mask = FUSEDATTN_MASK_CAUSAL;
   RunOptions run;  // expect_no_new_plans: the LSE goes through scratch, the graph is the same
@@ -421,7 +414,7 @@ TEST(CudnnStrides, AnLseLaidOutAsBatchSeqHeadsKeepsThePlanCheckBuilt) {
 }
 
 TEST(CudnnStrides, MisalignedRowsRunElsewhereOrAreRefusedNamingTheTensor) {
-  SKIP_WITHOUT_CUDNN();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   fusedattn_config c = Config(2, 4, 4, 64, 64, 64);
   ProblemTensors host = MakeProblemTensors(c, {});
   PadAllRows(&host, 3);  // 6 bytes: not 16-byte aligned
@@ -454,7 +447,7 @@ TEST(CudnnStrides, MisalignedRowsRunElsewhereOrAreRefusedNamingTheTensor) {
 }
 
 TEST(CudnnBias, Float32BiasMatchesOrIsRefusedNamingFlash) {
-  SKIP_WITHOUT_CUDNN();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   fusedattn_config c = Config(2, 4, 4, 64, 64, 64);
   c.bias_type = FUSEDATTN_BIAS_POST_SCALE;
   TensorOptions options;
@@ -491,7 +484,7 @@ TEST(CudnnBias, Float32BiasMatchesOrIsRefusedNamingFlash) {
 // Refusals reach the diagnostic.
 // ------------------------------------------------------------------------------------------------
 TEST(CudnnRefusal, HeadDim512ReasonReachesTheDiagnostic) {
-  SKIP_WITHOUT_CUDNN();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   fusedattn_config c = Config(1, 2, 2, 64, 64, 512);
   c.is_training = 1;
   char msg[8192];
@@ -506,7 +499,7 @@ TEST(CudnnRefusal, HeadDim512ReasonReachesTheDiagnostic) {
 }
 
 TEST(CudnnRefusal, Float32ReasonNamesFlash) {
-  SKIP_WITHOUT_CUDNN();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   fusedattn_config c = Config(1, 2, 2, 64, 64, 64, FUSEDATTN_DTYPE_FLOAT32);
   char msg[4096];
   fusedattn_backend chosen = FUSEDATTN_BACKEND_AUTO;
@@ -518,7 +511,7 @@ TEST(CudnnRefusal, Float32ReasonNamesFlash) {
 // Dropout: cuDNN's own Philox stream, so statistics and forward/backward agreement.
 // ------------------------------------------------------------------------------------------------
 TEST(CudnnDropout, KeepsTheExpectedFractionAndScalesByOneOverKeep) {
-  SKIP_WITHOUT_CUDNN();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   const double p = 0.3;
   fusedattn_config c = Config(2, 4, 4, 128, 256, 64);
   c.dropout = p;
@@ -566,7 +559,7 @@ TEST(CudnnDropout, KeepsTheExpectedFractionAndScalesByOneOverKeep) {
 }
 
 TEST(CudnnDropout, ForwardAndBackwardDrawTheSameMask) {
-  SKIP_WITHOUT_CUDNN();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   // With O = P'V and dV = P'^T dO for one mask P', sum <dV, V> = sum <dO, O> per (b, h).
   fusedattn_config c = Config(2, 4, 4, 128, 128, 64, FUSEDATTN_DTYPE_FLOAT16);
   c.dropout = 0.5;
@@ -610,7 +603,7 @@ TEST(CudnnDropout, ForwardAndBackwardDrawTheSameMask) {
 // Determinism
 // ------------------------------------------------------------------------------------------------
 TEST(CudnnDeterministic, BackwardIsBitIdenticalRunToRun) {
-  SKIP_WITHOUT_CUDNN();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   fusedattn_config c = Config(2, 8, 2, 256, 256, 64);
   c.is_training = 1, c.deterministic = 1, c.mask = FUSEDATTN_MASK_CAUSAL;
   ProblemTensors host = MakeProblemTensors(c, {});
@@ -658,7 +651,7 @@ class CudnnCache : public ::testing::Test {
 };
 
 TEST(CudnnBatch, ChangingOnlyTheBatchSizeGivesRightResults) {
-  SKIP_WITHOUT_CUDNN();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   RunOptions run;
   run.expect_no_new_plans = false;
   for (int64_t batch : {2, 3, 1, 3}) {
@@ -670,7 +663,7 @@ TEST(CudnnBatch, ChangingOnlyTheBatchSizeGivesRightResults) {
 }
 
 TEST(CudnnBatch, ThdBatchesInOnePowerOfTwoShareAPlan) {
-  SKIP_WITHOUT_CUDNN();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   RunOptions run;
   run.expect_no_new_plans = false;
   uint64_t misses_at_5 = 0;
@@ -686,7 +679,7 @@ TEST(CudnnBatch, ThdBatchesInOnePowerOfTwoShareAPlan) {
 }
 
 TEST_F(CudnnCache, EvictsTheLeastRecentlyUsedPlanAndRebuildsIt) {
-  SKIP_WITHOUT_CUDNN();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   setenv("FUSEDATTN_PLAN_CACHE_SIZE", "2", 1);
   cudnn::ReloadPlanCacheCapacity();
   cudnn::ClearPlanCache();
@@ -706,7 +699,7 @@ TEST_F(CudnnCache, EvictsTheLeastRecentlyUsedPlanAndRebuildsIt) {
 }
 
 TEST_F(CudnnCache, EightThreadsSelectAndRunConcurrently) {
-  SKIP_WITHOUT_CUDNN();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   cudnn::ClearPlanCache();
   std::vector<fusedattn_config> configs;
   for (int t = 0; t < 8; ++t) {

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "fusedattn/fusedattn.hpp"
+#include "gpu/skip.h"
 #include "testing/tensors.h"
 
 #ifdef FUSEDATTN_WITH_CUDA
@@ -35,14 +36,6 @@
 
 namespace fusedattn::testing {
 namespace {
-
-#define SKIP_WITHOUT_FLASH()                                                          \
-  do {                                                                                \
-    if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";                     \
-    char reason_[512];                                                                \
-    if (!fusedattn_backend_available(FUSEDATTN_BACKEND_FLASH, reason_, sizeof reason_)) \
-      GTEST_SKIP() << "flash backend unavailable: " << reason_;                       \
-  } while (0)
 
 fusedattn_config Config(int64_t b, int64_t hq, int64_t hkv, int64_t sq, int64_t skv, int64_t d,
                         fusedattn_dtype dtype) {
@@ -314,7 +307,7 @@ BuiltCase Apply(const GridCase& g) {
 class FlashGridTest : public ::testing::TestWithParam<GridCase> {};
 
 TEST_P(FlashGridTest, Matches) {
-  SKIP_WITHOUT_FLASH();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
   BuiltCase bc = Apply(GetParam());
   ExpectMatchesReference(bc.config, bc.options, GetParam().name(), bc.run);
 }
@@ -329,27 +322,27 @@ INSTANTIATE_TEST_SUITE_P(FlashGrid, FlashGridTest, ::testing::ValuesIn(PairwiseC
 // ------------------------------------------------------------------------------------------------
 
 TEST(Flash, LongCausalBf16HeadDim128) {
-  SKIP_WITHOUT_FLASH();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
   fusedattn_config c = Config(1, 2, 1, 2048, 2048, 128, FUSEDATTN_DTYPE_BFLOAT16);
   c.mask = FUSEDATTN_MASK_CAUSAL;
   ExpectMatchesReference(c, {}, "s=2048 causal d=128 bf16");
 }
 
 TEST(Flash, LongFp16HeadDim64) {
-  SKIP_WITHOUT_FLASH();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
   fusedattn_config c = Config(2, 2, 2, 1024, 1024, 64, FUSEDATTN_DTYPE_FLOAT16);
   ExpectMatchesReference(c, {}, "s=1024 d=64 fp16");
 }
 
 TEST(Flash, LongSlidingWindowBf16HeadDim256) {
-  SKIP_WITHOUT_FLASH();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
   fusedattn_config c = Config(1, 2, 2, 700, 900, 256, FUSEDATTN_DTYPE_BFLOAT16);
   c.window_left = 200, c.window_right = 50;
   ExpectMatchesReference(c, {}, "s=700/900 window (200,50) d=256 bf16");
 }
 
 TEST(Flash, ThdUnevenLengthsIncludingEmpty) {
-  SKIP_WITHOUT_FLASH();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
   for (fusedattn_dtype dtype : {FUSEDATTN_DTYPE_BFLOAT16, FUSEDATTN_DTYPE_FLOAT32}) {
     fusedattn_config c = Config(5, 4, 2, 150, 170, 64, dtype);
     SetFormats(&c, FUSEDATTN_FORMAT_THD);
@@ -366,7 +359,7 @@ TEST(Flash, ThdUnevenLengthsIncludingEmpty) {
 }
 
 TEST(Flash, PaddingMaskOnBshd) {
-  SKIP_WITHOUT_FLASH();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
   fusedattn_config c = Config(3, 4, 4, 96, 80, 128, FUSEDATTN_DTYPE_FLOAT16);
   c.mask = FUSEDATTN_MASK_PADDING_CAUSAL;
   TensorOptions o;
@@ -376,7 +369,7 @@ TEST(Flash, PaddingMaskOnBshd) {
 }
 
 TEST(Flash, SingleQueryAndShortQueriesAlignBottomRight) {
-  SKIP_WITHOUT_FLASH();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
   for (int64_t sq : {1, 3, 17}) {
     fusedattn_config c = Config(2, 8, 2, sq, 1000, 128, FUSEDATTN_DTYPE_BFLOAT16);
     c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
@@ -387,7 +380,7 @@ TEST(Flash, SingleQueryAndShortQueriesAlignBottomRight) {
 }
 
 TEST(Flash, FullyMaskedRowsGiveZeroOutputAndNoNan) {
-  SKIP_WITHOUT_FLASH();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
   // Bottom-right causal with sq > skv: the first sq - skv rows see no key.
   for (fusedattn_dtype dtype : {FUSEDATTN_DTYPE_BFLOAT16, FUSEDATTN_DTYPE_FLOAT32}) {
     fusedattn_config c = Config(2, 2, 2, 150, 40, 64, dtype);
@@ -399,7 +392,7 @@ TEST(Flash, FullyMaskedRowsGiveZeroOutputAndNoNan) {
 }
 
 TEST(Flash, DropoutMaskIsTheReferenceMask) {
-  SKIP_WITHOUT_FLASH();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
   // A float32 problem (tolerance 1e-5): one differing mask bit would show as an error ~1e-2.
   for (fusedattn_dtype dtype : {FUSEDATTN_DTYPE_FLOAT32, FUSEDATTN_DTYPE_FLOAT16}) {
     fusedattn_config c = Config(2, 3, 3, 77, 140, 64, dtype);
@@ -410,7 +403,7 @@ TEST(Flash, DropoutMaskIsTheReferenceMask) {
 }
 
 TEST(Flash, HeadDimsOfEverySize) {
-  SKIP_WITHOUT_FLASH();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
   // Instances (64, 128, 256), padded dims, unequal dims, dims past the fast path and odd dims.
   const int64_t dims[][2] = {{32, 32}, {64, 64}, {80, 80}, {96, 96}, {128, 128}, {160, 160},
                              {192, 128}, {128, 64}, {256, 256}, {264, 264}, {512, 512},
@@ -424,7 +417,7 @@ TEST(Flash, HeadDimsOfEverySize) {
 }
 
 TEST(Flash, DeterministicBackwardIsBitIdentical) {
-  SKIP_WITHOUT_FLASH();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
 #ifdef FUSEDATTN_WITH_CUDA
   for (fusedattn_dtype dtype : {FUSEDATTN_DTYPE_BFLOAT16, FUSEDATTN_DTYPE_FLOAT32}) {
     fusedattn_config c = Config(2, 4, 2, 300, 300, 128, dtype);
@@ -459,7 +452,7 @@ TEST(Flash, DeterministicBackwardIsBitIdentical) {
 }
 
 TEST(Flash, AutoSelectionChoosesFlashForWhatCudnnRefuses) {
-  SKIP_WITHOUT_FLASH();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
   std::vector<std::pair<std::string, fusedattn_config>> problems;
   fusedattn_config base = Config(2, 8, 8, 512, 512, 128, FUSEDATTN_DTYPE_BFLOAT16);
   base.backend = FUSEDATTN_BACKEND_AUTO;
@@ -483,7 +476,7 @@ TEST(Flash, AutoSelectionChoosesFlashForWhatCudnnRefuses) {
 }
 
 TEST(Flash, OutOfRangeSequenceLengthsDoNotFault) {
-  SKIP_WITHOUT_FLASH();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
 #ifdef FUSEDATTN_WITH_CUDA
   fusedattn_config c = Config(3, 2, 2, 64, 64, 64, FUSEDATTN_DTYPE_BFLOAT16);
   SetFormats(&c, FUSEDATTN_FORMAT_THD);
@@ -509,7 +502,7 @@ TEST(Flash, OutOfRangeSequenceLengthsDoNotFault) {
 
 // Small problems of both paths and both directions, for compute-sanitizer (memcheck, racecheck).
 TEST(FlashSanitize, FastPathAllFeatures) {
-  SKIP_WITHOUT_FLASH();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
   fusedattn_config c = Config(2, 4, 2, 70, 90, 64, FUSEDATTN_DTYPE_BFLOAT16);
   SetFormats(&c, FUSEDATTN_FORMAT_THD);
   c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
@@ -534,7 +527,7 @@ TEST(FlashSanitize, FastPathAllFeatures) {
 }
 
 TEST(FlashSanitize, SimplePathAllFeatures) {
-  SKIP_WITHOUT_FLASH();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
   fusedattn_config c = Config(2, 4, 2, 40, 30, 24, FUSEDATTN_DTYPE_FLOAT32);
   c.head_dim_v = 40;
   c.mask = FUSEDATTN_MASK_PADDING;

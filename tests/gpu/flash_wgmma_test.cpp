@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "fusedattn/fusedattn.hpp"
+#include "gpu/skip.h"
 #include "testing/tensors.h"
 
 #ifdef FUSEDATTN_WITH_CUDA
@@ -34,14 +35,6 @@
 
 namespace fusedattn::testing {
 namespace {
-
-#define SKIP_WITHOUT_FLASH()                                                            \
-  do {                                                                                  \
-    if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";                       \
-    char reason_[512];                                                                  \
-    if (!fusedattn_backend_available(FUSEDATTN_BACKEND_FLASH, reason_, sizeof reason_)) \
-      GTEST_SKIP() << "flash backend unavailable: " << reason_;                         \
-  } while (0)
 
 // Whether forwards on this device and build are expected to take the wgmma kernel.
 bool WgmmaExpected() {
@@ -216,7 +209,7 @@ void ExpectTileMatches(int mode, fusedattn_dtype dtype) {
 class FlashWgmmaTile : public ::testing::TestWithParam<std::tuple<int, fusedattn_dtype>> {};
 
 TEST_P(FlashWgmmaTile, MatchesCpuMatmul) {
-  SKIP_WITHOUT_FLASH();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
 #ifdef FUSEDATTN_WITH_FLASH
   if (!flash::WgmmaCompiled()) GTEST_SKIP() << "built without sm_90a kernels";
   if (!DeviceIsSm90()) GTEST_SKIP() << "the device is not sm_90";
@@ -369,7 +362,7 @@ std::vector<ForwardParam> AllForwardCases() {
 class FlashWgmmaCase : public ::testing::TestWithParam<ForwardParam> {};
 
 TEST_P(FlashWgmmaCase, ForwardMatchesReference) {
-  SKIP_WITHOUT_FLASH();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
   ExpectForwardMatches(GetParam().c);
 }
 
@@ -385,7 +378,7 @@ INSTANTIATE_TEST_SUITE_P(FlashWgmma, FlashWgmmaCase, ::testing::ValuesIn(AllForw
 // ------------------------------------------------------------------------------------------------
 
 TEST(FlashWgmma, LargeBf16HeadDim128) {
-  SKIP_WITHOUT_FLASH();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
   fusedattn_config c = Config(2, 4, 4, 2048, 2048, 128, FUSEDATTN_DTYPE_BFLOAT16);
   ExpectForwardMatches({"b2 h4 s2048 d128 bf16", c, {}, false, true});
   c.mask = FUSEDATTN_MASK_CAUSAL;
@@ -393,7 +386,7 @@ TEST(FlashWgmma, LargeBf16HeadDim128) {
 }
 
 TEST(FlashWgmma, LargeFp16HeadDim64Gqa) {
-  SKIP_WITHOUT_FLASH();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
   fusedattn_config c = Config(2, 4, 2, 2048, 2048, 64, FUSEDATTN_DTYPE_FLOAT16);
   c.mask = FUSEDATTN_MASK_CAUSAL;
   ExpectForwardMatches({"b2 h4/2 s2048 d64 fp16 causal", c, {}, false, true});
@@ -402,7 +395,7 @@ TEST(FlashWgmma, LargeFp16HeadDim64Gqa) {
 // The dispatch: plain problems of the 64 and 128 instances take the wgmma kernel on sm_90;
 // score modifiers, dropout, head dim 256, float32 and unaligned rows do not (and stay correct).
 TEST(FlashWgmma, PathIsTakenExactlyWhenItShouldBe) {
-  SKIP_WITHOUT_FLASH();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
   if (!WgmmaExpected())
     GTEST_SKIP() << "the wgmma forward is not enabled here (not sm_90, built without 90a, or "
                     "FUSEDATTN_FLASH_WGMMA=0)";
@@ -434,7 +427,7 @@ TEST(FlashWgmma, PathIsTakenExactlyWhenItShouldBe) {
 
 // Small problems for compute-sanitizer (memcheck, racecheck, synccheck).
 TEST(FlashWgmmaSanitize, SmallCases) {
-  SKIP_WITHOUT_FLASH();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
   fusedattn_config c = Config(3, 4, 2, 150, 170, 64, FUSEDATTN_DTYPE_BFLOAT16);
   SetFormats(&c, FUSEDATTN_FORMAT_THD);
   c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;

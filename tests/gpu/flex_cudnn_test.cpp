@@ -26,19 +26,12 @@
 
 #include "fusedattn/fusedattn.h"
 #include "fusedattn/score_mod.hpp"
+#include "gpu/skip.h"
 #include "testing/tensors.h"
 #include "gpu/flex_run.h"
 
 namespace fusedattn::testing {
 namespace {
-
-#define SKIP_WITHOUT_CUDNN()                                                            \
-  do {                                                                                  \
-    if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";                       \
-    char reason_[512];                                                                  \
-    if (!fusedattn_backend_available(FUSEDATTN_BACKEND_CUDNN, reason_, sizeof reason_)) \
-      GTEST_SKIP() << "cuDNN backend unavailable: " << reason_;                         \
-  } while (0)
 
 // A training problem on CUDA tensors forced to this file's backend.
 fusedattn_config Config(int64_t b, int64_t hq, int64_t hkv, int64_t sq, int64_t skv, int64_t d,
@@ -57,7 +50,7 @@ class FlexCudnnExamples : public ::testing::TestWithParam<fusedattn_dtype> {
 
 // Causal by index comparison: a band, so cuDNN's native causal mask (tiles skipped).
 TEST_P(FlexCudnnExamples, CausalByIndexComparison) {
-  SKIP_WITHOUT_CUDNN();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   ScoreMod mod;
   mod.set_mask(mod.kv_idx() <= mod.q_idx()).finalize();
   fusedattn_config c = Config(2, 4, 2, 128, 128, 64, dtype());
@@ -68,7 +61,7 @@ TEST_P(FlexCudnnExamples, CausalByIndexComparison) {
 }
 
 TEST_P(FlexCudnnExamples, TanhSoftCap) {
-  SKIP_WITHOUT_CUDNN();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   ScoreMod mod;
   mod.set_score(2.0 * tanh(mod.score() / 2.0)).finalize();  // small cap: the tanh bends
   fusedattn_config c = Config(2, 4, 2, 128, 160, 64, dtype());
@@ -80,7 +73,7 @@ TEST_P(FlexCudnnExamples, TanhSoftCap) {
 }
 
 TEST_P(FlexCudnnExamples, RelativePositionBias) {
-  SKIP_WITHOUT_CUDNN();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   ScoreMod mod;
   mod.set_score(mod.score() + 0.05 * (mod.q_idx() - mod.kv_idx())).finalize();
   fusedattn_config c = Config(2, 4, 4, 96, 96, 64, dtype());
@@ -94,7 +87,7 @@ TEST_P(FlexCudnnExamples, RelativePositionBias) {
 // ALiBi with per-head slopes from a tensor, bottom-right aligned, and the config's bottom-right
 // causal mask (sq < skv: the diagonal is not the main one).
 TEST_P(FlexCudnnExamples, Alibi) {
-  SKIP_WITHOUT_CUDNN();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   ScoreMod mod;
   Expr slope = mod.tensor("slopes", FUSEDATTN_DTYPE_FLOAT32, FUSEDATTN_SCORE_MOD_AXIS_HEAD);
   mod.set_score(mod.score() - slope * abs(mod.q_idx_br() - mod.kv_idx())).finalize();
@@ -109,7 +102,7 @@ TEST_P(FlexCudnnExamples, Alibi) {
 }
 
 TEST_P(FlexCudnnExamples, PostScaleBiasFromATensor) {
-  SKIP_WITHOUT_CUDNN();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   ScoreMod mod;
   Expr bias = mod.tensor("bias", dtype(),
                          FUSEDATTN_SCORE_MOD_AXIS_HEAD | FUSEDATTN_SCORE_MOD_AXIS_Q |
@@ -137,7 +130,7 @@ ScoreMod DocumentMask() {
 }
 
 TEST_P(FlexCudnnExamples, DocumentMaskingFromPerTokenIdsForInference) {
-  SKIP_WITHOUT_CUDNN();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   ScoreMod mod = DocumentMask();
   const int64_t batch = 2, s = 128;
   fusedattn_config c = Config(batch, 4, 2, s, s, 64, dtype());
@@ -154,7 +147,7 @@ TEST_P(FlexCudnnExamples, DocumentMaskingFromPerTokenIdsForInference) {
 }
 
 TEST(FlexCudnn, DocumentMaskingInTrainingIsRefusedWithCudnnsReasonAndGoesToFlash) {
-  SKIP_WITHOUT_CUDNN();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   ScoreMod mod = DocumentMask();
   fusedattn_config c = Config(2, 4, 2, 128, 128, 64, FUSEDATTN_DTYPE_BFLOAT16);
   c.score_mod = mod.get();
@@ -174,7 +167,7 @@ TEST(FlexCudnn, DocumentMaskingInTrainingIsRefusedWithCudnnsReasonAndGoesToFlash
 
 // A causal sliding window of 16 by mask_mod: a band, so cuDNN's native band (tiles skipped).
 TEST_P(FlexCudnnExamples, SlidingWindowByMaskMod) {
-  SKIP_WITHOUT_CUDNN();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   ScoreMod mod;
   mod.set_mask(mod.kv_idx() <= mod.q_idx() && mod.q_idx() - mod.kv_idx() < 16.0).finalize();
   fusedattn_config c = Config(2, 4, 2, 128, 128, 64, dtype());
@@ -196,7 +189,7 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, FlexCudnnExamples,
 // cuDNN misreads the per-sequence lengths in a callback (plan_spec.cpp): check() says so, and
 // selection takes flash, which runs it against the reference.
 TEST(FlexCudnn, SoftCapWithAPaddingMaskIsRefusedWithTheReasonAndRunsOnFlash) {
-  SKIP_WITHOUT_CUDNN();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   ScoreMod mod;
   mod.set_score(3.0 * tanh(mod.score() / 3.0)).finalize();
   fusedattn_config c = Config(4, 4, 2, 96, 128, 64, FUSEDATTN_DTYPE_BFLOAT16);
@@ -220,7 +213,7 @@ TEST(FlexCudnn, SoftCapWithAPaddingMaskIsRefusedWithTheReasonAndRunsOnFlash) {
 }
 
 TEST(FlexCudnn, AWindowByMaskModNextToAScoreGoesThroughTheCallback) {
-  SKIP_WITHOUT_CUDNN();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   ScoreMod mod;
   mod.set_score(mod.score() * 1.5);
   mod.set_mask(mod.kv_idx() <= mod.q_idx_br() && mod.q_idx_br() - mod.kv_idx() <= 20.0);
@@ -233,7 +226,7 @@ TEST(FlexCudnn, AWindowByMaskModNextToAScoreGoesThroughTheCallback) {
 }
 
 TEST(FlexCudnn, RowsAMaskModHidesEntirelyAreEmpty) {
-  SKIP_WITHOUT_CUDNN();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   ScoreMod mod;
   // Rows 0..4 see no key; the rest see every key up to the diagonal but the first.
   mod.set_score(2.0 * tanh(mod.score() / 2.0));
@@ -257,7 +250,7 @@ TEST(FlexCudnn, RowsAMaskModHidesEntirelyAreEmpty) {
 }
 
 TEST(FlexCudnn, ScoreModWithALearnableSink) {
-  SKIP_WITHOUT_CUDNN();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   ScoreMod mod;
   mod.set_score(2.0 * tanh(mod.score() / 2.0)).finalize();
   fusedattn_config c = Config(2, 4, 2, 64, 96, 64, FUSEDATTN_DTYPE_BFLOAT16);
@@ -270,7 +263,7 @@ TEST(FlexCudnn, ScoreModWithALearnableSink) {
 
 // The library's derived backward and a hand-written one give the same gradients on cuDNN.
 TEST(FlexCudnn, DerivedBackwardEqualsAnExplicitOne) {
-  SKIP_WITHOUT_CUDNN();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   ScoreMod derived, explicit_grad;
   derived.set_score(2.0 * tanh(derived.score() / 2.0)).finalize();
   {
@@ -306,7 +299,7 @@ TEST(FlexCudnn, DerivedBackwardEqualsAnExplicitOne) {
 // Selection now picks cuDNN for a score_mod on CUDA (the reference is never chosen
 // automatically).
 TEST(FlexCudnn, SelectionPicksCudnnForAScoreMod) {
-  SKIP_WITHOUT_CUDNN();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   ScoreMod mod;
   mod.set_score(30.0 * tanh(mod.score() / 30.0)).finalize();
   fusedattn_config c = Config(2, 4, 2, 128, 128, 64, FUSEDATTN_DTYPE_BFLOAT16);
@@ -320,7 +313,7 @@ TEST(FlexCudnn, SelectionPicksCudnnForAScoreMod) {
 
 // A graph built twice hits the plan the first one built; another graph builds its own.
 TEST(FlexCudnn, EqualGraphsBuiltTwiceShareThePlan) {
-  SKIP_WITHOUT_CUDNN();
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   auto make = [](double cap, ScoreMod* mod) {
     mod->set_score(cap * tanh(mod->score() / cap)).finalize();
   };

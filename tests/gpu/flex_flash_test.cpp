@@ -21,19 +21,17 @@
 #include "fusedattn/fusedattn.h"
 #include "fusedattn/score_mod.hpp"
 #include "gpu/flex_run.h"
+#include "gpu/skip.h"
 #include "testing/tensors.h"
 
 namespace fusedattn::testing {
 namespace {
 
-#define SKIP_WITHOUT_FLASH_JIT()                                                        \
-  do {                                                                                  \
-    if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";                       \
-    char reason_[512];                                                                  \
-    if (!fusedattn_backend_available(FUSEDATTN_BACKEND_FLASH, reason_, sizeof reason_)) \
-      GTEST_SKIP() << "flash backend unavailable: " << reason_;                         \
-    Status s_ = flash::jit::Available();                                                \
-    if (!s_.ok()) GTEST_SKIP() << s_.message();                                         \
+#define SKIP_WITHOUT_FLASH_JIT()                           \
+  do {                                                     \
+    SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);     \
+    Status s_ = flash::jit::Available();                   \
+    if (!s_.ok()) GTEST_SKIP() << s_.message();            \
   } while (0)
 
 // A training problem on CUDA tensors forced to this file's backend.
