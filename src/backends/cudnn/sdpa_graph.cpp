@@ -105,7 +105,7 @@ class ScoreModLowering {
   // cudnn-frontend keeps them in the graph.
   ScoreModLowering(const SdpaGraphSpec& spec, std::shared_ptr<const flex::ScoreMod> score_mod,
                    const flex::Program& program, std::vector<TensorPtr> tensors,
-                   std::vector<bool> tensor_is_int, TensorPtr seq_len_q, TensorPtr seq_len_kv)
+                   TensorPtr seq_len_q, TensorPtr seq_len_kv)
       : band_(spec.mod_band),
         seq_lens_(spec.mod_seq_lens),
         seqlen_q_(spec.seqlen_q),
@@ -113,9 +113,11 @@ class ScoreModLowering {
         score_mod_(std::move(score_mod)),
         program_(program),
         tensors_(std::move(tensors)),
-        tensor_is_int_(std::move(tensor_is_int)),
         seq_len_q_(std::move(seq_len_q)),
-        seq_len_kv_(std::move(seq_len_kv)) {}
+        seq_len_kv_(std::move(seq_len_kv)) {
+    for (const SdpaGraphSpec::Aux& aux : spec.aux)
+      tensor_is_int_.push_back(aux.dtype == FUSEDATTN_DTYPE_INT32);
+  }
 
   TensorPtr Forward(const std::shared_ptr<fe::graph::Graph>& graph, const TensorPtr& s) {
     graph_ = graph.get();
@@ -486,7 +488,7 @@ class ScoreModLowering {
   std::shared_ptr<const flex::ScoreMod> score_mod_;
   const flex::Program& program_;  // score_mod_'s
   std::vector<TensorPtr> tensors_;
-  std::vector<bool> tensor_is_int_;
+  std::vector<bool> tensor_is_int_;  // per tensor: int32 (integer arithmetic on it)
   TensorPtr seq_len_q_, seq_len_kv_;
   fe::graph::Graph* graph_ = nullptr;  // the callback's sub-graph, during the call
   TensorPtr s_;
@@ -619,29 +621,17 @@ class GraphMaker {
   // seq_len attributes belong to its padding mask, which stays off next to a callback).
   std::shared_ptr<ScoreModLowering> score_mod_lowering(const flex::Program& program) {
     std::vector<TensorPtr> tensors;
-    std::vector<bool> tensor_is_int;
-    for (size_t k = 0; k < s_.aux.size(); ++k) {
+    for (size_t k = 0; k < s_.aux.size(); ++k)
       tensors.push_back(plain(("score_mod_tensor_" + std::to_string(k)).c_str(),
                               static_cast<Uid>(kUidModTensor0 + static_cast<int>(k)),
                               s_.aux[k].desc, s_.aux[k].dtype));
-      tensor_is_int.push_back(s_.aux[k].dtype == FUSEDATTN_DTYPE_INT32);
-    }
     TensorPtr seq_q, seq_kv;
     if (s_.mod_seq_lens) {
-      auto make = [&](const char* name, Uid uid) {
-        return graph_->tensor(fe::graph::Tensor_attributes()
-                                  .set_name(name)
-                                  .set_uid(uid)
-                                  .set_dim({s_.batch, 1, 1, 1})
-                                  .set_stride({1, 1, 1, 1})
-                                  .set_data_type(fe::DataType_t::INT32));
-      };
-      seq_q = make("score_mod_seq_len_q", kUidModSeqLenQ);
-      seq_kv = make("score_mod_seq_len_kv", kUidModSeqLenKv);
+      seq_q = per_sequence("score_mod_seq_len_q", kUidModSeqLenQ);
+      seq_kv = per_sequence("score_mod_seq_len_kv", kUidModSeqLenKv);
     }
     return std::make_shared<ScoreModLowering>(s_, s_.score_mod, program, std::move(tensors),
-                                              std::move(tensor_is_int), std::move(seq_q),
-                                              std::move(seq_kv));
+                                              std::move(seq_q), std::move(seq_kv));
   }
 
   TensorPtr plain(const char* name, Uid uid, const TensorDesc& d, fusedattn_dtype dtype) {
@@ -667,16 +657,17 @@ class GraphMaker {
                               .set_stride({1, 1, 1, 1})
                               .set_data_type(fe::DataType_t::INT32));
   }
+  // An int32 [batch] input: one value per sequence (its length).
+  TensorPtr per_sequence(const char* name, Uid uid) {
+    return graph_->tensor(fe::graph::Tensor_attributes()
+                              .set_name(name)
+                              .set_uid(uid)
+                              .set_dim({s_.batch, 1, 1, 1})
+                              .set_stride({1, 1, 1, 1})
+                              .set_data_type(fe::DataType_t::INT32));
+  }
   std::pair<TensorPtr, TensorPtr> seq_lens() {
-    auto make = [&](const char* name, Uid uid) {
-      return graph_->tensor(fe::graph::Tensor_attributes()
-                                .set_name(name)
-                                .set_uid(uid)
-                                .set_dim({s_.batch, 1, 1, 1})
-                                .set_stride({1, 1, 1, 1})
-                                .set_data_type(fe::DataType_t::INT32));
-    };
-    return {make("seq_len_q", kUidSeqLenQ), make("seq_len_kv", kUidSeqLenKv)};
+    return {per_sequence("seq_len_q", kUidSeqLenQ), per_sequence("seq_len_kv", kUidSeqLenKv)};
   }
   // Philox seed and offset as host int64 scalars, passed by value at execution.
   std::pair<TensorPtr, TensorPtr> rng() {
