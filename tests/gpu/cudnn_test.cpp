@@ -30,6 +30,7 @@
 
 #include "backends/cudnn/cudnn_backend.h"
 #include "common/status.h"
+#include "gpu/device_memory.h"
 #include "gpu/skip.h"
 #include "problem/problem.h"
 #include "fusedattn/fusedattn.h"
@@ -64,20 +65,6 @@ fusedattn_cache_stats CacheStats() {
   fusedattn_get_cache_stats(FUSEDATTN_BACKEND_CUDNN, &s);
   return s;
 }
-
-// Device workspace, freed at scope end.
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  explicit DeviceBuffer(size_t n) : bytes(n) {
-    if (n > 0 && cudaMalloc(&ptr, n) != cudaSuccess) ptr = nullptr;
-  }
-  ~DeviceBuffer() {
-    if (ptr) cudaFree(ptr);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
 
 // The same tensor with each element's row padded by `extra` elements (strides change, values
 // and poison stay): non-canonical strides for the stride-keyed plans.

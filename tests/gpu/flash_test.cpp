@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "fusedattn/fusedattn.hpp"
+#include "gpu/device_memory.h"
 #include "gpu/skip.h"
 #include "testing/tensors.h"
 
@@ -57,20 +58,6 @@ bool IsCausal(fusedattn_mask m) {
   return m == FUSEDATTN_MASK_CAUSAL || m == FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT ||
          m == FUSEDATTN_MASK_PADDING_CAUSAL || m == FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
 }
-
-#ifdef FUSEDATTN_WITH_CUDA
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  explicit DeviceBuffer(size_t n) {
-    if (n > 0 && cudaMalloc(&ptr, n) != cudaSuccess) ptr = nullptr;
-  }
-  ~DeviceBuffer() {
-    if (ptr) cudaFree(ptr);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
-#endif
 
 // The tensor with every row of its innermost axis padded by `extra` elements (values and poison
 // kept): strided tensors whose rows stay 16-byte aligned when extra is a multiple of 8.

@@ -39,6 +39,21 @@ fusedattn_config Config(int64_t b, int64_t hq, int64_t hkv, int64_t sq, int64_t 
   return FlexConfig(FUSEDATTN_BACKEND_CUDNN, b, hq, hkv, sq, skv, d, dtype);
 }
 
+// cuDNN (forced in c) refuses c with a message holding `reason`, and automatic selection takes
+// flash (the test is skipped when flash cannot run here).
+void ExpectCudnnRefusesAndSelectionTakesFlash(fusedattn_config c, const char* reason) {
+  char msg[4096];
+  fusedattn_backend chosen = FUSEDATTN_BACKEND_AUTO;
+  EXPECT_EQ(fusedattn_get_backend(&c, &chosen, msg, sizeof msg), FUSEDATTN_ERROR_NOT_SUPPORTED);
+  EXPECT_NE(std::string(msg).find(reason), std::string::npos) << msg;
+  char unavailable[512];
+  if (!fusedattn_backend_available(FUSEDATTN_BACKEND_FLASH, unavailable, sizeof unavailable))
+    GTEST_SKIP() << unavailable;
+  c.backend = FUSEDATTN_BACKEND_AUTO;
+  ASSERT_EQ(fusedattn_get_backend(&c, &chosen, msg, sizeof msg), FUSEDATTN_SUCCESS) << msg;
+  EXPECT_EQ(chosen, FUSEDATTN_BACKEND_FLASH) << msg;
+}
+
 // ------------------------------------------------------------------------------------------------
 // The seven examples, bf16 and fp16.
 // ------------------------------------------------------------------------------------------------
@@ -151,18 +166,8 @@ TEST(FlexCudnn, DocumentMaskingInTrainingIsRefusedWithCudnnsReasonAndGoesToFlash
   ScoreMod mod = DocumentMask();
   fusedattn_config c = Config(2, 4, 2, 128, 128, 64, FUSEDATTN_DTYPE_BFLOAT16);
   c.score_mod = mod.get();
-  char msg[4096];
-  fusedattn_backend chosen = FUSEDATTN_BACKEND_AUTO;
-  EXPECT_EQ(fusedattn_get_backend(&c, &chosen, msg, sizeof msg), FUSEDATTN_ERROR_NOT_SUPPORTED);
-  EXPECT_NE(std::string(msg).find("'doc_kv' is indexed by batch or kv_idx but not by q_idx"),
-            std::string::npos)
-      << msg;
-  c.backend = FUSEDATTN_BACKEND_AUTO;
-  char reason[512];
-  if (!fusedattn_backend_available(FUSEDATTN_BACKEND_FLASH, reason, sizeof reason))
-    GTEST_SKIP() << reason;
-  ASSERT_EQ(fusedattn_get_backend(&c, &chosen, msg, sizeof msg), FUSEDATTN_SUCCESS) << msg;
-  EXPECT_EQ(chosen, FUSEDATTN_BACKEND_FLASH) << msg;
+  ExpectCudnnRefusesAndSelectionTakesFlash(
+      c, "'doc_kv' is indexed by batch or kv_idx but not by q_idx");
 }
 
 // A causal sliding window of 16 by mask_mod: a band, so cuDNN's native band (tiles skipped).
@@ -195,16 +200,8 @@ TEST(FlexCudnn, SoftCapWithAPaddingMaskIsRefusedWithTheReasonAndRunsOnFlash) {
   fusedattn_config c = Config(4, 4, 2, 96, 128, 64, FUSEDATTN_DTYPE_BFLOAT16);
   c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
   c.score_mod = mod.get();
-  char msg[4096];
-  fusedattn_backend chosen = FUSEDATTN_BACKEND_AUTO;
-  EXPECT_EQ(fusedattn_get_backend(&c, &chosen, msg, sizeof msg), FUSEDATTN_ERROR_NOT_SUPPORTED);
-  EXPECT_NE(std::string(msg).find("misreads the per-sequence lengths"), std::string::npos) << msg;
-  char reason[512];
-  if (!fusedattn_backend_available(FUSEDATTN_BACKEND_FLASH, reason, sizeof reason))
-    GTEST_SKIP() << reason;
-  c.backend = FUSEDATTN_BACKEND_AUTO;
-  ASSERT_EQ(fusedattn_get_backend(&c, &chosen, msg, sizeof msg), FUSEDATTN_SUCCESS) << msg;
-  EXPECT_EQ(chosen, FUSEDATTN_BACKEND_FLASH) << msg;
+  ExpectCudnnRefusesAndSelectionTakesFlash(c, "misreads the per-sequence lengths");
+  if (HasFatalFailure() || IsSkipped()) return;
   c.backend = FUSEDATTN_BACKEND_FLASH;
   TensorOptions o;
   o.seed = 7;

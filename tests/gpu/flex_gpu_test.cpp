@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fusedattn/score_mod.hpp"
+#include "gpu/device_memory.h"
 #include "testing/tensors.h"
 
 #ifdef FUSEDATTN_WITH_CUDA
@@ -20,6 +21,7 @@ namespace fusedattn {
 namespace {
 
 using testing::CudaDeviceAvailable;
+using testing::DeviceCopy;
 using testing::DeviceProblem;
 using testing::HostTensor;
 using testing::MakeProblemTensors;
@@ -76,22 +78,6 @@ TEST(FlexOnCuda, SelectionPicksCudnnFlashAcceptsAndSmallSeqRefusesScoreMods) {
         << msg;
   }
 }
-
-#ifdef FUSEDATTN_WITH_CUDA
-// A device copy of a host tensor (same layout), freed with the object.
-struct DeviceCopy {
-  void* ptr = nullptr;
-  explicit DeviceCopy(const HostTensor& t) {
-    if (cudaMalloc(&ptr, t.storage_bytes()) != cudaSuccess) ptr = nullptr;
-    if (ptr) cudaMemcpy(ptr, t.data(), t.storage_bytes(), cudaMemcpyHostToDevice);
-  }
-  ~DeviceCopy() {
-    if (ptr) cudaFree(ptr);
-  }
-  DeviceCopy(const DeviceCopy&) = delete;
-  DeviceCopy& operator=(const DeviceCopy&) = delete;
-};
-#endif
 
 TEST(FlexOnCuda, ForcedReferenceReadsTensorsFromDeviceMemoryBitForBit) {
   if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";

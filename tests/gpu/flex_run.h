@@ -1,5 +1,4 @@
-// Helpers of the score_mod GPU tests (flex_cudnn_test.cpp, flex_flash_test.cpp): device copies
-// and one run of a config on a GPU backend compared with the CPU reference.
+// Helpers of the score_mod GPU tests (flex_cudnn_test.cpp, flex_flash_test.cpp): one run of a config on a GPU backend compared with the CPU reference.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -13,36 +12,10 @@
 #include <vector>
 
 #include "fusedattn/fusedattn.h"
+#include "gpu/device_memory.h"
 #include "testing/tensors.h"
 
 namespace fusedattn::testing {
-
-// Device memory holding a copy of a host tensor (same layout), freed with the object.
-struct DeviceCopy {
-  void* ptr = nullptr;
-  explicit DeviceCopy(const HostTensor& t) {
-    if (cudaMalloc(&ptr, std::max<size_t>(t.storage_bytes(), 16)) != cudaSuccess) ptr = nullptr;
-    if (ptr) cudaMemcpy(ptr, t.data(), t.storage_bytes(), cudaMemcpyHostToDevice);
-  }
-  ~DeviceCopy() {
-    if (ptr) cudaFree(ptr);
-  }
-  DeviceCopy(const DeviceCopy&) = delete;
-  DeviceCopy& operator=(const DeviceCopy&) = delete;
-};
-
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  explicit DeviceBuffer(size_t n) : bytes(n) {
-    if (n > 0 && cudaMalloc(&ptr, n) != cudaSuccess) ptr = nullptr;
-  }
-  ~DeviceBuffer() {
-    if (ptr) cudaFree(ptr);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
 
 // A training problem on CUDA tensors, forced to `backend`.
 inline fusedattn_config FlexConfig(fusedattn_backend backend, int64_t b, int64_t hq, int64_t hkv,

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "fusedattn/fusedattn.hpp"
+#include "gpu/device_memory.h"
 #include "testing/tensors.h"
 
 using namespace fusedattn::testing;
@@ -89,24 +90,6 @@ std::string Describe(const fusedattn_config& c, const TensorOptions& o) {
                 c.return_max_logit, o.padded_strides, o.thd_gaps, o.lse_packed);
   return text;
 }
-
-// A device buffer that frees itself (the tests skip before making one in a build without CUDA).
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  explicit DeviceBuffer(size_t n) : bytes(n) {
-#ifdef FUSEDATTN_WITH_CUDA
-    if (n > 0 && cudaMalloc(&ptr, n) != cudaSuccess) ptr = nullptr;
-#endif
-  }
-  ~DeviceBuffer() {
-#ifdef FUSEDATTN_WITH_CUDA
-    if (ptr) cudaFree(ptr);
-#endif
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
 
 void ExpectMatches(const char* what, const HostTensor& out, const HostTensor& ref,
                    double tolerance, const std::string& context) {
