@@ -8,8 +8,8 @@
 // Usage: flash_bench [--backend flash|cudnn|...] [--dtype bf16|fp16|all] [--d 64|128|...|all]
 //                    [--seqlen N|all] [--causal 0|1|all] [--tokens 16384] [--hidden 2048]
 //                    [--iters 10] [--fwd-only] [--deterministic]
-// With --backend flash each line says which forward kernel ran: [wgmma] (Hopper, sm_90) or
-// [mma.sync]; FUSEDATTN_FLASH_WGMMA=0 turns the wgmma forward off.
+// With --backend flash each line says which forward and which backward key-block kernel ran:
+// [wgmma] (Hopper, sm_90) or [mma.sync]; FUSEDATTN_FLASH_WGMMA=0 turns both wgmma kernels off.
 // Defaults run the standard grid: bf16 and fp16, d 64 and 128, seqlen 1024..16384 at 16k tokens
 // (batch = tokens / seqlen, heads = hidden / d), causal and not. Exits 0 without a GPU.
 #include <cuda_runtime_api.h>
@@ -165,8 +165,12 @@ void RunOne(const Options& o, fusedattn_dtype dtype, int64_t d, int64_t seqlen, 
   if (!o.fwd_only && fwd_ms > 0) {
     const double bwd_ms = TimeMs(o.iters, bwd);
     const double both_ms = TimeMs(o.iters, [&] { return fwd() && bwd(); });
-    std::printf(" | bwd %8.3f ms %6.1f | fwd+bwd %8.3f ms %6.1f", bwd_ms,
-                2.5 * flops / bwd_ms / 1e9, both_ms, 3.5 * flops / both_ms / 1e9);
+    std::printf(" | bwd %8.3f ms %6.1f", bwd_ms, 2.5 * flops / bwd_ms / 1e9);
+#ifdef FUSEDATTN_WITH_FLASH
+    if (o.backend == FUSEDATTN_BACKEND_FLASH)
+      std::printf(" [%s]", fusedattn::flash::LastBackwardUsedWgmma() ? "wgmma" : "mma.sync");
+#endif
+    std::printf(" | fwd+bwd %8.3f ms %6.1f", both_ms, 3.5 * flops / both_ms / 1e9);
   }
   std::printf("\n");
   std::fflush(stdout);

@@ -1,8 +1,9 @@
-// The flash backend's Hopper forward (wgmma + TMA, src/backends/flash/fwd_kernel_sm90.cuh)
-// against the CPU reference, on a GPU.
+// The flash backend's Hopper kernels (wgmma + TMA, src/backends/flash/fwd_kernel_sm90.cuh and
+// bwd_kernel_sm90.cuh) against the CPU reference, on a GPU.
 //
 //  * FlashWgmmaTile.*: one warpgroup MMA tile (sm90.h's WgmmaTileSelfTest) against a CPU
-//    matmul: the descriptors and the 128-byte swizzle, apart from the attention logic.
+//    matmul: the descriptors and the 128-byte swizzle, apart from the attention logic (mode 3,
+//    MnMajorA, is the backward's dQ = dS K with the transpose-A bit).
 //  * FlashWgmma/FlashWgmmaCase.*: forward cases (masks, lengths, layouts, GQA, sinks) for bf16
 //    and fp16 at head dims 64 and 128: O, LSE and max_logit against the reference with the
 //    tolerances of shared/DESIGN.md, poisoned outputs, and on an sm_90 device the check that the
@@ -11,8 +12,12 @@
 //    compute-sanitizer:
 //      compute-sanitizer --tool memcheck build/tests/fusedattn_gpu_tests --gtest_filter='FlashWgmmaSanitize*'
 //      compute-sanitizer --tool racecheck build/tests/fusedattn_gpu_tests --gtest_filter='FlashWgmmaSanitize*'
+//  * FlashWgmmaBwd/FlashWgmmaBwdCase.*, FlashWgmmaBwd.*, FlashWgmmaBwdSanitize.*: the same for the
+//    backward (dQ, dK, dV, dsink from the reference's O and LSE, NaN in the padding rows of q, k,
+//    v and dO), checking flash::LastBackwardUsedWgmma(); all of the backward's tests:
+//      --gtest_filter='FlashWgmmaBwd*:FlashWgmmaTiles/FlashWgmmaTile.MatchesCpuMatmul/MnMajorA*'
 // Without a CUDA device every test skips; on a device that is not sm_90 (or with
-// FUSEDATTN_FLASH_WGMMA=0) the forward cases still run, on the mma.sync kernel.
+// FUSEDATTN_FLASH_WGMMA=0) the attention cases still run, on the mma.sync kernels.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,6 +28,7 @@
 #include <vector>
 
 #include "fusedattn/fusedattn.hpp"
+#include "gpu/device_memory.h"
 #include "gpu/skip.h"
 #include "testing/tensors.h"
 
@@ -39,7 +45,7 @@ namespace {
 // Whether forwards on this device and build are expected to take the wgmma kernel.
 bool WgmmaExpected() {
 #ifdef FUSEDATTN_WITH_FLASH
-  return flash::WgmmaForwardEnabled();
+  return flash::WgmmaEnabled();
 #else
   return false;
 #endif
@@ -48,6 +54,14 @@ bool WgmmaExpected() {
 bool LastForwardUsedWgmma() {
 #ifdef FUSEDATTN_WITH_FLASH
   return flash::LastForwardUsedWgmma();
+#else
+  return false;
+#endif
+}
+
+bool LastBackwardUsedWgmma() {
+#ifdef FUSEDATTN_WITH_FLASH
+  return flash::LastBackwardUsedWgmma();
 #else
   return false;
 #endif
@@ -82,7 +96,7 @@ void SetFormats(fusedattn_config* c, fusedattn_format f) {
   c->q_format = c->kv_format = c->o_format = c->do_format = c->dqkv_format = f;
 }
 
-// NaN in every element of q, k and v rows past their sequence's length (BSHD/SBHD/BHSD with a
+// NaN in every element of q, k, v and dO rows past their sequence's length (BSHD/SBHD/BHSD with a
 // padding mask): a kernel must never let them into a visible result (0 * NaN = NaN).
 void PoisonPaddingRows(ProblemTensors* t) {
   const auto& c = t->config;
@@ -106,6 +120,8 @@ void PoisonPaddingRows(ProblemTensors* t) {
   poison(t->q, c.q_format, t->len_q, c.max_seqlen_q, c.heads_q, c.head_dim_qk);
   poison(t->k, c.kv_format, t->len_kv, c.max_seqlen_kv, c.heads_kv, c.head_dim_qk);
   poison(t->v, c.kv_format, t->len_kv, c.max_seqlen_kv, c.heads_kv, c.head_dim_v);
+  if (!t->d_o.empty())
+    poison(t->d_o, c.do_format, t->len_q, c.max_seqlen_q, c.heads_q, c.head_dim_v);
 }
 
 struct Case {
@@ -156,6 +172,55 @@ void ExpectForwardMatches(const Case& k) {
 #endif
 }
 
+// Backward on flash (device) and on the reference (host) from the same inputs and the
+// reference's O and LSE (as flash_test.cpp); dQ, dK, dV and dsink compared; whether the wgmma
+// key-block kernel ran checked against `expect_wgmma`.
+void ExpectBackwardMatches(const Case& k) {
+#ifdef FUSEDATTN_WITH_CUDA
+  SCOPED_TRACE(k.name + " (backward)");
+  ProblemTensors host = MakeProblemTensors(k.config, k.options);
+  if (k.poison_padding) PoisonPaddingRows(&host);
+  ProblemTensors ref = host;
+  ref.config.backend = FUSEDATTN_BACKEND_REFERENCE;
+  ref.config.device = FUSEDATTN_DEVICE_CPU;
+  ASSERT_NO_THROW(Forward(ref.config, ref.fwd_args())) << "reference forward";
+  host.o = ref.o;
+  host.lse = ref.lse;
+  ASSERT_NO_THROW(Backward(ref.config, ref.bwd_args())) << "reference backward";
+  DeviceProblem dev;
+  std::string error;
+  ASSERT_TRUE(dev.upload(host, &error)) << error;  // dq, dk, dv, dsink poisoned
+  size_t bytes = 0;
+  ASSERT_NO_THROW(bytes = BwdWorkspaceSize(k.config));
+  DeviceBuffer workspace(bytes);
+  ASSERT_TRUE(bytes == 0 || workspace.ptr) << "cudaMalloc of " << bytes << " bytes";
+  try {
+    Backward(k.config, dev.bwd_args(), workspace.ptr, bytes);
+  } catch (const Error& e) {
+    FAIL() << "flash backward failed: " << e.what();
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const bool used = LastBackwardUsedWgmma();
+  if (WgmmaExpected())
+    EXPECT_EQ(used, k.expect_wgmma) << "wgmma backward " << (used ? "taken" : "not taken");
+  else
+    EXPECT_FALSE(used);
+  ASSERT_TRUE(dev.download_outputs(&host, &error)) << error;
+  const double tol = Tolerance(k.config.qkv_dtype);
+  auto expect = [&](const char* what, const HostTensor& out, const HostTensor& expected) {
+    if (expected.empty()) return;
+    Comparison cmp = Compare(out, expected);
+    EXPECT_TRUE(cmp.ok(tol)) << what << ": " << cmp.describe();
+  };
+  expect("dQ", host.dq, ref.dq);
+  expect("dK", host.dk, ref.dk);
+  expect("dV", host.dv, ref.dv);
+  expect("dsink", host.dsink, ref.dsink);
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
+}
+
 // ------------------------------------------------------------------------------------------------
 // One wgmma tile against a CPU matmul
 // ------------------------------------------------------------------------------------------------
@@ -163,10 +228,11 @@ void ExpectForwardMatches(const Case& k) {
 #ifdef FUSEDATTN_WITH_FLASH
 void ExpectTileMatches(int mode, fusedattn_dtype dtype) {
   const bool bf16 = dtype == FUSEDATTN_DTYPE_BFLOAT16;
-  // mode 0, 2: C[64][64] = A[64][128] B[64][128]^T; mode 1: C[64][128] = A[64][64] B[64][128].
+  // mode 0, 2: C[64][64] = A[64][128] B[64][128]^T; mode 1: C[64][128] = A[64][64] B[64][128];
+  // mode 3: C[64][64] = At[128][64]^T B[128][64].
   const int m = 64, n = mode == 1 ? 128 : 64, k = mode == 1 ? 64 : 128;
-  HostTensor a(dtype, {m, k}), b(dtype, mode == 1 ? std::vector<int64_t>{k, n}
-                                                  : std::vector<int64_t>{n, k});
+  HostTensor a(dtype, mode == 3 ? std::vector<int64_t>{k, m} : std::vector<int64_t>{m, k}),
+      b(dtype, mode == 1 || mode == 3 ? std::vector<int64_t>{k, n} : std::vector<int64_t>{n, k});
   std::mt19937_64 rng(77 + mode);
   a.fill_uniform(rng, -1, 1);
   b.fill_uniform(rng, -1, 1);
@@ -175,7 +241,8 @@ void ExpectTileMatches(int mode, fusedattn_dtype dtype) {
     for (int j = 0; j < n; ++j) {
       double sum = 0;
       for (int x = 0; x < k; ++x)
-        sum += a.get(i * k + x) * (mode == 1 ? b.get(x * n + j) : b.get(j * k + x));
+        sum += (mode == 3 ? a.get(x * m + i) : a.get(i * k + x)) *
+               (mode == 1 || mode == 3 ? b.get(x * n + j) : b.get(j * k + x));
       expected[i * n + j] = sum;
     }
   void *da = nullptr, *db = nullptr, *dc = nullptr;
@@ -218,14 +285,14 @@ TEST_P(FlashWgmmaTile, MatchesCpuMatmul) {
 }
 
 std::string TileName(const ::testing::TestParamInfo<FlashWgmmaTile::ParamType>& info) {
-  static const char* kModes[] = {"SsKMajor", "RsMnMajor", "SsKMajorTma"};
+  static const char* kModes[] = {"SsKMajor", "RsMnMajor", "SsKMajorTma", "MnMajorA"};
   return std::string(kModes[std::get<0>(info.param)]) +
          (std::get<1>(info.param) == FUSEDATTN_DTYPE_BFLOAT16 ? "Bf16" : "Fp16");
 }
 
 INSTANTIATE_TEST_SUITE_P(
     FlashWgmmaTiles, FlashWgmmaTile,
-    ::testing::Combine(::testing::Values(0, 1, 2),
+    ::testing::Combine(::testing::Values(0, 1, 2, 3),
                        ::testing::Values(FUSEDATTN_DTYPE_BFLOAT16, FUSEDATTN_DTYPE_FLOAT16)),
     TileName);
 
@@ -444,6 +511,229 @@ TEST(FlashWgmmaSanitize, SmallCases) {
   p.len_q = {200, 33};
   p.len_kv = {260, 131};
   ExpectForwardMatches({"sanitize padding d128 fp16", c, p, true, true});
+}
+
+// ------------------------------------------------------------------------------------------------
+// Backward cases: every one for bf16/fp16 x d64/d128 (tiles: 128 keys per block; 64 queries per
+// step at d128, 128 at d64; the sizes are not multiples of either)
+// ------------------------------------------------------------------------------------------------
+
+std::vector<Case> BackwardCasesFor(fusedattn_dtype dtype, int64_t d) {
+  std::vector<Case> cases;
+  auto add = [&](std::string name, fusedattn_config c, TensorOptions o = {},
+                 bool poison_padding = false) {
+    o.seed = 9000 + cases.size() * 17 + d;
+    c.return_max_logit = 0;
+    cases.push_back({name, c, o, poison_padding, true});
+  };
+  add("no_mask_200_333", Config(2, 4, 4, 200, 333, d, dtype));
+  {
+    fusedattn_config c = Config(2, 4, 4, 300, 300, d, dtype);
+    c.mask = FUSEDATTN_MASK_CAUSAL;
+    add("causal", c);
+  }
+  {
+    fusedattn_config c = Config(2, 4, 2, 77, 300, d, dtype);
+    c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    add("causal_bottom_right_sq_lt_skv", c);
+  }
+  {
+    fusedattn_config c = Config(2, 4, 4, 300, 130, d, dtype);
+    c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    add("causal_bottom_right_sq_gt_skv", c);  // the first 170 rows see no key
+  }
+  {
+    fusedattn_config c = Config(2, 2, 2, 150, 40, d, dtype);
+    c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+    add("fully_masked_rows_with_sink", c);
+  }
+  {
+    fusedattn_config c = Config(2, 4, 4, 333, 280, d, dtype);
+    c.window_left = 100, c.window_right = 20;
+    add("window_100_20", c);
+  }
+  {
+    fusedattn_config c = Config(1, 4, 4, 400, 400, d, dtype);
+    c.mask = FUSEDATTN_MASK_CAUSAL;
+    c.window_left = 130;
+    add("causal_window_130", c);
+  }
+  {
+    fusedattn_config c = Config(4, 4, 2, 200, 180, d, dtype);
+    c.mask = FUSEDATTN_MASK_PADDING;
+    TensorOptions o;
+    o.len_q = {200, 0, 77, 130};
+    o.len_kv = {180, 50, 0, 129};
+    add("padding_uneven_with_empty_nan_in_padding", c, o, true);
+  }
+  {
+    fusedattn_config c = Config(3, 4, 4, 260, 250, d, dtype);
+    c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
+    TensorOptions o;
+    o.len_q = {1, 260, 129};
+    o.len_kv = {250, 3, 200};
+    add("padding_causal_bottom_right_nan_in_padding", c, o, true);
+  }
+  {
+    fusedattn_config c = Config(5, 4, 2, 150, 170, d, dtype);
+    SetFormats(&c, FUSEDATTN_FORMAT_THD);
+    c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
+    TensorOptions o;
+    o.len_q = {150, 0, 17, 1, 129};
+    o.len_kv = {170, 5, 0, 64, 129};
+    o.thd_gaps = true;
+    add("thd_uneven_with_empty_gaps", c, o);
+    o.thd_gaps = false;
+    o.lse_packed = true;
+    c.mask = FUSEDATTN_MASK_PADDING;
+    add("thd_uneven_packed_lse", c, o);
+  }
+  {
+    fusedattn_config c = Config(2, 8, 2, 257, 257, d, dtype);
+    c.mask = FUSEDATTN_MASK_CAUSAL;
+    add("gqa_group4_causal", c);
+  }
+  {
+    fusedattn_config c = Config(2, 4, 1, 129, 300, d, dtype);
+    add("mqa_uneven_tiles", c);
+  }
+  for (auto [sq, skv] : {std::pair<int64_t, int64_t>{1, 1000}, {1000, 1}, {17, 33}}) {
+    fusedattn_config c = Config(2, 2, 2, sq, skv, d, dtype);
+    add("lengths_" + std::to_string(sq) + "_" + std::to_string(skv), c);
+  }
+  {
+    fusedattn_config c = Config(2, 2, 2, 190, 190, d, dtype);
+    c.head_dim_qk = d == 128 ? 128 : 40;  // zero-filled columns of the 64 instance
+    c.head_dim_v = 64;
+    c.mask = FUSEDATTN_MASK_CAUSAL;
+    add(d == 128 ? "head_dim_qk128_v64" : "head_dim_qk40_v64", c);
+  }
+  {
+    fusedattn_config c = Config(2, 4, 4, 160, 230, d, dtype);
+    c.mask = FUSEDATTN_MASK_CAUSAL;
+    c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+    add("learnable_sink", c);
+    c.softmax_type = FUSEDATTN_SOFTMAX_OFF_BY_ONE;
+    add("off_by_one", c);
+  }
+  {
+    fusedattn_config c = Config(2, 4, 2, 140, 200, d, dtype);
+    SetFormats(&c, FUSEDATTN_FORMAT_BHSD);
+    c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    add("bhsd", c);
+    SetFormats(&c, FUSEDATTN_FORMAT_SBHD);
+    add("sbhd", c);
+    c.q_format = FUSEDATTN_FORMAT_BSHD, c.kv_format = FUSEDATTN_FORMAT_BHSD;
+    c.o_format = FUSEDATTN_FORMAT_SBHD, c.do_format = FUSEDATTN_FORMAT_BHSD;
+    add("mixed_formats", c);
+  }
+  {
+    fusedattn_config c = Config(1, 2, 2, 100, 100, d, dtype);
+    c.attn_scale = 0.3;
+    add("custom_scale", c);
+  }
+  return cases;
+}
+
+std::vector<ForwardParam> AllBackwardCases() {
+  std::vector<ForwardParam> all;
+  for (fusedattn_dtype dtype : {FUSEDATTN_DTYPE_BFLOAT16, FUSEDATTN_DTYPE_FLOAT16})
+    for (int64_t d : {64, 128})
+      for (Case& c : BackwardCasesFor(dtype, d)) all.push_back({dtype, d, c});
+  return all;
+}
+
+class FlashWgmmaBwdCase : public ::testing::TestWithParam<ForwardParam> {};
+
+TEST_P(FlashWgmmaBwdCase, BackwardMatchesReference) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
+  ExpectBackwardMatches(GetParam().c);
+}
+
+INSTANTIATE_TEST_SUITE_P(FlashWgmmaBwd, FlashWgmmaBwdCase, ::testing::ValuesIn(AllBackwardCases()),
+                         [](const ::testing::TestParamInfo<ForwardParam>& info) {
+                           const ForwardParam& p = info.param;
+                           return std::string(p.dtype == FUSEDATTN_DTYPE_BFLOAT16 ? "bf16" : "fp16") +
+                                  "_d" + std::to_string(p.d) + "_" + p.c.name;
+                         });
+
+TEST(FlashWgmmaBwd, LargeBf16HeadDim128) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
+  fusedattn_config c = Config(1, 2, 2, 1024, 1024, 128, FUSEDATTN_DTYPE_BFLOAT16);
+  c.return_max_logit = 0;
+  ExpectBackwardMatches({"b1 h2 s1024 d128 bf16", c, {}, false, true});
+  c.mask = FUSEDATTN_MASK_CAUSAL;
+  ExpectBackwardMatches({"b1 h2 s1024 d128 bf16 causal", c, {}, false, true});
+}
+
+TEST(FlashWgmmaBwd, LargeFp16HeadDim64Gqa) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
+  fusedattn_config c = Config(1, 4, 2, 1024, 1024, 64, FUSEDATTN_DTYPE_FLOAT16);
+  c.return_max_logit = 0;
+  c.mask = FUSEDATTN_MASK_CAUSAL;
+  ExpectBackwardMatches({"b1 h4/2 s1024 d64 fp16 causal", c, {}, false, true});
+}
+
+// The dispatch: plain non-deterministic problems of the 64 and 128 instances take the wgmma
+// backward on sm_90; deterministic mode, score modifiers, dropout, head dim 256, float32 and
+// unaligned rows do not (and stay correct).
+TEST(FlashWgmmaBwd, PathIsTakenExactlyWhenItShouldBe) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
+  if (!WgmmaExpected())
+    GTEST_SKIP() << "the wgmma kernels are not enabled here (not sm_90, built without 90a, or "
+                    "FUSEDATTN_FLASH_WGMMA=0)";
+  fusedattn_config c = Config(1, 2, 2, 130, 140, 128, FUSEDATTN_DTYPE_BFLOAT16);
+  c.return_max_logit = 0;
+  c.mask = FUSEDATTN_MASK_CAUSAL;
+  ExpectBackwardMatches({"plain d128", c, {}, false, true});
+  fusedattn_config x = c;
+  x.deterministic = 1;
+  ExpectBackwardMatches({"deterministic falls back", x, {}, false, false});
+  x = c;
+  x.bias_type = FUSEDATTN_BIAS_ALIBI;
+  ExpectBackwardMatches({"alibi falls back", x, {}, false, false});
+  x = c;
+  x.softcap = 20.0;
+  ExpectBackwardMatches({"softcap falls back", x, {}, false, false});
+  x = c;
+  x.dropout = 0.1;
+  ExpectBackwardMatches({"dropout falls back", x, {}, false, false});
+  x = c;
+  x.head_dim_qk = x.head_dim_v = 256;
+  ExpectBackwardMatches({"d256 falls back", x, {}, false, false});
+  x = c;
+  x.qkv_dtype = x.o_dtype = FUSEDATTN_DTYPE_FLOAT32;
+  ExpectBackwardMatches({"float32 falls back", x, {}, false, false});
+  x = c;
+  TensorOptions padded;
+  padded.padded_strides = true;  // rows padded by 3 elements: not 16-byte aligned
+  ExpectBackwardMatches({"unaligned rows fall back", x, padded, false, false});
+}
+
+// Small problems for compute-sanitizer (memcheck, racecheck, synccheck):
+//   compute-sanitizer --tool memcheck build/tests/fusedattn_gpu_tests --gtest_filter='FlashWgmmaBwdSanitize*'
+//   compute-sanitizer --tool racecheck build/tests/fusedattn_gpu_tests --gtest_filter='FlashWgmmaBwdSanitize*'
+TEST(FlashWgmmaBwdSanitize, SmallCases) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
+  fusedattn_config c = Config(3, 4, 2, 150, 170, 64, FUSEDATTN_DTYPE_BFLOAT16);
+  c.return_max_logit = 0;
+  SetFormats(&c, FUSEDATTN_FORMAT_THD);
+  c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
+  c.window_left = 90;
+  c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+  TensorOptions o;
+  o.len_q = {150, 0, 140};
+  o.len_kv = {170, 30, 129};
+  o.thd_gaps = true;
+  ExpectBackwardMatches({"sanitize THD d64 bf16", c, o, false, true});
+  c = Config(2, 2, 2, 200, 260, 128, FUSEDATTN_DTYPE_FLOAT16);
+  c.return_max_logit = 0;
+  c.mask = FUSEDATTN_MASK_PADDING;
+  TensorOptions p;
+  p.len_q = {200, 33};
+  p.len_kv = {260, 131};
+  ExpectBackwardMatches({"sanitize padding d128 fp16", c, p, true, true});
 }
 
 }  // namespace

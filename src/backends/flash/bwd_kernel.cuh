@@ -80,15 +80,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   int first = 0, last = -1;  // query rows that may see the block's keys
   if (n0 < seq.len_kv) RowsSeeingKeys(p, n0, n0 + kBlockN, seq.len_q, seq.len_kv, &first, &last);
   if (first > last) {  // no query sees these keys: dK = dV = 0
-    const int rows = min(kBlockN, p.max_seqlen_kv - n0);
-    for (int e = threadIdx.x; e < rows * dqk; e += kThreads)
-      if (n0 + e / dqk < rows_out)
-        StoreElem(p.dk.data, p.qkv_dtype, Offset(p.dk, b, hk, seq.start_kv, n0 + e / dqk, e % dqk),
-                  0.f);
-    for (int e = threadIdx.x; e < rows * dv; e += kThreads)
-      if (n0 + e / dv < rows_out)
-        StoreElem(p.dv.data, p.qkv_dtype, Offset(p.dv, b, hk, seq.start_kv, n0 + e / dv, e % dv),
-                  0.f);
+    ZeroKeyBlockGradients<kThreads>(p, b, hk, seq, n0, kBlockN);
     return;
   }
 

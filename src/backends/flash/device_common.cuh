@@ -162,6 +162,24 @@ __device__ __forceinline__ void StoreElem(void* base, fusedattn_dtype dtype, int
   }
 }
 
+// dK = dV = 0 for the keys [n0, n0 + block_n) of sequence b, kv head hk (a key block that no
+// query sees; rows past the tensor's rows skipped), by all kThreads threads of the block.
+template <int kThreads>
+__device__ void ZeroKeyBlockGradients(const FlashParams& p, int b, int hk, const SeqInfo& seq,
+                                      int n0, int block_n) {
+  const int dqk = p.head_dim_qk, dv = p.head_dim_v;
+  const int64_t rows_out = p.thd ? seq.len_kv : p.max_seqlen_kv;
+  const int rows = min(block_n, p.max_seqlen_kv - n0);
+  for (int e = threadIdx.x; e < rows * dqk; e += kThreads)
+    if (n0 + e / dqk < rows_out)
+      StoreElem(p.dk.data, p.qkv_dtype, Offset(p.dk, b, hk, seq.start_kv, n0 + e / dqk, e % dqk),
+                0.f);
+  for (int e = threadIdx.x; e < rows * dv; e += kThreads)
+    if (n0 + e / dv < rows_out)
+      StoreElem(p.dv.data, p.qkv_dtype, Offset(p.dv, b, hk, seq.start_kv, n0 + e / dv, e % dv),
+                0.f);
+}
+
 // ------------------------------------------------------------------------------------------------
 // Score pipeline
 // ------------------------------------------------------------------------------------------------

@@ -281,7 +281,7 @@ BwdWorkspace PlanBwdWorkspace(const Problem& problem) {
 template <typename Element>
 Status FastForward(int dim, const FlashParams& p, cudaStream_t s) {
 #ifdef FUSEDATTN_FLASH_SM90
-  if ((dim == 64 || dim == 128) && flash::WgmmaForwardEnabled()) {
+  if ((dim == 64 || dim == 128) && flash::WgmmaEnabled()) {
     bool launched = false;
     Status status = dim == 64 ? flash::LaunchWgmmaForward<Element, 64>(p, s, &launched)
                               : flash::LaunchWgmmaForward<Element, 128>(p, s, &launched);
@@ -299,8 +299,23 @@ Status FastForward(int dim, const FlashParams& p, cudaStream_t s) {
   return InternalError("flash: no forward instance for head dim %d", dim);
 }
 
+// The key-block kernel of the backward: the wgmma one (bwd_kernel_sm90.cuh) under the forward's
+// conditions, plus non-deterministic mode without bias gradients (LaunchWgmmaBackward checks and
+// reports whether it launched); else the mma.sync kernel. Both leave dQ in dq_accum (or nothing,
+// deterministic) for the same conversion.
 template <typename Element>
 Status FastBackward(int dim, const FlashParams& p, cudaStream_t s) {
+#ifdef FUSEDATTN_FLASH_SM90
+  if ((dim == 64 || dim == 128) && flash::WgmmaEnabled()) {
+    bool launched = false;
+    Status status = dim == 64 ? flash::LaunchWgmmaBackward<Element, 64>(p, s, &launched)
+                              : flash::LaunchWgmmaBackward<Element, 128>(p, s, &launched);
+    if (launched || !status.ok()) {
+      flash::SetLastBackwardUsedWgmma(launched);
+      return status;
+    }
+  }
+#endif
   switch (dim) {
     case 64: return flash::LaunchFastBackward<Element, 64>(p, s);
     case 128: return flash::LaunchFastBackward<Element, 128>(p, s);
@@ -404,6 +419,7 @@ class FlashBackendImpl final : public Backend {
                            workspace_bytes));
     char* base = static_cast<char*>(workspace);
     FlashParams p = CommonParams(problem, t);
+    flash::SetLastBackwardUsedWgmma(false);
     p.d_o = Arg(t.d_o);
     p.dq = Arg(t.dq);
     p.dk = Arg(t.dk);

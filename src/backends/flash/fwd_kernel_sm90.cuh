@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(384, 1)
       const uint64_t desc_q = sm90::MakeDesc(q_addr + (kk / 4) * (kBlockM * 128) + (kk % 4) * 32, 16, 1024);
       const uint64_t desc_k = sm90::MakeDesc(
           k_addr + stage * kKvBytes + (kk / 4) * (kBlockN * 128) + (kk % 4) * 32, 16, 1024);
-      sm90::Wgmma<Element, kBlockN>::template SS<0>(s, desc_q, desc_k, kk > 0);
+      sm90::Wgmma<Element, kBlockN>::template SS<0, 0>(s, desc_q, desc_k, kk > 0);
     }
     sm90::WgmmaCommit();
     sm90::WgmmaWait<0>();

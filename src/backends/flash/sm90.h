@@ -1,7 +1,7 @@
-// Host entry points of the Hopper (sm_90a) forward: warpgroup MMA (wgmma) with TMA loads and an
-// mbarrier pipeline (fwd_kernel_sm90.cuh, wgmma.cuh). Built only when CMAKE_CUDA_ARCHITECTURES
-// contains 90a (FUSEDATTN_FLASH_SM90); without it WgmmaCompiled() is false and nothing else here
-// is called.
+// Host entry points of the Hopper (sm_90a) kernels: warpgroup MMA (wgmma) with TMA loads and an
+// mbarrier pipeline (fwd_kernel_sm90.cuh, bwd_kernel_sm90.cuh, wgmma.cuh). Built only when
+// CMAKE_CUDA_ARCHITECTURES contains 90a (FUSEDATTN_FLASH_SM90); without it WgmmaCompiled() is
+// false and nothing else here is called.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -12,16 +12,18 @@
 
 namespace fusedattn::flash {
 
-// Whether this build contains the wgmma forward.
+// Whether this build contains the wgmma kernels.
 bool WgmmaCompiled();
-// Whether the forward may take the wgmma kernel now: compiled, not turned off by the environment
-// variable FUSEDATTN_FLASH_WGMMA=0 (read once per process) and the current device is sm_90
-// (queried once per device).
-bool WgmmaForwardEnabled();
-// Whether the last flash forward launched in this process ran the wgmma kernel (set by every
-// flash forward; for tests and benchmarks).
+// Whether the forward and the backward may take the wgmma kernels now: compiled, not turned off
+// by the environment variable FUSEDATTN_FLASH_WGMMA=0 (read once per process) and the current
+// device is sm_90 (queried once per device).
+bool WgmmaEnabled();
+// Whether the last flash forward / backward launched in this process ran the wgmma kernel (set
+// by every flash forward / backward; for tests and benchmarks).
 bool LastForwardUsedWgmma();
 void SetLastForwardUsedWgmma(bool used);
+bool LastBackwardUsedWgmma();
+void SetLastBackwardUsedWgmma(bool used);
 
 // The wgmma forward of a plain problem (no bias, ALiBi, softcap or dropout) on head dims padded
 // to kHeadDim (64 or 128). Sets *launched = false and returns Ok without launching anything when
@@ -29,6 +31,15 @@ void SetLastForwardUsedWgmma(bool used);
 // cannot describe); the caller then runs the mma.sync kernel.
 template <typename Element, int kHeadDim>
 Status LaunchWgmmaForward(const FlashParams& p, cudaStream_t stream, bool* launched);
+
+// The wgmma key-block kernel of the backward (bwd_kernel_sm90.cuh) for the same plain problems,
+// in place of LaunchFastBackward: needs the preprocess before (D, zeroed dq_accum with
+// dq_accum_dim == kHeadDim) and LaunchConvertDq after. Sets *launched = false and returns Ok
+// without launching anything when the problem does not qualify (score modifiers, dropout, bias
+// gradients, config.deterministic, tensors TMA cannot describe); the caller then runs the
+// mma.sync kernel.
+template <typename Element, int kHeadDim>
+Status LaunchWgmmaBackward(const FlashParams& p, cudaStream_t stream, bool* launched);
 
 // Encodes a CUtensorMap (128-byte aligned storage of 128 bytes at `map`) for a q/k/v tensor of
 // 16-bit elements seen as [batch][heads][rows][cols] with the strides of `t` (THD: rows are the
@@ -43,7 +54,10 @@ bool EncodeQkvTensorMap(void* map, const TensorArg& t, bool bf16, int64_t rows, 
 //  mode 0: C[64][64] = A[64][128] . B[64][128]^T, both operands K-major from shared memory written
 //          by threads in the swizzled layout (the S = Q K^T pattern, two column blocks);
 //  mode 1: C[64][128] = A[64][64] . B[64][128], A from registers, B MN-major (the O += P V pattern);
-//  mode 2: mode 0 with the operands loaded by TMA (tensor maps from EncodeQkvTensorMap).
+//  mode 2: mode 0 with the operands loaded by TMA (tensor maps from EncodeQkvTensorMap);
+//  mode 3: C[64][64] = A[64][128] . B[128][64] with `a` holding A transposed, At[128][64], both
+//          operands MN-major from shared memory written by threads (the backward's dQ = dS K
+//          pattern: dS^T read through the transpose-A bit, K as an MN-major B).
 Status WgmmaTileSelfTest(int mode, bool bf16, const void* a, const void* b, float* c,
                          cudaStream_t stream);
 

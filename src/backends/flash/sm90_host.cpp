@@ -1,4 +1,4 @@
-// Host side of the wgmma forward: whether it may run (build, environment, device) and the TMA
+// Host side of the wgmma kernels: whether they may run (build, environment, device) and the TMA
 // tensor maps, encoded through the driver entry point that the runtime hands out (no -lcuda).
 #include <atomic>
 #include <cstdlib>
@@ -16,10 +16,13 @@ namespace fusedattn::flash {
 
 namespace {
 std::atomic<bool> g_last_forward_used_wgmma{false};
+std::atomic<bool> g_last_backward_used_wgmma{false};
 }  // namespace
 
 bool LastForwardUsedWgmma() { return g_last_forward_used_wgmma.load(); }
 void SetLastForwardUsedWgmma(bool used) { g_last_forward_used_wgmma.store(used); }
+bool LastBackwardUsedWgmma() { return g_last_backward_used_wgmma.load(); }
+void SetLastBackwardUsedWgmma(bool used) { g_last_backward_used_wgmma.store(used); }
 
 #ifdef FUSEDATTN_FLASH_SM90
 
@@ -68,7 +71,7 @@ PFN_cuTensorMapEncodeTiled_v12000 EncodeTiledEntryPoint() {
 
 }  // namespace
 
-bool WgmmaForwardEnabled() { return EnvironmentAllows() && CurrentDeviceIsSm90(); }
+bool WgmmaEnabled() { return EnvironmentAllows() && CurrentDeviceIsSm90(); }
 
 bool EncodeQkvTensorMap(void* map, const TensorArg& t, bool bf16, int64_t rows, int cols,
                         int heads, int batch, int box_rows) {
@@ -114,7 +117,7 @@ bool EncodeQkvTensorMap(void* map, const TensorArg& t, bool bf16, int64_t rows, 
 #else  // !FUSEDATTN_FLASH_SM90
 
 bool WgmmaCompiled() { return false; }
-bool WgmmaForwardEnabled() { return false; }
+bool WgmmaEnabled() { return false; }
 bool EncodeQkvTensorMap(void*, const TensorArg&, bool, int64_t, int, int, int, int) {
   return false;
 }

@@ -117,22 +117,24 @@ struct Wgmma;
   ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, "    \
   "%49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 
-// Wgmma<Element, N>: SS is d (+)= A B with A from shared memory (K-major) and B from shared memory
-// (K-major, or MN-major when kTransB); RS takes A from registers (the m16n8k16 A fragment of this
-// warp's 16 rows). accumulate = false overwrites d. The operands after the accumulators are
-// numbered from `first` (= N / 2): SS desc_a, desc_b, accumulate, kTransB; RS a[0..3], desc_b,
-// accumulate, kTransB.
+// Wgmma<Element, N>: SS is d (+)= A B with A from shared memory (K-major, or MN-major when
+// kTransA: the M index contiguous, as dS^T [keys][queries] read as dS for dQ = dS K) and B from
+// shared memory (K-major, or MN-major when kTransB); RS takes A from registers (the m16n8k16 A
+// fragment of this warp's 16 rows). accumulate = false overwrites d. The operands after the
+// accumulators are numbered from `first` (= N / 2): SS desc_a, desc_b, accumulate, kTransA,
+// kTransB; RS a[0..3], desc_b, accumulate, kTransB.
 #define FUSEDATTN_WGMMA(Element, N, ptx_type, ACC, ACC_LIST, A0, A1, A2, A3, A4, A5, A6)        \
   template <>                                                                                  \
   struct Wgmma<Element, N> {                                                                   \
-    template <int kTransB>                                                                     \
+    template <int kTransA, int kTransB>                                                        \
     static __device__ __forceinline__ void SS(float (&d)[N / 2], uint64_t desc_a,              \
                                               uint64_t desc_b, bool accumulate) {              \
       asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " A2 ", 0;\n"                             \
                    "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." ptx_type "." ptx_type " {" \
-                   ACC_LIST "}, " A0 ", " A1 ", p, 1, 1, 0, " A3 ";\n}\n"                       \
+                   ACC_LIST "}, " A0 ", " A1 ", p, 1, 1, " A3 ", " A4 ";\n}\n"                  \
                    : ACC(d)                                                                    \
-                   : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));            \
+                   : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransA),             \
+                     "n"(kTransB));                                                            \
     }                                                                                          \
     template <int kTransB>                                                                     \
     static __device__ __forceinline__ void RS(float (&d)[N / 2], const uint32_t (&a)[4],       \
@@ -163,7 +165,7 @@ FUSEDATTN_WGMMA(Bfloat16, 128, "bf16", FUSEDATTN_WGMMA_ACC64, FUSEDATTN_WGMMA_AC
 #else
 template <typename Element, int kN>
 struct Wgmma {
-  template <int kTransB>
+  template <int kTransA, int kTransB>
   static __device__ __forceinline__ void SS(float (&)[kN / 2], uint64_t, uint64_t, bool) {}
   template <int kTransB>
   static __device__ __forceinline__ void RS(float (&)[kN / 2], const uint32_t (&)[4], uint64_t,
@@ -189,6 +191,15 @@ __device__ __forceinline__ void FenceBarrierInit() {
 __device__ __forceinline__ void MbarArriveExpectTx(uint64_t* bar, uint32_t bytes) {
 #if FUSEDATTN_SM90_DEVICE
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SmemAddress(bar)),
+               "r"(bytes)
+               : "memory");
+#endif
+}
+// Adds `bytes` of expected TMA transactions to the current phase without arriving: the phase then
+// completes at the later plain arrival (MbarArrive) and the transfers, in whichever order.
+__device__ __forceinline__ void MbarExpectTx(uint64_t* bar, uint32_t bytes) {
+#if FUSEDATTN_SM90_DEVICE
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(SmemAddress(bar)),
                "r"(bytes)
                : "memory");
 #endif
@@ -229,6 +240,16 @@ __device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
 __device__ __forceinline__ void FenceProxyAsync() {
 #if FUSEDATTN_SM90_DEVICE
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// ---- Named barriers ----
+
+// bar.sync on hardware barrier `id` (1..15; 0 is __syncthreads) for `threads` threads (a
+// multiple of 32): the warpgroups that share a buffer meet here without stopping the others.
+__device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
+#if FUSEDATTN_SM90_DEVICE
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 #endif
 }
 

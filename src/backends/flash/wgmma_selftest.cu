@@ -31,8 +31,8 @@ __global__ void __launch_bounds__(128)
 #if FUSEDATTN_SM90_DEVICE
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (SmemAddress(smem_raw) & 1023u)) & 1023u);
-  unsigned char* a_s = smem;               // 64 x 128 (modes 0, 2)
-  unsigned char* b_s = smem + 64 * 128 * 2;  // 64 x 128
+  unsigned char* a_s = smem;               // 64 x 128 (modes 0, 2), 128 x 64 (mode 3)
+  unsigned char* b_s = smem + 64 * 128 * 2;  // 64 x 128, 128 x 64 (mode 3)
   uint64_t* bar = reinterpret_cast<uint64_t*>(smem + 2 * 64 * 128 * 2);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 
@@ -50,6 +50,11 @@ __global__ void __launch_bounds__(128)
       }
     }
     sm90::MbarWait(bar, 0);
+  } else if (mode == 3) {
+    StoreSwizzled(a_s, a, 128, 64);
+    StoreSwizzled(b_s, b, 128, 64);
+    sm90::FenceProxyAsync();
+    __syncthreads();
   } else {
     if (mode == 0) StoreSwizzled(a_s, a, 64, 128);
     StoreSwizzled(b_s, b, 64, 128);
@@ -57,15 +62,24 @@ __global__ void __launch_bounds__(128)
     __syncthreads();
   }
 
-  if (mode == 0 || mode == 2) {
+  if (mode == 0 || mode == 2 || mode == 3) {
     float d[32];
     sm90::WgmmaFence();
+    if (mode == 3) {
+      // Both MN-major: the k-th 16-row step of the [128][64] tiles is 2048 bytes further.
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      const uint32_t off = (kk / 4) * (64 * 128) + (kk % 4) * 32;
-      sm90::Wgmma<Element, 64>::template SS<0>(d, sm90::MakeDesc(SmemAddress(a_s) + off, 16, 1024),
-                                               sm90::MakeDesc(SmemAddress(b_s) + off, 16, 1024),
-                                               kk > 0);
+      for (int kk = 0; kk < 8; ++kk)
+        sm90::Wgmma<Element, 64>::template SS<1, 1>(
+            d, sm90::MakeDesc(SmemAddress(a_s) + kk * 2048, 128 * 128, 1024),
+            sm90::MakeDesc(SmemAddress(b_s) + kk * 2048, 128 * 128, 1024), kk > 0);
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        const uint32_t off = (kk / 4) * (64 * 128) + (kk % 4) * 32;
+        sm90::Wgmma<Element, 64>::template SS<0, 0>(
+            d, sm90::MakeDesc(SmemAddress(a_s) + off, 16, 1024),
+            sm90::MakeDesc(SmemAddress(b_s) + off, 16, 1024), kk > 0);
+      }
     }
     sm90::WgmmaCommit();
     sm90::WgmmaWait<0>();
@@ -108,7 +122,7 @@ __global__ void __launch_bounds__(128)
 
 Status WgmmaTileSelfTest(int mode, bool bf16, const void* a, const void* b, float* c,
                          cudaStream_t stream) {
-  if (mode < 0 || mode > 2) return InternalError("wgmma self test: mode %d", mode);
+  if (mode < 0 || mode > 3) return InternalError("wgmma self test: mode %d", mode);
   SelfTestMaps maps{};
   if (mode == 2) {
     TensorArg ta, tb;

@@ -1,0 +1,492 @@
+// The Hopper backward (sm_90a): the key-block kernel of bwd_kernel.cuh rebuilt on warpgroup MMA
+// (wgmma) from 128-byte-swizzled shared memory, with TMA loads through a two-stage mbarrier
+// pipeline. The preprocess (D = rowsum(dO * O), sink partials, zeroed dQ workspace) and the dQ
+// conversion are the mma.sync path's (simple_kernels.cu); only the key-block kernel is replaced.
+//
+// One block per (key tile of kBlockN = 128 keys, kv head, sequence), three warpgroups:
+//  * warpgroup 0 is the producer (one warp works, few registers: setmaxnreg): it loads K and V of
+//    the block once, then per step Q and dO of kBlockM query rows by TMA into stage step % 2 and
+//    the step's LSE (log2 units) and D into shared memory, after both consumers released the
+//    stage;
+//  * warpgroups 1 and 2 are consumers, 64 keys each (keys as the M dimension: every product whose
+//    result is an A operand later comes out in the A layout already):
+//      S^T  = K_wg Q^T     (SS, both K-major)      dP^T = V_wg dO^T   (SS, both K-major)
+//      P^T  = 2^(S^T scale log2(e) - LSE)           dS^T = P^T o (dP^T - D) scale
+//      dV  += P^T dO       (RS: P^T from registers, dO an MN-major B)
+//      dK  += dS^T Q       (RS: dS^T from registers, Q an MN-major B)
+//    dS^T also goes to shared memory ([queries / 64][128 keys][64 queries], swizzled); after a
+//    named barrier of the two consumers each computes one 64 x 64 tile of
+//      dQ   = dS K         (SS: dS^T read as an MN-major A, K as an MN-major B; all 128 keys)
+//    and adds it to the float32 dQ workspace with float4 atomics. dS^T is double-buffered, so one
+//    barrier per step suffices: a consumer passes the barrier of step n only after the other one
+//    has arrived there, i.e. finished step n - 1 and its reads of the buffer step n + 1 reuses.
+// Tiles: d128 takes kBlockM = 64 queries per step and splits dQ [64 x 128] by columns (consumer w:
+// columns 64 w..); d64 takes kBlockM = 128 and splits dQ [128 x 64] by rows (consumer w: rows
+// 64 w..). Either way each consumer's dQ tile is one 64-column swizzle block of dS^T and of K, so
+// every wgmma operand starts on a swizzle block (no partial-atom descriptors) and N = 64.
+// Registers per consumer thread: d128 dK + dV 128, S^T + dP^T 64 (dead after packing into 32),
+// dQ 32; d64 dK + dV 64, S^T + dP^T 128, dQ 32.
+//
+// The walk: the query heads of the kv head's group in order, and per head the query tiles that
+// can see the block's keys (RowsSeeingKeys); dK and dV are summed over it in registers in that
+// fixed order and written once. Element masks run only where a consumer's 64 keys x the step's
+// queries cross a mask boundary. Rows past a sequence's length inside a tensor (padding, THD) are
+// other tokens or garbage, maybe NaN: the producer zeroes K/V rows past len_kv and Q/dO rows past
+// len_q in the tiles that cross those ends (0 * NaN would reach dK, dV or dQ), and the mask
+// makes P = dS = 0 there.
+#pragma once
+
+#include <climits>
+#include <type_traits>
+
+#include "backends/flash/device_common.cuh"
+#include "backends/flash/sm90.h"
+#include "backends/flash/wgmma.cuh"
+#include "common/cuda_util.h"
+
+namespace fusedattn::flash {
+
+template <int kHeadDim>
+struct Sm90BwdTile {
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "wgmma backward: head dims 64 and 128");
+  static constexpr int kBlockN = 128;                         // keys: 2 consumers x 64
+  static constexpr int kBlockM = kHeadDim == 64 ? 128 : 64;  // queries per step
+  static constexpr int kStages = 2;
+  static constexpr int kThreads = 384;
+  static constexpr int kConsumerWarps = 8;
+  static constexpr int kConsumerThreads = 256;
+  // setmaxnreg: the block starts at 168 per thread (65536 / 384, rounded down to 8); the producer
+  // gives back what the consumers take (128 * producer + 256 * consumer <= 384 * 168). The
+  // producer computes the LSE/D rows besides the TMA issue and spills below 56 (ptxas -v: 24 gave
+  // 128 bytes of spills, 40 gave 12); the consumers need no more than 224 at either head dim.
+  static constexpr int kProducerRegs = 56;
+  static constexpr int kConsumerRegs = 224;
+  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 384 * 168, "register budget");
+  // dQ [kBlockM][kHeadDim] in two 64 x 64 tiles: by rows (d64) or by columns (d128).
+  static constexpr bool kDqSplitRows = kBlockM == 128;
+  static_assert(kDqSplitRows ? kHeadDim == 64 : kBlockM == 64, "one 64 x 64 dQ tile per consumer");
+  static constexpr int kColBlocks = kHeadDim / 64;           // 64-column (128-byte) swizzle blocks
+  static constexpr int kKvBytes = kBlockN * kHeadDim * 2;    // K or V
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;     // one stage of Q or of dO
+  static constexpr int kDsBytes = kBlockN * kBlockM * 2;     // one dS^T buffer
+  static constexpr int kKOffset = 0;
+  static constexpr int kVOffset = kKOffset + kKvBytes;
+  static constexpr int kQOffset = kVOffset + kKvBytes;       // [stage]
+  static constexpr int kDoOffset = kQOffset + kStages * kQBytes;  // [stage]
+  static constexpr int kDsOffset = kDoOffset + kStages * kQBytes;  // [2]
+  static constexpr int kStatsOffset = kDsOffset + 2 * kDsBytes;  // [stage][LSE, D][kBlockM] floats
+  static constexpr int kBarrierOffset = kStatsOffset + kStages * 2 * kBlockM * 4;
+  static constexpr int kBarriers = 2 + 2 * kStages;  // kv_full, fix, full[stage], empty[stage]
+  static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;  // + alignment slack
+  static_assert(kQOffset % 1024 == 0 && kDoOffset % 1024 == 0 && kDsOffset % 1024 == 0 &&
+                    kQBytes % 1024 == 0 && kDsBytes % 1024 == 0,
+                "swizzled tiles start 1024-byte aligned");
+};
+
+struct Sm90BwdMaps {
+  CUtensorMap q, k, v, d_o;
+};
+
+// Zeroes rows [valid, kRows) of a swizzled tile of kColBlocks column blocks (whole 128-byte rows,
+// so the swizzle, which stays inside a row, does not matter), one warp.
+template <int kRows, int kColBlocks>
+__device__ __forceinline__ void ZeroSwizzledRows(unsigned char* tile, int valid, int lane) {
+  valid = valid < 0 ? 0 : valid;
+  const int chunks = (kRows - valid) * 8;  // 16-byte chunks per column block
+  for (int e = lane; e < kColBlocks * chunks; e += 32) {
+    const int cb = e / chunks, rest = e % chunks;
+    *reinterpret_cast<uint4*>(tile + cb * kRows * 128 + (valid + rest / 8) * 128 +
+                              (rest % 8) * 16) = make_uint4(0, 0, 0, 0);
+  }
+}
+
+template <typename Element, int kHeadDim>
+__global__ void __launch_bounds__(384, 1)
+    WgmmaBackwardKernel(const __grid_constant__ Sm90BwdMaps maps, const FlashParams p,
+                        int n_tiles) {
+#if FUSEDATTN_SM90_DEVICE
+  using Tile = Sm90BwdTile<kHeadDim>;
+  constexpr int kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN, kStages = Tile::kStages;
+  constexpr int kColBlocks = Tile::kColBlocks;
+  constexpr int kQBytes = Tile::kQBytes;
+  constexpr int kSlices = kBlockM / 8;  // 8-query slices of S^T, dP^T
+
+  const TileIndex tile = DecomposeBlock(blockIdx.x, n_tiles, p.heads_kv);
+  const int b = tile.b, hk = tile.h;
+  const SeqInfo seq = LoadSeq(p, b);
+  const int n0 = tile.tile * kBlockN;
+
+  int first = 0, last = -1;  // query rows that may see the block's keys
+  if (n0 < seq.len_kv) RowsSeeingKeys(p, n0, n0 + kBlockN, seq.len_q, seq.len_kv, &first, &last);
+  if (first > last) {  // no query sees these keys: dK = dV = 0
+    ZeroKeyBlockGradients<Tile::kThreads>(p, b, hk, seq, n0, kBlockN);
+    return;
+  }
+  // Steps: query head hk * group + step / m_count, query tile m_first + step % m_count.
+  const int m_first = first / kBlockM;
+  const int m_count = last / kBlockM - m_first + 1;
+  const int steps = p.group * m_count;
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024u - (SmemAddress(smem_raw) & 1023u)) & 1023u);
+  unsigned char* k_s = smem + Tile::kKOffset;    // [col block][128 keys][128 B]
+  unsigned char* v_s = smem + Tile::kVOffset;    // [col block][128 keys][128 B]
+  unsigned char* q_s = smem + Tile::kQOffset;    // [stage][col block][kBlockM rows][128 B]
+  unsigned char* do_s = smem + Tile::kDoOffset;  // [stage][col block][kBlockM rows][128 B]
+  unsigned char* ds_s = smem + Tile::kDsOffset;  // [2][kBlockM / 64][128 keys][128 B]
+  float* stats = reinterpret_cast<float*>(smem + Tile::kStatsOffset);  // [stage][LSE, D][kBlockM]
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Tile::kBarrierOffset);
+  uint64_t* kv_full = bars;
+  uint64_t* fix = bars + 1;  // the producer's own barrier for tiles it patches
+  uint64_t* full = bars + 2;
+  uint64_t* empty = full + kStages;
+
+  if (threadIdx.x == 0) {
+    sm90::MbarInit(kv_full, 1);
+    sm90::MbarInit(fix, 1);
+    for (int s = 0; s < kStages; ++s) {
+      sm90::MbarInit(full + s, 1);
+      sm90::MbarInit(empty + s, Tile::kConsumerWarps);
+    }
+    sm90::FenceBarrierInit();
+  }
+  __syncthreads();
+
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    // ---------------------------------------------------------------- producer
+    sm90::RegistersDown<Tile::kProducerRegs>();
+    if (threadIdx.x >= 32) return;
+    const int lane = threadIdx.x;
+    const int batch_coord = p.thd ? 0 : b;
+    uint32_t fix_parity = 0;
+
+    // K and V, once. Rows past the keys but inside the tensor exist only with per-sequence
+    // lengths: then the tiles land on `fix`, get those rows zeroed, and kv_full is arrived by hand.
+    const bool patch_kv = p.padding && n0 + kBlockN > seq.len_kv;
+    if (lane == 0) {
+      sm90::PrefetchTensorMap(&maps.q);
+      sm90::PrefetchTensorMap(&maps.d_o);
+      uint64_t* bar = patch_kv ? fix : kv_full;
+      sm90::MbarArriveExpectTx(bar, 2 * Tile::kKvBytes);
+#pragma unroll
+      for (int cb = 0; cb < kColBlocks; ++cb) {
+        const int row = static_cast<int>(seq.start_kv) + n0;
+        sm90::TmaLoad4d(k_s + cb * kBlockN * 128, &maps.k, bar, cb * 64, row, hk, batch_coord);
+        sm90::TmaLoad4d(v_s + cb * kBlockN * 128, &maps.v, bar, cb * 64, row, hk, batch_coord);
+      }
+    }
+    if (patch_kv) {
+      sm90::MbarWait(fix, fix_parity);
+      fix_parity ^= 1;
+      ZeroSwizzledRows<kBlockN, kColBlocks>(k_s, seq.len_kv - n0, lane);
+      ZeroSwizzledRows<kBlockN, kColBlocks>(v_s, seq.len_kv - n0, lane);
+      sm90::FenceProxyAsync();  // generic writes before the consumers' wgmma (async proxy)
+      __syncwarp();
+      if (lane == 0) sm90::MbarArrive(kv_full);
+    }
+
+    for (int step = 0; step < steps; ++step) {
+      const int h = hk * p.group + step / m_count;
+      const int m0 = (m_first + step % m_count) * kBlockM;
+      const int stage = step % kStages;
+      unsigned char* q_dst = q_s + stage * kQBytes;
+      unsigned char* do_dst = do_s + stage * kQBytes;
+      // full[stage] completes with the one plain arrival below plus the TMA bytes (expected
+      // without arriving), so the LSE/D stores before that arrival are ordered before the
+      // consumers' reads. A tile that crosses the end of the queries lands on `fix` instead.
+      sm90::MbarWait(empty + stage, ((step / kStages) & 1) ^ 1);  // first use: no wait
+      const bool patch_q = p.padding && m0 + kBlockM > seq.len_q;
+      if (lane == 0) {
+        uint64_t* bar = patch_q ? fix : full + stage;
+        if (patch_q)
+          sm90::MbarArriveExpectTx(fix, 2 * kQBytes);
+        else
+          sm90::MbarExpectTx(full + stage, 2 * kQBytes);
+#pragma unroll
+        for (int cb = 0; cb < kColBlocks; ++cb) {
+          const int row = static_cast<int>(seq.start_q) + m0;
+          sm90::TmaLoad4d(q_dst + cb * kBlockM * 128, &maps.q, bar, cb * 64, row, h, batch_coord);
+          sm90::TmaLoad4d(do_dst + cb * kBlockM * 128, &maps.d_o, bar, cb * 64, row, h,
+                          batch_coord);
+        }
+      }
+      // LSE in log2 units, +inf where the row has no gradient (past the sequence, no visible key,
+      // non-finite LSE: BackwardLse's rule, whose visible-key test the element mask covers here),
+      // so that P = 2^(s - LSE) = 0; D as the preprocess wrote it.
+      float* lse_dst = stats + stage * 2 * kBlockM;
+      float* delta_dst = lse_dst + kBlockM;
+      for (int r = lane; r < kBlockM; r += 32) {
+        const int64_t i = int64_t{m0} + r;
+        float lse2 = INFINITY, delta = 0.f;
+        if (i < seq.len_q) {
+          const float lse = p.lse.data[LseOffset(p.lse, b, h, seq.start_q, i)];
+          if (isfinite(lse)) lse2 = lse * kLog2e;
+          delta = p.delta[RowIndex(p, b, h, i)];
+        }
+        lse_dst[r] = lse2;
+        delta_dst[r] = delta;
+      }
+      if (patch_q) {  // zero Q and dO rows [len_q - m0, kBlockM)
+        sm90::MbarWait(fix, fix_parity);
+        fix_parity ^= 1;
+        ZeroSwizzledRows<kBlockM, kColBlocks>(q_dst, seq.len_q - m0, lane);
+        ZeroSwizzledRows<kBlockM, kColBlocks>(do_dst, seq.len_q - m0, lane);
+        sm90::FenceProxyAsync();
+      }
+      __syncwarp();
+      if (lane == 0) sm90::MbarArrive(full + stage);
+    }
+    return;
+  }
+
+  // ---------------------------------------------------------------- consumers
+  sm90::RegistersUp<Tile::kConsumerRegs>();
+  const int wg = warpgroup - 1;  // keys [n0 + 64 wg, n0 + 64 wg + 64) of the block
+  const int tid = threadIdx.x - 128 * warpgroup;
+  const int warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int key0 = n0 + 64 * wg;
+  const int key_row = key0 + warp * 16 + g;  // this thread's keys: key_row and key_row + 8
+  const int64_t shift = DiagShift(p, seq.len_q, seq.len_kv);
+  const int dqk = p.head_dim_qk, dv = p.head_dim_v;
+
+  // The query rows [q_first, q_last] that see each of this thread's two keys (exact for one key;
+  // empty for a key past the sequence).
+  int q_first[2], q_last[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+    RowsSeeingKeys(p, key_row + 8 * r, key_row + 8 * r + 1, seq.len_q, seq.len_kv, &q_first[r],
+                   &q_last[r]);
+
+  float acc_dk[kHeadDim / 2], acc_dv[kHeadDim / 2];
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
+  const float scale_log2 = p.scale * kLog2e;
+  const float scale = p.scale;
+
+  const uint32_t k_addr = SmemAddress(k_s), v_addr = SmemAddress(v_s);
+  const uint32_t k_wg_addr = k_addr + wg * 64 * 128, v_wg_addr = v_addr + wg * 64 * 128;
+  // This consumer's dQ tile: rows [64 dq_rows, +64) of the step, columns [64 dq_cols, +64).
+  const int dq_rows = Tile::kDqSplitRows ? wg : 0;
+  const int dq_cols = Tile::kDqSplitRows ? 0 : wg;
+  const uint32_t k_dq_addr = k_addr + dq_cols * (kBlockN * 128);
+  sm90::MbarWait(kv_full, 0);
+
+  for (int step = 0; step < steps; ++step) {
+    const int h = hk * p.group + step / m_count;
+    const int m0 = (m_first + step % m_count) * kBlockM;
+    const int stage = step % kStages;
+    const uint32_t q_addr = SmemAddress(q_s) + stage * kQBytes;
+    const uint32_t do_addr = SmemAddress(do_s) + stage * kQBytes;
+    const float* lse_s = stats + stage * 2 * kBlockM;
+    const float* delta_s = lse_s + kBlockM;
+    unsigned char* ds_buf = ds_s + (step & 1) * Tile::kDsBytes;
+    sm90::MbarWait(full + stage, (step / kStages) & 1);
+
+    // S^T = K_wg Q^T and dP^T = V_wg dO^T: 16 columns of d per wgmma, 4 per column block; two
+    // commit groups, so the exponentials of P^T overlap dP^T on the tensor cores.
+    float st[kBlockM / 2], dpt[kBlockM / 2];
+    sm90::WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint32_t k_off = (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
+      const uint32_t q_off = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
+      sm90::Wgmma<Element, kBlockM>::template SS<0, 0>(
+          st, sm90::MakeDesc(k_wg_addr + k_off, 16, 1024), sm90::MakeDesc(q_addr + q_off, 16, 1024),
+          kk > 0);
+    }
+    sm90::WgmmaCommit();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint32_t v_off = (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
+      const uint32_t do_off = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
+      sm90::Wgmma<Element, kBlockM>::template SS<0, 0>(
+          dpt, sm90::MakeDesc(v_wg_addr + v_off, 16, 1024),
+          sm90::MakeDesc(do_addr + do_off, 16, 1024), kk > 0);
+    }
+    sm90::WgmmaCommit();
+
+    // P^T: element 4 i + 2 r + c of st is (key key_row + 8 r, query m0 + 8 i + 2 t + c).
+    sm90::WgmmaWait<1>();
+    sm90::FenceOperands(st);
+#pragma unroll
+    for (int i = 0; i < kSlices; ++i) {
+      const float2 lse = *reinterpret_cast<const float2*>(lse_s + 8 * i + 2 * t);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        st[4 * i + 2 * r] = FastExp2(fmaf(st[4 * i + 2 * r], scale_log2, -lse.x));
+        st[4 * i + 2 * r + 1] = FastExp2(fmaf(st[4 * i + 2 * r + 1], scale_log2, -lse.y));
+      }
+    }
+    // Hidden keys: P = 0, only where these 64 keys x the step's queries cross a mask boundary.
+    const bool interior = m0 + kBlockM <= seq.len_q && key0 + 64 <= seq.len_kv &&
+                          (p.window_left < 0 || key0 >= RawLo(p, m0 + kBlockM - 1, shift)) &&
+                          (p.window_right < 0 || key0 + 64 <= RawHi(p, m0, shift));
+    if (!interior) {
+#pragma unroll
+      for (int i = 0; i < kSlices; ++i)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int q = m0 + 8 * i + 2 * t + c;
+            if (q < q_first[r] || q > q_last[r]) st[4 * i + 2 * r + c] = 0.f;
+          }
+    }
+
+    // dS^T = P^T o (dP^T - D) * scale (d loss / d (q.k)).
+    sm90::WgmmaWait<0>();
+    sm90::FenceOperands(dpt);
+#pragma unroll
+    for (int i = 0; i < kSlices; ++i) {
+      const float2 delta = *reinterpret_cast<const float2*>(delta_s + 8 * i + 2 * t);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        dpt[4 * i + 2 * r] = st[4 * i + 2 * r] * (dpt[4 * i + 2 * r] - delta.x) * scale;
+        dpt[4 * i + 2 * r + 1] = st[4 * i + 2 * r + 1] * (dpt[4 * i + 2 * r + 1] - delta.y) * scale;
+      }
+    }
+
+    // P^T and dS^T as A operands (queries 16 kk.. = slices 2 kk, 2 kk + 1), and dS^T to shared
+    // memory for dQ: slice i, rows r of this thread at (key 64 wg + 16 warp + g + 8 r, query
+    // 8 i + 2 t) of the [128 keys][kBlockM queries] tile (conflict-free: the 8 rows of a store
+    // phase land in 8 different 16-byte chunks).
+    uint32_t pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        pa[kk][e] = Pack<Element>(st[8 * kk + 2 * e], st[8 * kk + 2 * e + 1]);
+        dsa[kk][e] = Pack<Element>(dpt[8 * kk + 2 * e], dpt[8 * kk + 2 * e + 1]);
+      }
+#pragma unroll
+    for (int i = 0; i < kSlices; ++i)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = 64 * wg + 16 * warp + g + 8 * r;
+        *reinterpret_cast<uint32_t*>(ds_buf + sm90::Swizzle128Offset(row, 8 * i + 2 * t, kBlockN)) =
+            dsa[i / 2][2 * (i % 2) + r];
+      }
+    sm90::FenceProxyAsync();  // this thread's dS^T stores before the wgmma reads (async proxy)
+
+    // dV += P^T dO, dK += dS^T Q: 16 queries per wgmma (two 8-row swizzle atoms, 2048 bytes).
+    sm90::FenceOperands(acc_dv);
+    sm90::FenceOperands(acc_dk);
+    sm90::WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+      sm90::Wgmma<Element, kHeadDim>::template RS<1>(
+          acc_dv, pa[kk], sm90::MakeDesc(do_addr + kk * 2048, kBlockM * 128, 1024), true);
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+      sm90::Wgmma<Element, kHeadDim>::template RS<1>(
+          acc_dk, dsa[kk], sm90::MakeDesc(q_addr + kk * 2048, kBlockM * 128, 1024), true);
+    sm90::WgmmaCommit();
+
+    // dQ tile = dS K over all 128 keys, once both consumers' dS^T is in place.
+    sm90::NamedBarrierSync(1, Tile::kConsumerThreads);
+    float dq[32];
+    const uint32_t ds_addr = SmemAddress(ds_buf) + dq_rows * (kBlockN * 128);
+    sm90::WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+      sm90::Wgmma<Element, 64>::template SS<1, 1>(
+          dq, sm90::MakeDesc(ds_addr + kk * 2048, kBlockN * 128, 1024),
+          sm90::MakeDesc(k_dq_addr + kk * 2048, kBlockN * 128, 1024), kk > 0);
+    sm90::WgmmaCommit();
+    sm90::WgmmaWait<0>();
+    sm90::FenceOperands(acc_dv);
+    sm90::FenceOperands(acc_dk);
+    sm90::FenceOperands(dq);
+    __syncwarp();
+    if (lane == 0) sm90::MbarArrive(empty + stage);  // this warp is done with the stage
+
+    // dQ into the float32 workspace, float4 atomics: lanes t and t ^ 1 swap halves so that the
+    // even lane adds 4 columns of slice 2 k and the odd lane 4 columns of slice 2 k + 1.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t i = int64_t{m0} + 64 * dq_rows + 16 * warp + g + 8 * r;
+      float* row = p.dq_accum + RowIndex(p, b, h, i < seq.len_q ? i : 0) * p.dq_accum_dim +
+                   64 * dq_cols;
+      const bool odd = (t & 1) != 0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float* even_slice = dq + 4 * (2 * k) + 2 * r;
+        const float* odd_slice = dq + 4 * (2 * k + 1) + 2 * r;
+        const float send0 = odd ? even_slice[0] : odd_slice[0];
+        const float send1 = odd ? even_slice[1] : odd_slice[1];
+        const float recv0 = __shfl_xor_sync(0xffffffffu, send0, 1);
+        const float recv1 = __shfl_xor_sync(0xffffffffu, send1, 1);
+        const int x = odd ? (2 * k + 1) * 8 + 2 * (t - 1) : 2 * k * 8 + 2 * t;
+        const float4 value = odd ? make_float4(recv0, recv1, odd_slice[0], odd_slice[1])
+                                 : make_float4(even_slice[0], even_slice[1], recv0, recv1);
+        if (i < seq.len_q) atomicAdd(reinterpret_cast<float4*>(row + x), value);
+      }
+    }
+  }
+
+  // dK (scale already in dS), dV of this thread's keys; keys past the sequence come out zero
+  // (their K/V rows were zeroed and masked).
+  const int64_t rows_out = p.thd ? seq.len_kv : p.max_seqlen_kv;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t j = key_row + 8 * r;
+    if (j >= rows_out) continue;
+    const int64_t at_k = Offset(p.dk, b, hk, seq.start_kv, j, 0);
+    const int64_t at_v = Offset(p.dv, b, hk, seq.start_kv, j, 0);
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 8; ++i) {
+      const int x = 8 * i + 2 * t;
+      if (x < dqk)
+        StorePair<Element>(p.dk.data, at_k + x * p.dk.stride_d, p.dk.stride_d,
+                           acc_dk[4 * i + 2 * r], acc_dk[4 * i + 2 * r + 1]);
+      if (x < dv)
+        StorePair<Element>(p.dv.data, at_v + x * p.dv.stride_d, p.dv.stride_d,
+                           acc_dv[4 * i + 2 * r], acc_dv[4 * i + 2 * r + 1]);
+    }
+  }
+#endif  // FUSEDATTN_SM90_DEVICE
+}
+
+template <typename Element, int kHeadDim>
+Status LaunchWgmmaBackward(const FlashParams& p, cudaStream_t stream, bool* launched) {
+  using Tile = Sm90BwdTile<kHeadDim>;
+  *launched = false;
+  // The plain variant with the atomic dQ workspace of this instance; everything else (score
+  // modifiers, dropout, bias gradients, deterministic mode) stays on the mma.sync kernels.
+  if (NeedsFullKernel(p) || p.deterministic || p.dbias_mode != kDbiasNone ||
+      p.flex.block_mask != nullptr || p.dq_accum == nullptr || p.dq_accum_dim != kHeadDim ||
+      p.head_dim_qk > kHeadDim || p.head_dim_v > kHeadDim || p.qkv_dtype != p.o_dtype ||
+      p.lse.data == nullptr)
+    return Status::Ok();
+  const int64_t rows_q = p.thd ? p.tokens_q : p.max_seqlen_q;
+  const int64_t rows_kv = p.thd ? p.tokens_kv : p.max_seqlen_kv;
+  // Row coordinates (token start + tile offset) must fit TMA's int32 coordinates.
+  if (rows_q + Tile::kBlockM >= INT_MAX || rows_kv + Tile::kBlockN >= INT_MAX) return Status::Ok();
+  const int batch = p.thd ? 1 : p.batch;
+  const bool bf16 = std::is_same_v<Element, Bfloat16>;
+  Sm90BwdMaps maps;
+  if (!EncodeQkvTensorMap(&maps.q, p.q, bf16, rows_q, p.head_dim_qk, p.heads_q, batch,
+                          Tile::kBlockM) ||
+      !EncodeQkvTensorMap(&maps.d_o, p.d_o, bf16, rows_q, p.head_dim_v, p.heads_q, batch,
+                          Tile::kBlockM) ||
+      !EncodeQkvTensorMap(&maps.k, p.k, bf16, rows_kv, p.head_dim_qk, p.heads_kv, batch,
+                          Tile::kBlockN) ||
+      !EncodeQkvTensorMap(&maps.v, p.v, bf16, rows_kv, p.head_dim_v, p.heads_kv, batch,
+                          Tile::kBlockN))
+    return Status::Ok();
+  const int n_tiles = (p.max_seqlen_kv + Tile::kBlockN - 1) / Tile::kBlockN;
+  const int64_t blocks = int64_t{n_tiles} * p.heads_kv * p.batch;
+  if (blocks > INT_MAX) return Status::Ok();
+  auto kernel = WgmmaBackwardKernel<Element, kHeadDim>;
+  FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            Tile::kSmemBytes));
+  kernel<<<static_cast<unsigned>(blocks), Tile::kThreads, Tile::kSmemBytes, stream>>>(maps, p,
+                                                                                    n_tiles);
+  *launched = true;
+  FUSEDATTN_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
+
+}  // namespace fusedattn::flash
