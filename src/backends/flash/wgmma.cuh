@@ -1,6 +1,7 @@
-// Hopper (sm_90a) building blocks of the wgmma forward (fwd_kernel_sm90.cuh): shared-memory
-// matrix descriptors for the 128-byte swizzle, warpgroup MMA (wgmma.mma_async), mbarriers, TMA
-// tile loads and register reallocation, as inline PTX. Everything here compiles only for the
+// Hopper (sm_90a) building blocks of the wgmma forward and backward (fwd_kernel_sm90.cuh,
+// bwd_kernel_sm90.cuh): shared-memory matrix descriptors for the 128-byte swizzle, warpgroup MMA
+// (wgmma.mma_async), mbarriers, named barriers, TMA tile loads and register reallocation, as
+// inline PTX. Everything here compiles only for the
 // sm_90a target (FUSEDATTN_SM90_DEVICE); other targets see empty bodies and never run them.
 //
 // Shared-memory tiles (written by TMA with CU_TENSOR_MAP_SWIZZLE_128B, or by threads with
@@ -19,7 +20,9 @@
 //    bytes further.
 //  * MN-major operand (V for O += P V: rows = keys = K, columns = d = N contiguous, the transpose
 //    bit set): 16 keys = two 8-row groups, SBO = 1024 between them; LBO = the distance between
-//    64-column blocks (R * 128 bytes). The k-th 16-key step adds 16 * 128 * k bytes.
+//    64-column blocks (R * 128 bytes). The k-th 16-key step adds 16 * 128 * k bytes. An A operand
+//    is described the same way with M in place of N (transpose-A bit, 16-bit types only): the
+//    backward's dS^T [keys][queries] read as dS for dQ = dS K.
 //
 // Accumulator of m64nNk16 (float32, N / 2 registers per thread): thread t of the warpgroup,
 // w = t / 32, g = (t % 32) / 4, q = t % 4 holds d[4 i + 2 r + c] = D[16 w + g + 8 r][8 i + 2 q + c]
