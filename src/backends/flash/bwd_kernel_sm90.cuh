@@ -192,6 +192,23 @@ __global__ void __launch_bounds__(384, 1)
       const int stage = step % kStages;
       unsigned char* q_dst = q_s + stage * kQBytes;
       unsigned char* do_dst = do_s + stage * kQBytes;
+      // LSE in log2 units, +inf where the row has no gradient (past the sequence, no visible key,
+      // non-finite LSE: BackwardLse's rule, whose visible-key test the element mask covers here),
+      // so that P = 2^(s - LSE) = 0; D as the preprocess wrote it. Read into registers before
+      // the wait for the stage, so that the loads' latency overlaps it.
+      constexpr int kRowsPerLane = kBlockM / 32;
+      float lse2[kRowsPerLane], delta[kRowsPerLane];
+#pragma unroll
+      for (int k = 0; k < kRowsPerLane; ++k) {
+        const int64_t i = int64_t{m0} + lane + 32 * k;
+        lse2[k] = INFINITY;
+        delta[k] = 0.f;
+        if (i < seq.len_q) {
+          const float lse = p.lse.data[LseOffset(p.lse, b, h, seq.start_q, i)];
+          if (isfinite(lse)) lse2[k] = lse * kLog2e;
+          delta[k] = p.delta[RowIndex(p, b, h, i)];
+        }
+      }
       // full[stage] completes with the one plain arrival below plus the TMA bytes (expected
       // without arriving), so the LSE/D stores before that arrival are ordered before the
       // consumers' reads. A tile that crosses the end of the queries lands on `fix` instead.
@@ -211,21 +228,12 @@ __global__ void __launch_bounds__(384, 1)
                           batch_coord);
         }
       }
-      // LSE in log2 units, +inf where the row has no gradient (past the sequence, no visible key,
-      // non-finite LSE: BackwardLse's rule, whose visible-key test the element mask covers here),
-      // so that P = 2^(s - LSE) = 0; D as the preprocess wrote it.
       float* lse_dst = stats + stage * 2 * kBlockM;
       float* delta_dst = lse_dst + kBlockM;
-      for (int r = lane; r < kBlockM; r += 32) {
-        const int64_t i = int64_t{m0} + r;
-        float lse2 = INFINITY, delta = 0.f;
-        if (i < seq.len_q) {
-          const float lse = p.lse.data[LseOffset(p.lse, b, h, seq.start_q, i)];
-          if (isfinite(lse)) lse2 = lse * kLog2e;
-          delta = p.delta[RowIndex(p, b, h, i)];
-        }
-        lse_dst[r] = lse2;
-        delta_dst[r] = delta;
+#pragma unroll
+      for (int k = 0; k < kRowsPerLane; ++k) {
+        lse_dst[lane + 32 * k] = lse2[k];
+        delta_dst[lane + 32 * k] = delta[k];
       }
       if (patch_q) {  // zero Q and dO rows [len_q - m0, kBlockM)
         sm90::MbarWait(fix, fix_parity);
