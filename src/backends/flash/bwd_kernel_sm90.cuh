@@ -34,6 +34,8 @@
 // other tokens or garbage, maybe NaN: the producer zeroes K/V rows past len_kv and Q/dO rows past
 // len_q in the tiles that cross those ends (0 * NaN would reach dK, dV or dQ), and the mask
 // makes P = dS = 0 there.
+// Sinks need nothing here: the forward's LSE includes the sink (so P is already normalized with
+// it), D = rowsum(dO * O) is unchanged, and the preprocess computes the sink gradient's partials.
 #pragma once
 
 #include <climits>
