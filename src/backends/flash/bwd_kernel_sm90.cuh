@@ -58,11 +58,10 @@ struct Sm90BwdTile {
   static constexpr int kConsumerWarps = 8;
   static constexpr int kConsumerThreads = 256;
   // setmaxnreg: the block starts at 168 per thread (65536 / 384, rounded down to 8); the producer
-  // gives back what the consumers take (128 * producer + 256 * consumer <= 384 * 168). The
-  // producer computes the LSE/D rows besides the TMA issue and spills below 56 (ptxas -v: 24 gave
-  // 128 bytes of spills, 40 gave 12); the consumers need no more than 224 at either head dim.
-  static constexpr int kProducerRegs = 56;
-  static constexpr int kConsumerRegs = 224;
+  // (TMA issue only) gives back what the consumers take (128 * producer + 256 * consumer <=
+  // 384 * 168).
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 384 * 168, "register budget");
   // dQ [kBlockM][kHeadDim] in two 64 x 64 tiles: by rows (d64) or by columns (d128).
   static constexpr bool kDqSplitRows = kBlockM == 128;
@@ -76,8 +75,8 @@ struct Sm90BwdTile {
   static constexpr int kQOffset = kVOffset + kKvBytes;       // [stage]
   static constexpr int kDoOffset = kQOffset + kStages * kQBytes;  // [stage]
   static constexpr int kDsOffset = kDoOffset + kStages * kQBytes;  // [2]
-  static constexpr int kStatsOffset = kDsOffset + 2 * kDsBytes;  // [stage][LSE, D][kBlockM] floats
-  static constexpr int kBarrierOffset = kStatsOffset + kStages * 2 * kBlockM * 4;
+  static constexpr int kStatsOffset = kDsOffset + 2 * kDsBytes;  // [2][LSE, D][kBlockM] floats
+  static constexpr int kBarrierOffset = kStatsOffset + 2 * 2 * kBlockM * 4;
   static constexpr int kBarriers = 2 + 2 * kStages;  // kv_full, fix, full[stage], empty[stage]
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;  // + alignment slack
   static_assert(kQOffset % 1024 == 0 && kDoOffset % 1024 == 0 && kDsOffset % 1024 == 0 &&
@@ -136,7 +135,7 @@ __global__ void __launch_bounds__(384, 1)
   unsigned char* q_s = smem + Tile::kQOffset;    // [stage][col block][kBlockM rows][128 B]
   unsigned char* do_s = smem + Tile::kDoOffset;  // [stage][col block][kBlockM rows][128 B]
   unsigned char* ds_s = smem + Tile::kDsOffset;  // [2][kBlockM / 64][128 keys][128 B]
-  float* stats = reinterpret_cast<float*>(smem + Tile::kStatsOffset);  // [stage][LSE, D][kBlockM]
+  float* stats = reinterpret_cast<float*>(smem + Tile::kStatsOffset);  // [step % 2][LSE, D][kBlockM]
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Tile::kBarrierOffset);
   uint64_t* kv_full = bars;
   uint64_t* fix = bars + 1;  // the producer's own barrier for tiles it patches
@@ -194,34 +193,13 @@ __global__ void __launch_bounds__(384, 1)
       const int stage = step % kStages;
       unsigned char* q_dst = q_s + stage * kQBytes;
       unsigned char* do_dst = do_s + stage * kQBytes;
-      // LSE in log2 units, +inf where the row has no gradient (past the sequence, no visible key,
-      // non-finite LSE: BackwardLse's rule, whose visible-key test the element mask covers here),
-      // so that P = 2^(s - LSE) = 0; D as the preprocess wrote it. Read into registers before
-      // the wait for the stage, so that the loads' latency overlaps it.
-      constexpr int kRowsPerLane = kBlockM / 32;
-      float lse2[kRowsPerLane], delta[kRowsPerLane];
-#pragma unroll
-      for (int k = 0; k < kRowsPerLane; ++k) {
-        const int64_t i = int64_t{m0} + lane + 32 * k;
-        lse2[k] = INFINITY;
-        delta[k] = 0.f;
-        if (i < seq.len_q) {
-          const float lse = p.lse.data[LseOffset(p.lse, b, h, seq.start_q, i)];
-          if (isfinite(lse)) lse2[k] = lse * kLog2e;
-          delta[k] = p.delta[RowIndex(p, b, h, i)];
-        }
-      }
-      // full[stage] completes with the one plain arrival below plus the TMA bytes (expected
-      // without arriving), so the LSE/D stores before that arrival are ordered before the
-      // consumers' reads. A tile that crosses the end of the queries lands on `fix` instead.
       sm90::MbarWait(empty + stage, ((step / kStages) & 1) ^ 1);  // first use: no wait
+      // A tile that crosses the end of the queries lands on `fix`, gets its rows past the
+      // sequence zeroed, and full[stage] is arrived by hand.
       const bool patch_q = p.padding && m0 + kBlockM > seq.len_q;
       if (lane == 0) {
         uint64_t* bar = patch_q ? fix : full + stage;
-        if (patch_q)
-          sm90::MbarArriveExpectTx(fix, 2 * kQBytes);
-        else
-          sm90::MbarExpectTx(full + stage, 2 * kQBytes);
+        sm90::MbarArriveExpectTx(bar, 2 * kQBytes);
 #pragma unroll
         for (int cb = 0; cb < kColBlocks; ++cb) {
           const int row = static_cast<int>(seq.start_q) + m0;
@@ -230,22 +208,15 @@ __global__ void __launch_bounds__(384, 1)
                           batch_coord);
         }
       }
-      float* lse_dst = stats + stage * 2 * kBlockM;
-      float* delta_dst = lse_dst + kBlockM;
-#pragma unroll
-      for (int k = 0; k < kRowsPerLane; ++k) {
-        lse_dst[lane + 32 * k] = lse2[k];
-        delta_dst[lane + 32 * k] = delta[k];
-      }
       if (patch_q) {  // zero Q and dO rows [len_q - m0, kBlockM)
         sm90::MbarWait(fix, fix_parity);
         fix_parity ^= 1;
         ZeroSwizzledRows<kBlockM, kColBlocks>(q_dst, seq.len_q - m0, lane);
         ZeroSwizzledRows<kBlockM, kColBlocks>(do_dst, seq.len_q - m0, lane);
         sm90::FenceProxyAsync();
+        __syncwarp();
+        if (lane == 0) sm90::MbarArrive(full + stage);
       }
-      __syncwarp();
-      if (lane == 0) sm90::MbarArrive(full + stage);
     }
     return;
   }
@@ -281,6 +252,27 @@ __global__ void __launch_bounds__(384, 1)
   const int dq_rows = Tile::kDqSplitRows ? wg : 0;
   const int dq_cols = Tile::kDqSplitRows ? 0 : wg;
   const uint32_t k_dq_addr = k_addr + dq_cols * (kBlockN * 128);
+
+  // The LSE and D of a step's rows go through shared memory, [step % 2][LSE, D][kBlockM]:
+  // consumer thread c (c < 2 kBlockM) reads value c (row c % kBlockM) of the next step into a
+  // register at the top of a step and stores it before that step's named barrier, which orders
+  // the store after every consumer's reads of the step before and before their reads in the next
+  // (no mbarrier hand-off between the producer's stores and the consumers' loads). LSE in log2
+  // units, +inf where the row has no gradient (past the sequence, non-finite LSE: BackwardLse's
+  // rule, whose visible-key test the element mask covers), so that P = 2^(s - LSE) = 0.
+  const int ctid = threadIdx.x - 128;
+  const bool stat_loader = ctid < 2 * kBlockM;
+  auto load_stat = [&](int step) -> float {
+    const int h = hk * p.group + step / m_count;
+    const bool is_lse = ctid < kBlockM;
+    const int64_t i = int64_t{(m_first + step % m_count) * kBlockM} + ctid % kBlockM;
+    if (i >= seq.len_q) return is_lse ? INFINITY : 0.f;
+    if (!is_lse) return p.delta[RowIndex(p, b, h, i)];
+    const float lse = p.lse.data[LseOffset(p.lse, b, h, seq.start_q, i)];
+    return isfinite(lse) ? lse * kLog2e : INFINITY;
+  };
+  if (stat_loader) stats[ctid] = load_stat(0);
+  sm90::NamedBarrierSync(1, Tile::kConsumerThreads);
   sm90::MbarWait(kv_full, 0);
 
   for (int step = 0; step < steps; ++step) {
@@ -289,9 +281,11 @@ __global__ void __launch_bounds__(384, 1)
     const int stage = step % kStages;
     const uint32_t q_addr = SmemAddress(q_s) + stage * kQBytes;
     const uint32_t do_addr = SmemAddress(do_s) + stage * kQBytes;
-    const float* lse_s = stats + stage * 2 * kBlockM;
+    const float* lse_s = stats + (step & 1) * 2 * kBlockM;
     const float* delta_s = lse_s + kBlockM;
     unsigned char* ds_buf = ds_s + (step & 1) * Tile::kDsBytes;
+    const bool stat_next = stat_loader && step + 1 < steps;
+    const float next_stat = stat_next ? load_stat(step + 1) : 0.f;
     sm90::MbarWait(full + stage, (step / kStages) & 1);
 
     // S^T = K_wg Q^T and dP^T = V_wg dO^T: 16 columns of d per wgmma, 4 per column block; two
@@ -395,6 +389,7 @@ __global__ void __launch_bounds__(384, 1)
     sm90::WgmmaCommit();
 
     // dQ tile = dS K over all 128 keys, once both consumers' dS^T is in place.
+    if (stat_next) stats[((step + 1) & 1) * 2 * kBlockM + ctid] = next_stat;
     sm90::NamedBarrierSync(1, Tile::kConsumerThreads);
     float dq[32];
     const uint32_t ds_addr = SmemAddress(ds_buf) + dq_rows * (kBlockN * 128);

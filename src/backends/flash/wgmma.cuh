@@ -198,15 +198,6 @@ __device__ __forceinline__ void MbarArriveExpectTx(uint64_t* bar, uint32_t bytes
                : "memory");
 #endif
 }
-// Adds `bytes` of expected TMA transactions to the current phase without arriving: the phase then
-// completes at the later plain arrival (MbarArrive) and the transfers, in whichever order.
-__device__ __forceinline__ void MbarExpectTx(uint64_t* bar, uint32_t bytes) {
-#if FUSEDATTN_SM90_DEVICE
-  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(SmemAddress(bar)),
-               "r"(bytes)
-               : "memory");
-#endif
-}
 __device__ __forceinline__ void MbarArrive(uint64_t* bar) {
 #if FUSEDATTN_SM90_DEVICE
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(SmemAddress(bar)) : "memory");
