@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""The kernels behind one benchmark point: fusedattn's cuDNN backend and PyTorch's cuDNN SDPA
-backend, each run forward + backward a few times under torch.profiler, with every CUDA kernel's
-name, launch count and mean time. For points where the two differ in time although the same
-library runs underneath (bench/results/*-ratios-*.md): which kernel, or which extra launch.
+"""The kernels behind one benchmark point: a fusedattn backend (cuDNN by default) and a PyTorch
+SDPA backend (cuDNN by default), each run forward + backward a few times under torch.profiler,
+with every CUDA kernel's name, launch count and mean time. For points where the two differ in
+time (bench/results/*-ratios-*.md): which kernel, or which extra launch.
 
     python bench/kernel_profile.py --dtype bf16 --d 64 --seqlen 16384 --causal
+    python bench/kernel_profile.py --ours flash --theirs flash --d 128 --seqlen 1024
 """
 
 import argparse
@@ -44,6 +45,9 @@ def main():
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--ours", default="cudnn", help="fusedattn backend")
+    parser.add_argument("--theirs", default="cudnn", choices=["cudnn", "flash", "efficient"],
+                        help="PyTorch SDPA backend")
     args = parser.parse_args()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     batch, heads = args.tokens // args.seqlen, args.hidden // args.d
@@ -53,18 +57,21 @@ def main():
 
     def ours():
         o = fusedattn.attention(*leaves, layout="bshd", mask="causal" if args.causal else None,
-                                backend="cudnn")
+                                backend=args.ours)
         torch.autograd.grad(o, leaves, d_o)
 
+    sdpa_backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+                    "efficient": SDPBackend.EFFICIENT_ATTENTION}[args.theirs]
+
     def theirs():
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        with sdpa_kernel(sdpa_backend):
             o = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in leaves),
                                                is_causal=args.causal)
         torch.autograd.grad(o, leaves, d_o.transpose(1, 2))
 
     print("point: %s d%d h%d b%d s%d%s, fwd+bwd, per iteration"
           % (args.dtype, args.d, heads, batch, args.seqlen, " causal" if args.causal else ""))
-    for label, fn in (("fusedattn:cudnn", ours), ("torch:cudnn", theirs)):
+    for label, fn in (("fusedattn:" + args.ours, ours), ("torch:" + args.theirs, theirs)):
         table = kernels(fn, args.iters)
         total = sum(us for _, us in table.values())
         print("\n== %s: %.1f us of kernels" % (label, total))

@@ -5,7 +5,7 @@
 #   bash scripts/gpu_run.sh build tests sanitize cli python bench-quick
 # Each step logs to $OUT/<step>.log and the summary of all steps to $OUT/summary.txt.
 set -uo pipefail
-export ROOT OUT BUILD JOBS SHARDS CUDNN_MEMCHECK SANITIZE_FILTER RACECHECK_FILTER NATIVE_BENCHES BENCH_ARGS GTEST_FILTER PYTEST_ARGS FLEX_BENCH_ARGS 2>/dev/null
+export ROOT OUT BUILD JOBS SHARDS CUDNN_MEMCHECK SANITIZE_FILTER RACECHECK_FILTER NATIVE_BENCHES BENCH_ARGS KERNEL_PROFILE_ARGS GTEST_FILTER PYTEST_ARGS FLEX_BENCH_ARGS 2>/dev/null
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/gpu-out}"
 mkdir -p "$OUT"
@@ -127,6 +127,18 @@ step_probe() {
   step_python_build >/dev/null || return 1
   export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
   python3 "$ROOT/bench/cudnn_train_probe.py"
+}
+
+# The kernels behind benchmark points (bench/kernel_profile.py); KERNEL_PROFILE_ARGS: one
+# argument list per point, separated by '|' (default: flash against PyTorch's flash, d128 s1024).
+step_kernel_profile() {
+  step_python_build >/dev/null || return 1
+  export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
+  local IFS='|' rc=0
+  for args in ${KERNEL_PROFILE_ARGS:---ours flash --theirs flash --d 128 --seqlen 1024}; do
+    (IFS=' '; eval python3 "$ROOT/bench/kernel_profile.py" $args) || rc=1
+  done
+  return $rc
 }
 
 # NATIVE_BENCHES: which of build/bench's programs to run (default: all of them).

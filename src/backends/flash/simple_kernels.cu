@@ -200,6 +200,101 @@ __global__ void __launch_bounds__(256) PreprocessKernel(const FlashParams p, int
     for (int x = lane; x < p.dq_accum_dim; x += 32) p.dq_accum[row * p.dq_accum_dim + x] = 0.f;
 }
 
+// 8 16-bit values (one 16-byte load) as floats.
+__device__ __forceinline__ void Unpack8(uint4 raw, bool bf16, float out[8]) {
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    if (bf16) {
+      out[2 * k] = __uint_as_float(words[k] << 16);
+      out[2 * k + 1] = __uint_as_float(words[k] & 0xFFFF0000u);
+    } else {
+      const __half2 h = *reinterpret_cast<const __half2*>(&words[k]);
+      const float2 f = __half22float2(h);
+      out[2 * k] = f.x;
+      out[2 * k + 1] = f.y;
+    }
+  }
+}
+
+// PreprocessKernel for 16-bit O and dO whose rows are 16-byte vectors (VectorRows): a group of
+// kLanes = head_dim_v / 8 lanes per row, one 16-byte load of each per lane. The generic kernel
+// loads element by element and was a visible part of short-sequence backwards.
+template <int kLanes>
+__global__ void __launch_bounds__(256) PreprocessVectorKernel(const FlashParams p, int64_t rows) {
+  const int64_t row = (int64_t{blockIdx.x} * 256 + threadIdx.x) / kLanes;
+  const int lane = threadIdx.x % kLanes;
+  if (row >= rows) return;  // whole groups leave together (kLanes divides 32)
+  const int64_t i = row % p.max_seqlen_q;
+  const int h = static_cast<int>((row / p.max_seqlen_q) % p.heads_q);
+  const int b = static_cast<int>(row / p.max_seqlen_q / p.heads_q);
+  const SeqInfo seq = LoadSeq(p, b);
+  const float lse = BackwardLse(p, b, h, seq, i);
+  const bool valid = lse != INFINITY;
+  float delta = 0.f;
+  if (valid) {
+    const bool bf16 = p.o_dtype == FUSEDATTN_DTYPE_BFLOAT16;
+    const uint4 o_raw = *reinterpret_cast<const uint4*>(
+        static_cast<const uint16_t*>(p.o.data) + Offset(p.o, b, h, seq.start_q, i, 8 * lane));
+    const uint4 do_raw = *reinterpret_cast<const uint4*>(
+        static_cast<const uint16_t*>(p.d_o.data) + Offset(p.d_o, b, h, seq.start_q, i, 8 * lane));
+    float o[8], d_o[8];
+    Unpack8(o_raw, bf16, o);
+    Unpack8(do_raw, bf16, d_o);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) delta += o[k] * d_o[k];
+  }
+#pragma unroll
+  for (int offset = kLanes / 2; offset > 0; offset /= 2)
+    delta += __shfl_xor_sync(0xffffffffu, delta, offset);
+  if (lane == 0) {
+    p.delta[row] = delta;
+    if (p.sink_partial)
+      p.sink_partial[row] = valid ? -expf(ExtraLogit(p, h) - lse) * delta : 0.f;
+  }
+  if (p.dq_accum)
+    for (int x = 4 * lane; x < p.dq_accum_dim; x += 4 * kLanes)
+      *reinterpret_cast<float4*>(p.dq_accum + row * p.dq_accum_dim + x) =
+          make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+// ConvertDqKernel for a 16-bit dQ whose rows are 16-byte vectors: 8 elements per thread.
+__global__ void __launch_bounds__(256) ConvertDqVectorKernel(const FlashParams p, int64_t vectors) {
+  const int per_row = p.head_dim_qk / 8;
+  const bool bf16 = p.qkv_dtype == FUSEDATTN_DTYPE_BFLOAT16;
+  for (int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < vectors;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const int x = static_cast<int>(e % per_row) * 8;
+    const int64_t row = e / per_row;
+    const int64_t i = row % p.max_seqlen_q;
+    const int h = static_cast<int>((row / p.max_seqlen_q) % p.heads_q);
+    const int b = static_cast<int>(row / p.max_seqlen_q / p.heads_q);
+    int64_t start_q = 0;
+    if (p.thd) {
+      const SeqInfo seq = LoadSeq(p, b);
+      if (i >= seq.len_q) continue;
+      start_q = seq.start_q;
+    }
+    const float4* in = reinterpret_cast<const float4*>(p.dq_accum + row * p.dq_accum_dim + x);
+    const float4 lo = in[0], hi = in[1];
+    const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    uint32_t words[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (bf16) {
+        const __nv_bfloat162 pair = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+        words[k] = *reinterpret_cast<const uint32_t*>(&pair);
+      } else {
+        const __half2 pair = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
+        words[k] = *reinterpret_cast<const uint32_t*>(&pair);
+      }
+    }
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.dq.data) +
+                              Offset(p.dq, b, h, start_q, i, x)) =
+        make_uint4(words[0], words[1], words[2], words[3]);
+  }
+}
+
 // dQ: one warp per query row, keys in chunks.
 __global__ void __launch_bounds__(kRowsPerBlock * 32)
     SimpleDqKernel(const FlashParams p, int row_tiles) {
@@ -554,8 +649,39 @@ Status LaunchZeroDbias(const FlashParams& p, cudaStream_t stream) {
   return Status::Ok();
 }
 
+// Whether every row of `t` (cols 16-bit elements, head-dim stride 1) is a run of 16-byte
+// vectors: aligned base and strides.
+bool VectorRows(const TensorArg& t, int cols) {
+  const auto aligned = [](int64_t elements) { return elements % 8 == 0; };
+  return t.stride_d == 1 && cols % 8 == 0 && reinterpret_cast<uintptr_t>(t.data) % 16 == 0 &&
+         aligned(t.stride_b) && aligned(t.stride_h) && aligned(t.stride_s);
+}
+
+template <int kLanes>
+Status LaunchPreprocessVector(const FlashParams& p, int64_t rows, cudaStream_t stream) {
+  const int64_t blocks = CeilDiv(rows * kLanes, 256);
+  FUSEDATTN_RETURN_IF_ERROR(CheckBlocks(blocks, "the backward preprocess"));
+  PreprocessVectorKernel<kLanes><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p, rows);
+  FUSEDATTN_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
+
 Status LaunchBackwardPreprocess(const FlashParams& p, cudaStream_t stream) {
   const int64_t rows = int64_t{p.batch} * p.heads_q * p.max_seqlen_q;
+  const bool sixteen_bit = p.o_dtype == FUSEDATTN_DTYPE_BFLOAT16 ||
+                           p.o_dtype == FUSEDATTN_DTYPE_FLOAT16;
+  const bool accum_vectors = p.dq_accum == nullptr ||
+                             (p.dq_accum_dim % 4 == 0 &&
+                              reinterpret_cast<uintptr_t>(p.dq_accum) % 16 == 0);
+  if (sixteen_bit && accum_vectors && VectorRows(p.o, p.head_dim_v) &&
+      VectorRows(p.d_o, p.head_dim_v)) {
+    switch (p.head_dim_v) {
+      case 64: return LaunchPreprocessVector<8>(p, rows, stream);
+      case 128: return LaunchPreprocessVector<16>(p, rows, stream);
+      case 256: return LaunchPreprocessVector<32>(p, rows, stream);
+      default: break;  // the generic kernel below
+    }
+  }
   const int64_t blocks = CeilDiv(rows, 8);
   FUSEDATTN_RETURN_IF_ERROR(CheckBlocks(blocks, "the backward preprocess"));
   PreprocessKernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p, rows);
@@ -586,6 +712,14 @@ Status LaunchReduceDbias(const FlashParams& p, cudaStream_t stream) {
 Status LaunchConvertDq(const FlashParams& p, cudaStream_t stream) {
   const int64_t elements =
       int64_t{p.batch} * p.heads_q * p.max_seqlen_q * int64_t{p.head_dim_qk};
+  const bool sixteen_bit = p.qkv_dtype == FUSEDATTN_DTYPE_BFLOAT16 ||
+                           p.qkv_dtype == FUSEDATTN_DTYPE_FLOAT16;
+  if (sixteen_bit && VectorRows(p.dq, p.head_dim_qk) && p.dq_accum_dim % 4 == 0 &&
+      reinterpret_cast<uintptr_t>(p.dq_accum) % 16 == 0) {
+    ConvertDqVectorKernel<<<ElementwiseBlocks(elements / 8), 256, 0, stream>>>(p, elements / 8);
+    FUSEDATTN_CUDA_CHECK(cudaGetLastError());
+    return Status::Ok();
+  }
   ConvertDqKernel<<<ElementwiseBlocks(elements), 256, 0, stream>>>(p, elements);
   FUSEDATTN_CUDA_CHECK(cudaGetLastError());
   return Status::Ok();
