@@ -14,6 +14,7 @@
 // (batch = tokens / seqlen, heads = hidden / d), causal and not. Exits 0 without a GPU.
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -86,17 +87,24 @@ struct DeviceTensor {
   DeviceTensor& operator=(const DeviceTensor&) = delete;
 };
 
-// Milliseconds per call of `run`, after warm-up.
+// Milliseconds per call of `run`, after warm-up; *host_ms (when given): the host's time per call
+// to return, which bounds the device time from below when it is the larger (host-bound calls).
 template <typename Run>
-double TimeMs(int iters, Run&& run) {
+double TimeMs(int iters, Run&& run, double* host_ms = nullptr) {
   for (int i = 0; i < 2; ++i)
     if (!run()) return -1;
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
   cudaEventRecord(start);
+  const auto host_start = std::chrono::steady_clock::now();
   for (int i = 0; i < iters; ++i)
     if (!run()) return -1;
+  if (host_ms)
+    *host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                         host_start)
+                   .count() /
+               iters;
   cudaEventRecord(stop);
   if (!CudaOk(cudaEventSynchronize(stop), "kernel")) return -1;
   float ms = 0;
@@ -163,14 +171,16 @@ void RunOne(const Options& o, fusedattn_dtype dtype, int64_t d, int64_t seqlen, 
     std::printf(" [%s]", fusedattn::flash::LastForwardUsedWgmma() ? "wgmma" : "mma.sync");
 #endif
   if (!o.fwd_only && fwd_ms > 0) {
-    const double bwd_ms = TimeMs(o.iters, bwd);
+    double bwd_host_ms = 0;
+    const double bwd_ms = TimeMs(o.iters, bwd, &bwd_host_ms);
     const double both_ms = TimeMs(o.iters, [&] { return fwd() && bwd(); });
     std::printf(" | bwd %8.3f ms %6.1f", bwd_ms, 2.5 * flops / bwd_ms / 1e9);
 #ifdef FUSEDATTN_WITH_FLASH
     if (o.backend == FUSEDATTN_BACKEND_FLASH)
       std::printf(" [%s]", fusedattn::flash::LastBackwardUsedWgmma() ? "wgmma" : "mma.sync");
 #endif
-    std::printf(" | fwd+bwd %8.3f ms %6.1f", both_ms, 3.5 * flops / both_ms / 1e9);
+    std::printf(" | fwd+bwd %8.3f ms %6.1f | bwd host %.3f ms/call", both_ms,
+                3.5 * flops / both_ms / 1e9, bwd_host_ms);
   }
   std::printf("\n");
   std::fflush(stdout);
