@@ -131,9 +131,8 @@ TEST_P(FlexCudnnExamples, PostScaleBiasFromATensor) {
 }
 
 // Document masking: per-token document ids (three documents per sequence, of uneven lengths),
-// causal inside each document. cuDNN runs it for inference; in training its backward misreads the
-// key-side ids (plan_spec.cpp), so check() refuses and selection takes flash
-// (FlexFlashExamples.DocumentMaskingFromPerTokenIds runs it there).
+// causal inside each document. The key-side ids go to cuDNN with a stride-0 q axis, without which
+// its backward misreads them (plan_spec.cpp, AuxDescs).
 ScoreMod DocumentMask() {
   ScoreMod mod;
   Expr doc_q = mod.tensor("doc_q", FUSEDATTN_DTYPE_INT32,
@@ -144,12 +143,12 @@ ScoreMod DocumentMask() {
   return mod;
 }
 
-TEST_P(FlexCudnnExamples, DocumentMaskingFromPerTokenIdsForInference) {
-  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
+// is_training: 0 (forward) or 1 (forward and backward).
+void RunDocumentMask(fusedattn_dtype dtype, int is_training, uint64_t seed) {
   ScoreMod mod = DocumentMask();
   const int64_t batch = 2, s = 128;
-  fusedattn_config c = Config(batch, 4, 2, s, s, 64, dtype());
-  c.is_training = 0;
+  fusedattn_config c = Config(batch, 4, 2, s, s, 64, dtype);
+  c.is_training = is_training;
   c.score_mod = mod.get();
   HostTensor ids(FUSEDATTN_DTYPE_INT32, {batch, s});
   const int64_t bounds[2][2] = {{40, 100}, {17, 90}};  // where documents 1 and 2 start
@@ -157,17 +156,18 @@ TEST_P(FlexCudnnExamples, DocumentMaskingFromPerTokenIdsForInference) {
     for (int64_t i = 0; i < s; ++i)
       ids.set(b * s + i, static_cast<double>((i >= bounds[b][0]) + (i >= bounds[b][1])));
   TensorOptions o;
-  o.seed = seed() + 5;
+  o.seed = seed;
   RunAndCompare(c, {ids, ids}, o);
 }
 
-TEST(FlexCudnn, DocumentMaskingInTrainingIsRefusedWithCudnnsReasonAndGoesToFlash) {
+TEST_P(FlexCudnnExamples, DocumentMaskingFromPerTokenIdsForInference) {
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
-  ScoreMod mod = DocumentMask();
-  fusedattn_config c = Config(2, 4, 2, 128, 128, 64, FUSEDATTN_DTYPE_BFLOAT16);
-  c.score_mod = mod.get();
-  ExpectCudnnRefusesAndSelectionTakesFlash(
-      c, "'doc_kv' is indexed by batch or kv_idx but not by q_idx");
+  RunDocumentMask(dtype(), 0, seed() + 5);
+}
+
+TEST_P(FlexCudnnExamples, DocumentMaskingFromPerTokenIdsInTraining) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
+  RunDocumentMask(dtype(), 1, seed() + 6);
 }
 
 // A causal sliding window of 16 by mask_mod: a band, so cuDNN's native band (tiles skipped).

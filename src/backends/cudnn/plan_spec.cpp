@@ -220,8 +220,15 @@ std::vector<AuxTensorView> CanonicalAux(const Problem& p) {
   return views;
 }
 
-// The score_mod tensors as graph inputs: extent 1 (with a packed stride, never 0) on the axes a
-// tensor leaves out, the caller's strides on the others.
+// The score_mod tensors as graph inputs: extent 1 (with a packed stride) on the axes a tensor
+// leaves out, the caller's strides on the others; except that a tensor read with batch or kv_idx
+// but without q_idx (per-key document ids) gets the full q extent with stride 0: cuDNN 9.19's
+// backward misreads such a tensor when its q extent is 1 (gradients 50-150% off on H100).
+bool IsKeySide(const flex::TensorDecl& decl) {
+  return !(decl.axes & FUSEDATTN_SCORE_MOD_AXIS_Q) &&
+         (decl.axes & (FUSEDATTN_SCORE_MOD_AXIS_BATCH | FUSEDATTN_SCORE_MOD_AXIS_KV));
+}
+
 std::vector<SdpaGraphSpec::Aux> AuxDescs(const Problem& p, const std::vector<AuxTensorView>& t) {
   const auto& c = p.config;
   std::vector<SdpaGraphSpec::Aux> out;
@@ -240,6 +247,7 @@ std::vector<SdpaGraphSpec::Aux> AuxDescs(const Problem& p, const std::vector<Aux
       a.desc.stride[d] = present ? strides[d] : packed;
       packed *= a.desc.dim[d];
     }
+    if (IsKeySide(decls[k])) a.desc.dim[2] = extents[2], a.desc.stride[2] = 0;
     out.push_back(a);
   }
   return out;
@@ -289,24 +297,12 @@ Status ScoreModPreCheck(const Problem& p) {
   const auto& decls = p.score_mod->tensors();
   // Measured on H100 with cuDNN 9.19 against the reference: a padding mask evaluated in the
   // callback (the per-sequence lengths, [batch, 1, 1, 1] tensors) gives a wrong O (~100%
-  // relative error); a tensor read without q_idx but with batch or kv_idx gives right forwards
-  // and wrong gradients (50-150%). flash runs both.
-  if (ScoreModPathOf(p) == ScoreModPath::kCallback) {
-    if (p.padding)
-      return NotSupported(
-          "%s with a score_mod: cuDNN 9.19 misreads the per-sequence lengths a score-modifier "
-          "callback reads (O ~100%% off on H100; flash and the reference backend run it)",
-          MaskName(c.mask));
-    if (c.is_training)
-      for (const flex::TensorDecl& decl : decls)
-        if (!(decl.axes & FUSEDATTN_SCORE_MOD_AXIS_Q) &&
-            (decl.axes & (FUSEDATTN_SCORE_MOD_AXIS_BATCH | FUSEDATTN_SCORE_MOD_AXIS_KV)))
-          return NotSupported(
-              "score_mod tensor '%s' is indexed by batch or kv_idx but not by q_idx: cuDNN 9.19's "
-              "backward misreads such tensors (gradients 50-150%% off on H100; flash and the "
-              "reference backend run it)",
-              decl.name.c_str());
-  }
+  // relative error). flash runs it. (Key-side tensors: see AuxDescs.)
+  if (ScoreModPathOf(p) == ScoreModPath::kCallback && p.padding)
+    return NotSupported(
+        "%s with a score_mod: cuDNN 9.19 misreads the per-sequence lengths a score-modifier "
+        "callback reads (O ~100%% off on H100; flash and the reference backend run it)",
+        MaskName(c.mask));
   for (const flex::TensorDecl& decl : decls)
     if (decl.requires_grad)
       return NotSupported(
