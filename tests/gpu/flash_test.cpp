@@ -114,8 +114,12 @@ void ExpectMatchesReference(const fusedattn_config& config, const TensorOptions&
   DeviceProblem dev;
   std::string error;
   ASSERT_TRUE(dev.upload(dev_host, &error)) << error;
+  size_t fwd_bytes = 0;  // THD on the wgmma kernel: the tile schedule
+  ASSERT_NO_THROW(fwd_bytes = FwdWorkspaceSize(config));
+  DeviceBuffer fwd_workspace(fwd_bytes);
+  ASSERT_TRUE(fwd_bytes == 0 || fwd_workspace.ptr) << "cudaMalloc of " << fwd_bytes << " bytes";
   try {
-    Forward(config, dev.fwd_args());
+    Forward(config, dev.fwd_args(), fwd_workspace.ptr, fwd_bytes);
   } catch (const Error& e) {
     FAIL() << "flash forward failed: " << e.what();
   }
@@ -479,7 +483,11 @@ TEST(Flash, OutOfRangeSequenceLengthsDoNotFault) {
   DeviceProblem dev;
   std::string error;
   ASSERT_TRUE(dev.upload(host, &error)) << error;
-  EXPECT_NO_THROW(Forward(c, dev.fwd_args()));
+  {
+    size_t fwd_bytes = FwdWorkspaceSize(c);  // THD on the wgmma kernel: the tile schedule
+    DeviceBuffer fwd_workspace(fwd_bytes);
+    EXPECT_NO_THROW(Forward(c, dev.fwd_args(), fwd_workspace.ptr, fwd_bytes));
+  }
   size_t bytes = BwdWorkspaceSize(c);
   DeviceBuffer workspace(bytes);
   EXPECT_NO_THROW(Backward(c, dev.bwd_args(), workspace.ptr, bytes));

@@ -146,8 +146,12 @@ void ExpectForwardMatches(const Case& k) {
   DeviceProblem dev;
   std::string error;
   ASSERT_TRUE(dev.upload(host, &error)) << error;
+  size_t bytes = 0;  // THD on the wgmma kernel: the tile schedule
+  ASSERT_NO_THROW(bytes = FwdWorkspaceSize(k.config));
+  DeviceBuffer workspace(bytes);
+  ASSERT_TRUE(bytes == 0 || workspace.ptr) << "cudaMalloc of " << bytes << " bytes";
   try {
-    Forward(k.config, dev.fwd_args());
+    Forward(k.config, dev.fwd_args(), workspace.ptr, bytes);
   } catch (const Error& e) {
     FAIL() << "flash forward failed: " << e.what();
   }
@@ -673,6 +677,38 @@ TEST(FlashWgmmaBwd, LargeFp16HeadDim64Gqa) {
   c.return_max_logit = 0;
   c.mask = FUSEDATTN_MASK_CAUSAL;
   ExpectBackwardMatches({"b1 h4/2 s1024 d64 fp16 causal", c, {}, false, true});
+}
+
+// THD with many uneven sequences, empty ones and one much longer than the rest: the heavy-first
+// tile schedule of the wgmma forward and backward (schedule.h) against the reference, causal and
+// not, with and without gaps between the sequences (packed LSE, which the forward's schedule
+// needs; the unpacked one takes the plain grid, thd_uneven_with_empty_gaps above).
+TEST(FlashWgmmaBwd, ThdManyUnevenSequencesScheduled) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
+  TensorOptions o;
+  std::mt19937 rng(321);
+  std::uniform_int_distribution<int32_t> len(1, 600);
+  for (int b = 0; b < 33; ++b) {
+    int32_t n = b % 8 == 3 ? 0 : len(rng);  // some empty sequences
+    if (b == 17) n = 1500;                  // one much longer, in the middle of the batch
+    if (b == 5) n = 128;                    // exactly one tile
+    o.len_q.push_back(n);
+    o.len_kv.push_back(b == 9 ? 0 : n);     // keys empty where the queries are not
+  }
+  o.lse_packed = true;
+  for (bool causal : {false, true})
+    for (bool gaps : {false, true}) {
+      fusedattn_config c = Config(33, 4, 2, 1500, 1500, 128, FUSEDATTN_DTYPE_BFLOAT16);
+      SetFormats(&c, FUSEDATTN_FORMAT_THD);
+      c.mask = causal ? FUSEDATTN_MASK_PADDING_CAUSAL : FUSEDATTN_MASK_PADDING;
+      o.thd_gaps = gaps;
+      o.seed = 777 + 2 * causal + gaps;
+      const std::string name = std::string("thd 33 uneven d128 bf16") + (causal ? " causal" : "") +
+                               (gaps ? " gaps" : "");
+      ExpectForwardMatches({name, c, o, false, true});
+      c.return_max_logit = 0;
+      ExpectBackwardMatches({name, c, o, false, true});
+    }
 }
 
 // The dispatch: plain non-deterministic problems of the 64 and 128 instances take the wgmma

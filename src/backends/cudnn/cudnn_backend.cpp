@@ -394,6 +394,10 @@ Status CudnnBackendImpl::forward(const Problem& problem, const FwdTensors& t, vo
     return Fallback(p, reason, [&](Backend* other) {
       size_t needed = 0;
       FUSEDATTN_RETURN_IF_ERROR(other->fwd_workspace_size(p, &needed));
+      // Without a score_mod, flash's forward workspace is only its THD tile schedule, which it
+      // skips (plain grid) when not given: a smaller cuDNN workspace still runs.
+      if (needed > workspace_bytes && !p.score_mod)
+        return other->forward(p, t, nullptr, 0, stream);
       if (needed > workspace_bytes)
         return Status(FUSEDATTN_ERROR_WORKSPACE,
                       Format("cudnn: %s; the flash fallback needs %zu bytes of workspace but %zu "

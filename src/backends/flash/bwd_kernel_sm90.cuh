@@ -42,6 +42,7 @@
 #include <type_traits>
 
 #include "backends/flash/device_common.cuh"
+#include "backends/flash/schedule.h"
 #include "backends/flash/sm90.h"
 #include "backends/flash/wgmma.cuh"
 #include "common/cuda_util.h"
@@ -112,7 +113,15 @@ __global__ void __launch_bounds__(384, 1)
   constexpr int kQBytes = Tile::kQBytes;
   constexpr int kSlices = kBlockM / 8;  // 8-query slices of S^T, dP^T
 
-  const TileIndex tile = DecomposeBlock(blockIdx.x, n_tiles, p.heads_kv);
+  // The plain grid, or the heavy-first schedule of THD problems (schedule.h); key tile 0 (the
+  // one most causal queries see) first either way.
+  TileIndex tile;
+  if (p.schedule != nullptr) {
+    tile = ScheduledBlock(p.schedule, blockIdx.x, p.heads_kv, p.batch);
+    if (tile.tile < 0) return;  // past the last scheduled tile
+  } else {
+    tile = DecomposeBlock(blockIdx.x, n_tiles, p.heads_kv);
+  }
   const int b = tile.b, hk = tile.h;
   const SeqInfo seq = LoadSeq(p, b);
   const int n0 = tile.tile * kBlockN;
@@ -484,10 +493,21 @@ Status LaunchWgmmaBackward(const FlashParams& p, cudaStream_t stream, bool* laun
   const int n_tiles = (p.max_seqlen_kv + Tile::kBlockN - 1) / Tile::kBlockN;
   const int64_t blocks = int64_t{n_tiles} * p.heads_kv * p.batch;
   if (blocks > INT_MAX) return Status::Ok();
+  // THD: the heavy-first schedule of the key tiles (schedule.h). The plain grid's blocks past a
+  // sequence's keys write nothing there (ZeroKeyBlockGradients stops at len_kv for THD), so
+  // leaving them out changes no output.
+  FlashParams run = p;
+  run.schedule = nullptr;
+  if (p.thd && p.schedule_workspace != nullptr) {
+    bool scheduled = false;
+    FUSEDATTN_RETURN_IF_ERROR(
+        LaunchTileSchedule(p, /*by_keys=*/true, Tile::kBlockN, n_tiles, stream, &scheduled));
+    if (scheduled) run.schedule = p.schedule_workspace;
+  }
   auto kernel = WgmmaBackwardKernel<Element, kHeadDim>;
   FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             Tile::kSmemBytes));
-  kernel<<<static_cast<unsigned>(blocks), Tile::kThreads, Tile::kSmemBytes, stream>>>(maps, p,
+  kernel<<<static_cast<unsigned>(blocks), Tile::kThreads, Tile::kSmemBytes, stream>>>(maps, run,
                                                                                     n_tiles);
   *launched = true;
   FUSEDATTN_CUDA_CHECK(cudaGetLastError());

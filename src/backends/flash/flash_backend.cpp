@@ -23,6 +23,7 @@
 
 #include "backends/flash/jit.h"
 #include "backends/flash/kernels.h"
+#include "backends/flash/schedule.h"
 #include "backends/flash/sm90.h"
 #include "common/cuda_util.h"
 #include "flex/score_mod.h"
@@ -60,6 +61,15 @@ int FastHeadDim(const Problem& p) {
   const auto& c = p.config;
   if (!IsHalfType(c.qkv_dtype) || c.o_dtype != c.qkv_dtype) return 0;
   return flash::FastHeadDimFor(static_cast<int>(c.head_dim_qk), static_cast<int>(c.head_dim_v));
+}
+
+// Whether a THD problem may run the wgmma kernels, which then take the heavy-first tile schedule
+// (schedule.h) from the workspace: THD, no score_mod, a 64/128 instance and the wgmma path
+// enabled on the current device. Only these problems get the schedule's workspace, so that a
+// forward elsewhere keeps needing none.
+bool WantsSchedule(const Problem& p) {
+  const int dim = FastHeadDim(p);
+  return p.thd && !p.score_mod && (dim == 64 || dim == 128) && flash::WgmmaEnabled();
 }
 
 // cp.async copies 16-byte pieces of rows: the head dim must be the innermost axis and every row
@@ -236,6 +246,9 @@ struct BwdWorkspace {
   size_t block_mask = 0, block_mask_dq = 0;
   size_t block_mask_bytes = 0, block_mask_dq_bytes = 0;
   std::vector<size_t> flex_grad;  // offset per tensor (requires grad)
+  // THD on the wgmma kernels: the key tiles' schedule (schedule.h), last.
+  size_t schedule = 0;
+  bool has_schedule = false;
 };
 
 BwdWorkspace PlanBwdWorkspace(const Problem& problem) {
@@ -270,6 +283,11 @@ BwdWorkspace PlanBwdWorkspace(const Problem& problem) {
       FlexExtents(problem, decl.axes, e);
       w.total += AlignUp(static_cast<size_t>(e[0] * e[1] * e[2] * e[3]) * sizeof(float));
     }
+  }
+  if (WantsSchedule(problem) && !c.deterministic) {
+    w.schedule = w.total;
+    w.has_schedule = true;
+    w.total += AlignUp(flash::ScheduleBytes(c.batch));
   }
   return w;
 }
@@ -367,10 +385,11 @@ class FlashBackendImpl final : public Backend {
   }
 
   Status fwd_workspace_size(const Problem& p, size_t* bytes) override {
-    // score_mod: the forward's block mask.
+    // score_mod: the forward's block mask; THD on the wgmma kernel: the query tiles' schedule.
     *bytes = p.score_mod && FastHeadDim(p) > 0
                  ? AlignUp(FlexBlockMaskBytes(p, jit::Kernel::kForward))
                  : 0;
+    if (WantsSchedule(p)) *bytes = AlignUp(flash::ScheduleBytes(p.config.batch));
     return Status::Ok();
   }
 
@@ -381,10 +400,13 @@ class FlashBackendImpl final : public Backend {
     return Status::Ok();
   }
 
-  Status forward(const Problem& problem, const FwdTensors& t, void* workspace, size_t,
-                 void* stream) override {
+  Status forward(const Problem& problem, const FwdTensors& t, void* workspace,
+                 size_t workspace_bytes, void* stream) override {
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     FlashParams p = CommonParams(problem, t);
+    if (WantsSchedule(problem) && workspace != nullptr &&
+        workspace_bytes >= flash::ScheduleBytes(problem.config.batch))
+      p.schedule_workspace = static_cast<int32_t*>(workspace);
     p.max_logit = t.max_logit;
     p.max_logit_stride = t.max_logit_stride;
     flash::SetLastForwardUsedWgmma(false);
@@ -442,6 +464,7 @@ class FlashBackendImpl final : public Backend {
       p.dq_accum = reinterpret_cast<float*>(base + plan.dq_accum);
       p.dq_accum_dim = plan.dq_accum_dim;
     }
+    if (plan.has_schedule) p.schedule_workspace = reinterpret_cast<int32_t*>(base + plan.schedule);
 
     bool reduce_dbias = false;
     if (t.dbias.present()) {

@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "backends/flash/device_common.cuh"
+#include "backends/flash/schedule.h"
 #include "backends/flash/fwd_kernel.cuh"
 #include "backends/flash/sm90.h"
 #include "backends/flash/wgmma.cuh"
@@ -64,10 +65,19 @@ __global__ void __launch_bounds__(384, 1)
   constexpr int kSTiles = kBlockN / 8;   // 8-column slices of S
   constexpr int kDTiles = kHeadDim / 8;  // 8-column slices of O
 
-  const TileIndex tile = DecomposeBlock(blockIdx.x, m_tiles, p.heads_q);
-  const int m_tile = m_tiles - 1 - tile.tile;  // the longest causal tiles start first
+  // The plain grid, or the heavy-first schedule of THD problems (schedule.h).
+  TileIndex tile;
+  if (p.schedule != nullptr) {
+    tile = ScheduledBlock(p.schedule, blockIdx.x, p.heads_q, p.batch);
+    if (tile.tile < 0) return;  // past the last scheduled tile
+  } else {
+    tile = DecomposeBlock(blockIdx.x, m_tiles, p.heads_q);
+  }
   const int b = tile.b, h = tile.h, hk = h / p.group;
   const SeqInfo seq = LoadSeq(p, b);
+  // The longest causal tiles (the last ones) start first.
+  const int m_tile = (p.schedule != nullptr ? (seq.len_q + kBlockM - 1) / kBlockM : m_tiles) - 1 -
+                     tile.tile;
   const int m0 = m_tile * kBlockM;
   const int64_t shift = DiagShift(p, seq.len_q, seq.len_kv);
 
@@ -351,10 +361,21 @@ Status LaunchWgmmaForward(const FlashParams& p, cudaStream_t stream, bool* launc
   const int m_tiles = (p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM;
   const int64_t blocks = int64_t{m_tiles} * p.heads_q * p.batch;
   if (blocks > INT_MAX) return Status::Ok();
+  // THD: the heavy-first schedule of the query tiles (schedule.h), where no row outside the
+  // sequences is written anyway (WriteRowsWithoutKeys writes rows < len_q of O and, packed, of
+  // the LSE); a [batch, heads, max_seqlen_q] LSE gets -inf past len_q from the plain grid only.
+  FlashParams run = p;
+  run.schedule = nullptr;
+  if (p.thd && p.schedule_workspace != nullptr && (p.lse.data == nullptr || p.lse.packed)) {
+    bool scheduled = false;
+    FUSEDATTN_RETURN_IF_ERROR(
+        LaunchTileSchedule(p, /*by_keys=*/false, Tile::kBlockM, m_tiles, stream, &scheduled));
+    if (scheduled) run.schedule = p.schedule_workspace;
+  }
   auto kernel = WgmmaForwardKernel<Element, kHeadDim>;
   FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             Tile::kSmemBytes));
-  kernel<<<static_cast<unsigned>(blocks), Tile::kThreads, Tile::kSmemBytes, stream>>>(maps, p,
+  kernel<<<static_cast<unsigned>(blocks), Tile::kThreads, Tile::kSmemBytes, stream>>>(maps, run,
                                                                                     m_tiles);
   *launched = true;
   FUSEDATTN_CUDA_CHECK(cudaGetLastError());

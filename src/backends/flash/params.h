@@ -120,6 +120,14 @@ struct FlashParams {
 
   // Score modifiers (run-time compiled kernels only).
   FlexArgs flex;
+
+  // Heavy-first tile schedule of the Hopper kernels for THD problems (schedule.h):
+  // schedule_workspace: int32 room for ScheduleInts(batch) values that the host gives the
+  //   launchers (null: no schedule, the plain grid);
+  // schedule: set by a launcher for its own kernel once LaunchTileSchedule has written
+  //   order[batch] then tile_start[batch + 1] there; null: the plain (tile, head, sequence) grid.
+  int32_t* schedule_workspace = nullptr;
+  const int32_t* schedule = nullptr;
 };
 
 enum DbiasMode { kDbiasNone = 0, kDbiasStore = 1, kDbiasAtomic = 2 };
