@@ -34,15 +34,21 @@ template <int kHeadDim>
 struct Sm90FwdTile {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "wgmma forward: head dims 64 and 128");
   static constexpr int kBlockM = 128;  // 2 consumer warpgroups x 64 rows
-  static constexpr int kBlockN = 128;
+  // d64: 64 keys per step and two blocks per SM (registers for 2 x 384 threads), so that one
+  // block's prologue and epilogue overlap the other's main loop on short sequences; d128: one
+  // block per SM with 128 keys per step.
+  static constexpr int kBlockN = kHeadDim == 64 ? 64 : 128;
+  static constexpr int kMinBlocks = kHeadDim == 64 ? 2 : 1;
   static constexpr int kStages = 2;
   static constexpr int kThreads = 384;
   static constexpr int kConsumerWarps = 8;
-  // setmaxnreg: the block starts at 168 per thread (65536 / 384, rounded down to 8); the producer
-  // gives back what the consumers take. d64's producer spills at 24.
-  static constexpr int kProducerRegs = kHeadDim == 64 ? 32 : 24;
-  static constexpr int kConsumerRegs = kHeadDim == 64 ? 232 : 240;
-  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 384 * 168, "register budget");
+  // setmaxnreg: the block starts at 65536 / (384 kMinBlocks) registers per thread, rounded down to
+  // 8 (168 or 80); the producer gives back what the consumers take.
+  static constexpr int kStartRegs = 65536 / (kThreads * kMinBlocks) / 8 * 8;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = kHeadDim == 64 ? 104 : 240;
+  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * kStartRegs,
+                "register budget");
   static constexpr int kColBlocks = kHeadDim / 64;       // 64-column (128-byte) swizzle blocks
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKvBytes = kBlockN * kHeadDim * 2;  // one K or V stage
@@ -56,7 +62,7 @@ struct Sm90Maps {
 };
 
 template <typename Element, int kHeadDim>
-__global__ void __launch_bounds__(384, 1)
+__global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
     WgmmaForwardKernel(const __grid_constant__ Sm90Maps maps, const FlashParams p, int m_tiles) {
 #if FUSEDATTN_SM90_DEVICE
   using Tile = Sm90FwdTile<kHeadDim>;
