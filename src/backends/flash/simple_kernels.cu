@@ -173,31 +173,14 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32)
 // Backward
 // ------------------------------------------------------------------------------------------------
 
-// One warp per row (b, h, i < max_seqlen_q): delta, sink partial, zeroed dq_accum.
-__global__ void __launch_bounds__(256) PreprocessKernel(const FlashParams p, int64_t rows) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t row = int64_t{blockIdx.x} * 8 + warp;
-  if (row >= rows) return;
-  const int64_t i = row % p.max_seqlen_q;
-  const int h = static_cast<int>((row / p.max_seqlen_q) % p.heads_q);
-  const int b = static_cast<int>(row / p.max_seqlen_q / p.heads_q);
-  const SeqInfo seq = LoadSeq(p, b);
-  const float lse = BackwardLse(p, b, h, seq, i);
-  const bool valid = lse != INFINITY;
-  float delta = 0.f;
-  if (valid) {
-    for (int x = lane; x < p.head_dim_v; x += 32)
-      delta += LoadElem(p.d_o.data, p.o_dtype, Offset(p.d_o, b, h, seq.start_q, i, x)) *
-               LoadElem(p.o.data, p.o_dtype, Offset(p.o, b, h, seq.start_q, i, x));
-    delta = WarpSum(delta);
-  }
-  if (lane == 0) {
-    p.delta[row] = delta;
-    if (p.sink_partial)
-      p.sink_partial[row] = valid ? -expf(ExtraLogit(p, h) - lse) * delta : 0.f;
-  }
-  if (p.dq_accum)
-    for (int x = lane; x < p.dq_accum_dim; x += 32) p.dq_accum[row * p.dq_accum_dim + x] = 0.f;
+// Row `row` of the [batch][heads_q][max_seqlen_q] row order of the backward's per-row buffers.
+struct QueryRow {
+  int64_t i;
+  int h, b;
+};
+__device__ __forceinline__ QueryRow QueryRowOf(const FlashParams& p, int64_t row) {
+  return {row % p.max_seqlen_q, static_cast<int>((row / p.max_seqlen_q) % p.heads_q),
+          static_cast<int>(row / p.max_seqlen_q / p.heads_q)};
 }
 
 // 8 16-bit values (one 16-byte load) as floats.
@@ -217,32 +200,40 @@ __device__ __forceinline__ void Unpack8(uint4 raw, bool bf16, float out[8]) {
   }
 }
 
-// PreprocessKernel for 16-bit O and dO whose rows are 16-byte vectors (VectorRows): a group of
-// kLanes = head_dim_v / 8 lanes per row, one 16-byte load of each per lane. The generic kernel
-// loads element by element and was a visible part of short-sequence backwards.
-template <int kLanes>
-__global__ void __launch_bounds__(256) PreprocessVectorKernel(const FlashParams p, int64_t rows) {
+// A group of kLanes lanes per row (b, h, i < max_seqlen_q): delta = rowsum(dO * O), the sink
+// partial, the zeroed dq_accum row. kVector: 16-bit O and dO whose rows are 16-byte vectors
+// (VectorRows) with head_dim_v = 8 kLanes, one 16-byte load of each per lane, float4 zeroing;
+// otherwise kLanes = 32 and element loads of any dtype and stride. (The element loads were a
+// visible part of short-sequence backwards: ~400 us at 16k tokens x 2048 on H100.)
+template <int kLanes, bool kVector>
+__global__ void __launch_bounds__(256) PreprocessKernel(const FlashParams p, int64_t rows) {
+  static_assert(32 % kLanes == 0, "whole groups per warp");
   const int64_t row = (int64_t{blockIdx.x} * 256 + threadIdx.x) / kLanes;
   const int lane = threadIdx.x % kLanes;
-  if (row >= rows) return;  // whole groups leave together (kLanes divides 32)
-  const int64_t i = row % p.max_seqlen_q;
-  const int h = static_cast<int>((row / p.max_seqlen_q) % p.heads_q);
-  const int b = static_cast<int>(row / p.max_seqlen_q / p.heads_q);
+  if (row >= rows) return;  // whole groups leave together
+  const auto [i, h, b] = QueryRowOf(p, row);
   const SeqInfo seq = LoadSeq(p, b);
   const float lse = BackwardLse(p, b, h, seq, i);
   const bool valid = lse != INFINITY;
   float delta = 0.f;
   if (valid) {
-    const bool bf16 = p.o_dtype == FUSEDATTN_DTYPE_BFLOAT16;
-    const uint4 o_raw = *reinterpret_cast<const uint4*>(
-        static_cast<const uint16_t*>(p.o.data) + Offset(p.o, b, h, seq.start_q, i, 8 * lane));
-    const uint4 do_raw = *reinterpret_cast<const uint4*>(
-        static_cast<const uint16_t*>(p.d_o.data) + Offset(p.d_o, b, h, seq.start_q, i, 8 * lane));
-    float o[8], d_o[8];
-    Unpack8(o_raw, bf16, o);
-    Unpack8(do_raw, bf16, d_o);
+    if constexpr (kVector) {
+      const bool bf16 = p.o_dtype == FUSEDATTN_DTYPE_BFLOAT16;
+      const uint4 o_raw = *reinterpret_cast<const uint4*>(
+          static_cast<const uint16_t*>(p.o.data) + Offset(p.o, b, h, seq.start_q, i, 8 * lane));
+      const uint4 do_raw =
+          *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.d_o.data) +
+                                          Offset(p.d_o, b, h, seq.start_q, i, 8 * lane));
+      float o[8], d_o[8];
+      Unpack8(o_raw, bf16, o);
+      Unpack8(do_raw, bf16, d_o);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) delta += o[k] * d_o[k];
+      for (int k = 0; k < 8; ++k) delta += o[k] * d_o[k];
+    } else {
+      for (int x = lane; x < p.head_dim_v; x += kLanes)
+        delta += LoadElem(p.d_o.data, p.o_dtype, Offset(p.d_o, b, h, seq.start_q, i, x)) *
+                 LoadElem(p.o.data, p.o_dtype, Offset(p.o, b, h, seq.start_q, i, x));
+    }
   }
 #pragma unroll
   for (int offset = kLanes / 2; offset > 0; offset /= 2)
@@ -252,46 +243,56 @@ __global__ void __launch_bounds__(256) PreprocessVectorKernel(const FlashParams 
     if (p.sink_partial)
       p.sink_partial[row] = valid ? -expf(ExtraLogit(p, h) - lse) * delta : 0.f;
   }
-  if (p.dq_accum)
-    for (int x = 4 * lane; x < p.dq_accum_dim; x += 4 * kLanes)
-      *reinterpret_cast<float4*>(p.dq_accum + row * p.dq_accum_dim + x) =
-          make_float4(0.f, 0.f, 0.f, 0.f);
+  if (p.dq_accum) {
+    float* accum = p.dq_accum + row * p.dq_accum_dim;
+    if constexpr (kVector) {
+      for (int x = 4 * lane; x < p.dq_accum_dim; x += 4 * kLanes)
+        *reinterpret_cast<float4*>(accum + x) = make_float4(0.f, 0.f, 0.f, 0.f);
+    } else {
+      for (int x = lane; x < p.dq_accum_dim; x += kLanes) accum[x] = 0.f;
+    }
+  }
 }
 
-// ConvertDqKernel for a 16-bit dQ whose rows are 16-byte vectors: 8 elements per thread.
-__global__ void __launch_bounds__(256) ConvertDqVectorKernel(const FlashParams p, int64_t vectors) {
-  const int per_row = p.head_dim_qk / 8;
-  const bool bf16 = p.qkv_dtype == FUSEDATTN_DTYPE_BFLOAT16;
-  for (int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < vectors;
+// dQ from the float32 workspace, kPer elements per thread: 8 for a 16-bit dQ whose rows are
+// 16-byte vectors (one 16-byte store), else 1 (any dtype and stride).
+template <int kPer>
+__global__ void __launch_bounds__(256) ConvertDqKernel(const FlashParams p, int64_t items) {
+  const int per_row = p.head_dim_qk / kPer;
+  for (int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < items;
        e += int64_t{gridDim.x} * blockDim.x) {
-    const int x = static_cast<int>(e % per_row) * 8;
+    const int x = static_cast<int>(e % per_row) * kPer;
     const int64_t row = e / per_row;
-    const int64_t i = row % p.max_seqlen_q;
-    const int h = static_cast<int>((row / p.max_seqlen_q) % p.heads_q);
-    const int b = static_cast<int>(row / p.max_seqlen_q / p.heads_q);
+    const auto [i, h, b] = QueryRowOf(p, row);
     int64_t start_q = 0;
     if (p.thd) {
       const SeqInfo seq = LoadSeq(p, b);
       if (i >= seq.len_q) continue;
       start_q = seq.start_q;
     }
-    const float4* in = reinterpret_cast<const float4*>(p.dq_accum + row * p.dq_accum_dim + x);
-    const float4 lo = in[0], hi = in[1];
-    const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-    uint32_t words[4];
+    const float* in = p.dq_accum + row * p.dq_accum_dim + x;
+    const int64_t at = Offset(p.dq, b, h, start_q, i, x);
+    if constexpr (kPer == 1) {
+      StoreElem(p.dq.data, p.qkv_dtype, at, *in);
+    } else {
+      static_assert(kPer == 8, "one 16-byte vector");
+      const float4 lo = reinterpret_cast<const float4*>(in)[0];
+      const float4 hi = reinterpret_cast<const float4*>(in)[1];
+      const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+      uint32_t words[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      if (bf16) {
-        const __nv_bfloat162 pair = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
-        words[k] = *reinterpret_cast<const uint32_t*>(&pair);
-      } else {
-        const __half2 pair = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
-        words[k] = *reinterpret_cast<const uint32_t*>(&pair);
+      for (int k = 0; k < 4; ++k) {
+        if (p.qkv_dtype == FUSEDATTN_DTYPE_BFLOAT16) {
+          const __nv_bfloat162 pair = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+          words[k] = *reinterpret_cast<const uint32_t*>(&pair);
+        } else {
+          const __half2 pair = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
+          words[k] = *reinterpret_cast<const uint32_t*>(&pair);
+        }
       }
+      *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.dq.data) + at) =
+          make_uint4(words[0], words[1], words[2], words[3]);
     }
-    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.dq.data) +
-                              Offset(p.dq, b, h, start_q, i, x)) =
-        make_uint4(words[0], words[1], words[2], words[3]);
   }
 }
 
@@ -528,22 +529,6 @@ __global__ void __launch_bounds__(256) ReduceDsinkKernel(const FlashParams p) {
   if (threadIdx.x == 0) p.dsink[h * p.dsink_stride] = partial[0];
 }
 
-__global__ void __launch_bounds__(256) ConvertDqKernel(const FlashParams p, int64_t elements) {
-  const int dqk = p.head_dim_qk;
-  for (int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < elements;
-       e += int64_t{gridDim.x} * blockDim.x) {
-    const int x = static_cast<int>(e % dqk);
-    const int64_t row = e / dqk;
-    const int64_t i = row % p.max_seqlen_q;
-    const int h = static_cast<int>((row / p.max_seqlen_q) % p.heads_q);
-    const int b = static_cast<int>(row / p.max_seqlen_q / p.heads_q);
-    const SeqInfo seq = LoadSeq(p, b);
-    if (i >= (p.thd ? seq.len_q : p.max_seqlen_q)) continue;
-    StoreElem(p.dq.data, p.qkv_dtype, Offset(p.dq, b, h, seq.start_q, i, x),
-              p.dq_accum[row * p.dq_accum_dim + x]);
-  }
-}
-
 __global__ void FillMaxLogitKernel(const FlashParams p) {
   for (int h = blockIdx.x * blockDim.x + threadIdx.x; h < p.heads_q; h += gridDim.x * blockDim.x)
     p.max_logit[h * p.max_logit_stride] = -INFINITY;
@@ -657,36 +642,36 @@ bool VectorRows(const TensorArg& t, int cols) {
          aligned(t.stride_b) && aligned(t.stride_h) && aligned(t.stride_s);
 }
 
-template <int kLanes>
-Status LaunchPreprocessVector(const FlashParams& p, int64_t rows, cudaStream_t stream) {
+bool SixteenBit(fusedattn_dtype dtype) {
+  return dtype == FUSEDATTN_DTYPE_BFLOAT16 || dtype == FUSEDATTN_DTYPE_FLOAT16;
+}
+
+// Whether the dQ workspace's rows are runs of float4.
+bool AccumVectors(const FlashParams& p) {
+  return p.dq_accum_dim % 4 == 0 && reinterpret_cast<uintptr_t>(p.dq_accum) % 16 == 0;
+}
+
+template <int kLanes, bool kVector>
+Status LaunchPreprocess(const FlashParams& p, int64_t rows, cudaStream_t stream) {
   const int64_t blocks = CeilDiv(rows * kLanes, 256);
   FUSEDATTN_RETURN_IF_ERROR(CheckBlocks(blocks, "the backward preprocess"));
-  PreprocessVectorKernel<kLanes><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p, rows);
+  PreprocessKernel<kLanes, kVector><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p, rows);
   FUSEDATTN_CUDA_CHECK(cudaGetLastError());
   return Status::Ok();
 }
 
 Status LaunchBackwardPreprocess(const FlashParams& p, cudaStream_t stream) {
   const int64_t rows = int64_t{p.batch} * p.heads_q * p.max_seqlen_q;
-  const bool sixteen_bit = p.o_dtype == FUSEDATTN_DTYPE_BFLOAT16 ||
-                           p.o_dtype == FUSEDATTN_DTYPE_FLOAT16;
-  const bool accum_vectors = p.dq_accum == nullptr ||
-                             (p.dq_accum_dim % 4 == 0 &&
-                              reinterpret_cast<uintptr_t>(p.dq_accum) % 16 == 0);
-  if (sixteen_bit && accum_vectors && VectorRows(p.o, p.head_dim_v) &&
-      VectorRows(p.d_o, p.head_dim_v)) {
+  if (SixteenBit(p.o_dtype) && (p.dq_accum == nullptr || AccumVectors(p)) &&
+      VectorRows(p.o, p.head_dim_v) && VectorRows(p.d_o, p.head_dim_v)) {
     switch (p.head_dim_v) {
-      case 64: return LaunchPreprocessVector<8>(p, rows, stream);
-      case 128: return LaunchPreprocessVector<16>(p, rows, stream);
-      case 256: return LaunchPreprocessVector<32>(p, rows, stream);
-      default: break;  // the generic kernel below
+      case 64: return LaunchPreprocess<8, true>(p, rows, stream);
+      case 128: return LaunchPreprocess<16, true>(p, rows, stream);
+      case 256: return LaunchPreprocess<32, true>(p, rows, stream);
+      default: break;  // element loads below
     }
   }
-  const int64_t blocks = CeilDiv(rows, 8);
-  FUSEDATTN_RETURN_IF_ERROR(CheckBlocks(blocks, "the backward preprocess"));
-  PreprocessKernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p, rows);
-  FUSEDATTN_CUDA_CHECK(cudaGetLastError());
-  return Status::Ok();
+  return LaunchPreprocess<32, false>(p, rows, stream);
 }
 
 Status LaunchReduceDsink(const FlashParams& p, cudaStream_t stream) {
@@ -712,15 +697,10 @@ Status LaunchReduceDbias(const FlashParams& p, cudaStream_t stream) {
 Status LaunchConvertDq(const FlashParams& p, cudaStream_t stream) {
   const int64_t elements =
       int64_t{p.batch} * p.heads_q * p.max_seqlen_q * int64_t{p.head_dim_qk};
-  const bool sixteen_bit = p.qkv_dtype == FUSEDATTN_DTYPE_BFLOAT16 ||
-                           p.qkv_dtype == FUSEDATTN_DTYPE_FLOAT16;
-  if (sixteen_bit && VectorRows(p.dq, p.head_dim_qk) && p.dq_accum_dim % 4 == 0 &&
-      reinterpret_cast<uintptr_t>(p.dq_accum) % 16 == 0) {
-    ConvertDqVectorKernel<<<ElementwiseBlocks(elements / 8), 256, 0, stream>>>(p, elements / 8);
-    FUSEDATTN_CUDA_CHECK(cudaGetLastError());
-    return Status::Ok();
-  }
-  ConvertDqKernel<<<ElementwiseBlocks(elements), 256, 0, stream>>>(p, elements);
+  if (SixteenBit(p.qkv_dtype) && VectorRows(p.dq, p.head_dim_qk) && AccumVectors(p))
+    ConvertDqKernel<8><<<ElementwiseBlocks(elements / 8), 256, 0, stream>>>(p, elements / 8);
+  else
+    ConvertDqKernel<1><<<ElementwiseBlocks(elements), 256, 0, stream>>>(p, elements);
   FUSEDATTN_CUDA_CHECK(cudaGetLastError());
   return Status::Ok();
 }
