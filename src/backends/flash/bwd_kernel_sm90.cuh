@@ -474,21 +474,12 @@ Status LaunchWgmmaBackward(const FlashParams& p, cudaStream_t stream, bool* laun
       p.head_dim_qk > kHeadDim || p.head_dim_v > kHeadDim || p.qkv_dtype != p.o_dtype ||
       p.lse.data == nullptr)
     return Status::Ok();
-  const int64_t rows_q = p.thd ? p.tokens_q : p.max_seqlen_q;
-  const int64_t rows_kv = p.thd ? p.tokens_kv : p.max_seqlen_kv;
-  // Row coordinates (token start + tile offset) must fit TMA's int32 coordinates.
-  if (rows_q + Tile::kBlockM >= INT_MAX || rows_kv + Tile::kBlockN >= INT_MAX) return Status::Ok();
-  const int batch = p.thd ? 1 : p.batch;
   const bool bf16 = std::is_same_v<Element, Bfloat16>;
   Sm90BwdMaps maps;
-  if (!EncodeQkvTensorMap(&maps.q, p.q, bf16, rows_q, p.head_dim_qk, p.heads_q, batch,
-                          Tile::kBlockM) ||
-      !EncodeQkvTensorMap(&maps.d_o, p.d_o, bf16, rows_q, p.head_dim_v, p.heads_q, batch,
-                          Tile::kBlockM) ||
-      !EncodeQkvTensorMap(&maps.k, p.k, bf16, rows_kv, p.head_dim_qk, p.heads_kv, batch,
-                          Tile::kBlockN) ||
-      !EncodeQkvTensorMap(&maps.v, p.v, bf16, rows_kv, p.head_dim_v, p.heads_kv, batch,
-                          Tile::kBlockN))
+  if (!EncodeLaunchTensorMap(&maps.q, p, p.q, true, p.head_dim_qk, Tile::kBlockM, bf16) ||
+      !EncodeLaunchTensorMap(&maps.d_o, p, p.d_o, true, p.head_dim_v, Tile::kBlockM, bf16) ||
+      !EncodeLaunchTensorMap(&maps.k, p, p.k, false, p.head_dim_qk, Tile::kBlockN, bf16) ||
+      !EncodeLaunchTensorMap(&maps.v, p, p.v, false, p.head_dim_v, Tile::kBlockN, bf16))
     return Status::Ok();
   const int n_tiles = (p.max_seqlen_kv + Tile::kBlockN - 1) / Tile::kBlockN;
   const int64_t blocks = int64_t{n_tiles} * p.heads_kv * p.batch;

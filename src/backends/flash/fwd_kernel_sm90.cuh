@@ -350,19 +350,11 @@ Status LaunchWgmmaForward(const FlashParams& p, cudaStream_t stream, bool* launc
   if (NeedsFullKernel(p) || !(p.scale > 0.f) || p.head_dim_qk > kHeadDim ||
       p.head_dim_v > kHeadDim || p.qkv_dtype != p.o_dtype)
     return Status::Ok();
-  const int64_t rows_q = p.thd ? p.tokens_q : p.max_seqlen_q;
-  const int64_t rows_kv = p.thd ? p.tokens_kv : p.max_seqlen_kv;
-  // Row coordinates (token start + tile offset) must fit TMA's int32 coordinates.
-  if (rows_q + Tile::kBlockM >= INT_MAX || rows_kv + Tile::kBlockN >= INT_MAX) return Status::Ok();
-  const int batch = p.thd ? 1 : p.batch;
   const bool bf16 = std::is_same_v<Element, Bfloat16>;
   Sm90Maps maps;
-  if (!EncodeQkvTensorMap(&maps.q, p.q, bf16, rows_q, p.head_dim_qk, p.heads_q, batch,
-                          Tile::kBlockM) ||
-      !EncodeQkvTensorMap(&maps.k, p.k, bf16, rows_kv, p.head_dim_qk, p.heads_kv, batch,
-                          Tile::kBlockN) ||
-      !EncodeQkvTensorMap(&maps.v, p.v, bf16, rows_kv, p.head_dim_v, p.heads_kv, batch,
-                          Tile::kBlockN))
+  if (!EncodeLaunchTensorMap(&maps.q, p, p.q, true, p.head_dim_qk, Tile::kBlockM, bf16) ||
+      !EncodeLaunchTensorMap(&maps.k, p, p.k, false, p.head_dim_qk, Tile::kBlockN, bf16) ||
+      !EncodeLaunchTensorMap(&maps.v, p, p.v, false, p.head_dim_v, Tile::kBlockN, bf16))
     return Status::Ok();
   const int m_tiles = (p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM;
   const int64_t blocks = int64_t{m_tiles} * p.heads_q * p.batch;

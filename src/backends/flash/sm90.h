@@ -49,6 +49,13 @@ Status LaunchWgmmaBackward(const FlashParams& p, cudaStream_t stream, bool* laun
 bool EncodeQkvTensorMap(void* map, const TensorArg& t, bool bf16, int64_t rows, int cols,
                         int heads, int batch, int box_rows);
 
+// EncodeQkvTensorMap for a tensor of a flash launch: query side (q, dO: max_seqlen_q rows,
+// heads_q) or key side (k, v: max_seqlen_kv, heads_kv); THD tensors are one batch of
+// tokens_q / tokens_kv rows. Also false when a row coordinate of a tile (token start + tile
+// offset, box_rows rows) might not fit TMA's int32 coordinates.
+bool EncodeLaunchTensorMap(void* map, const FlashParams& p, const TensorArg& t, bool query_side,
+                           int cols, int box_rows, bool bf16);
+
 // Test hook for one warpgroup MMA tile against a CPU matmul (tests/gpu/flash_wgmma_test.cpp), all
 // pointers on the device, 16-bit elements (fp16 or bf16), row-major:
 //  mode 0: C[64][64] = A[64][128] . B[64][128]^T, both operands K-major from shared memory written

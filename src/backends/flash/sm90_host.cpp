@@ -1,6 +1,7 @@
 // Host side of the wgmma kernels: whether they may run (build, environment, device) and the TMA
 // tensor maps, encoded through the driver entry point that the runtime hands out (no -lcuda).
 #include <atomic>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 
@@ -114,11 +115,23 @@ bool EncodeQkvTensorMap(void* map, const TensorArg& t, bool bf16, int64_t rows, 
   return result == CUDA_SUCCESS;
 }
 
+bool EncodeLaunchTensorMap(void* map, const FlashParams& p, const TensorArg& t, bool query_side,
+                           int cols, int box_rows, bool bf16) {
+  const int64_t rows = query_side ? (p.thd ? p.tokens_q : p.max_seqlen_q)
+                                  : (p.thd ? p.tokens_kv : p.max_seqlen_kv);
+  if (rows + box_rows >= INT_MAX) return false;
+  return EncodeQkvTensorMap(map, t, bf16, rows, cols, query_side ? p.heads_q : p.heads_kv,
+                            p.thd ? 1 : p.batch, box_rows);
+}
+
 #else  // !FUSEDATTN_FLASH_SM90
 
 bool WgmmaCompiled() { return false; }
 bool WgmmaEnabled() { return false; }
 bool EncodeQkvTensorMap(void*, const TensorArg&, bool, int64_t, int, int, int, int) {
+  return false;
+}
+bool EncodeLaunchTensorMap(void*, const FlashParams&, const TensorArg&, bool, int, int, bool) {
   return false;
 }
 Status WgmmaTileSelfTest(int, bool, const void*, const void*, float*, cudaStream_t) {
