@@ -304,24 +304,10 @@ INSTANTIATE_TEST_SUITE_P(
 // Forward cases: every one for bf16/fp16 x d64/d128
 // ------------------------------------------------------------------------------------------------
 
-std::vector<Case> CasesFor(fusedattn_dtype dtype, int64_t d) {
-  std::vector<Case> cases;
-  auto add = [&](std::string name, fusedattn_config c, TensorOptions o = {},
-                 bool poison_padding = false) {
-    o.seed = 4000 + cases.size() * 13 + d;
-    cases.push_back({name, c, o, poison_padding, true});
-  };
-  add("no_mask", Config(2, 4, 4, 200, 200, d, dtype));
-  {
-    fusedattn_config c = Config(2, 4, 4, 300, 300, d, dtype);
-    c.mask = FUSEDATTN_MASK_CAUSAL;
-    add("causal", c);
-  }
-  {
-    fusedattn_config c = Config(2, 4, 2, 77, 300, d, dtype);
-    c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
-    add("causal_bottom_right_sq_lt_skv", c);
-  }
+// The cases the forward and backward lists share, at the same place in both (the seeds follow
+// the position): fully masked rows, windows, padding and THD with uneven lengths.
+template <typename Add>
+void MaskAndLayoutCases(fusedattn_dtype dtype, int64_t d, Add& add) {
   {
     fusedattn_config c = Config(2, 2, 2, 150, 40, d, dtype);  // first 110 rows see no key
     c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
@@ -369,6 +355,27 @@ std::vector<Case> CasesFor(fusedattn_dtype dtype, int64_t d) {
     c.mask = FUSEDATTN_MASK_PADDING;
     add("thd_uneven_packed_lse", c, o);
   }
+}
+
+std::vector<Case> CasesFor(fusedattn_dtype dtype, int64_t d) {
+  std::vector<Case> cases;
+  auto add = [&](std::string name, fusedattn_config c, TensorOptions o = {},
+                 bool poison_padding = false) {
+    o.seed = 4000 + cases.size() * 13 + d;
+    cases.push_back({name, c, o, poison_padding, true});
+  };
+  add("no_mask", Config(2, 4, 4, 200, 200, d, dtype));
+  {
+    fusedattn_config c = Config(2, 4, 4, 300, 300, d, dtype);
+    c.mask = FUSEDATTN_MASK_CAUSAL;
+    add("causal", c);
+  }
+  {
+    fusedattn_config c = Config(2, 4, 2, 77, 300, d, dtype);
+    c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    add("causal_bottom_right_sq_lt_skv", c);
+  }
+  MaskAndLayoutCases(dtype, d, add);
   {
     fusedattn_config c = Config(2, 6, 2, 257, 257, d, dtype);
     c.mask = FUSEDATTN_MASK_CAUSAL;
@@ -546,53 +553,7 @@ std::vector<Case> BackwardCasesFor(fusedattn_dtype dtype, int64_t d) {
     c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
     add("causal_bottom_right_sq_gt_skv", c);  // the first 170 rows see no key
   }
-  {
-    fusedattn_config c = Config(2, 2, 2, 150, 40, d, dtype);
-    c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
-    c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
-    add("fully_masked_rows_with_sink", c);
-  }
-  {
-    fusedattn_config c = Config(2, 4, 4, 333, 280, d, dtype);
-    c.window_left = 100, c.window_right = 20;
-    add("window_100_20", c);
-  }
-  {
-    fusedattn_config c = Config(1, 4, 4, 400, 400, d, dtype);
-    c.mask = FUSEDATTN_MASK_CAUSAL;
-    c.window_left = 130;
-    add("causal_window_130", c);
-  }
-  {
-    fusedattn_config c = Config(4, 4, 2, 200, 180, d, dtype);
-    c.mask = FUSEDATTN_MASK_PADDING;
-    TensorOptions o;
-    o.len_q = {200, 0, 77, 130};
-    o.len_kv = {180, 50, 0, 129};
-    add("padding_uneven_with_empty_nan_in_padding", c, o, true);
-  }
-  {
-    fusedattn_config c = Config(3, 4, 4, 260, 250, d, dtype);
-    c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
-    TensorOptions o;
-    o.len_q = {1, 260, 129};
-    o.len_kv = {250, 3, 200};
-    add("padding_causal_bottom_right_nan_in_padding", c, o, true);
-  }
-  {
-    fusedattn_config c = Config(5, 4, 2, 150, 170, d, dtype);
-    SetFormats(&c, FUSEDATTN_FORMAT_THD);
-    c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
-    TensorOptions o;
-    o.len_q = {150, 0, 17, 1, 129};
-    o.len_kv = {170, 5, 0, 64, 129};
-    o.thd_gaps = true;
-    add("thd_uneven_with_empty_gaps", c, o);
-    o.thd_gaps = false;
-    o.lse_packed = true;
-    c.mask = FUSEDATTN_MASK_PADDING;
-    add("thd_uneven_packed_lse", c, o);
-  }
+  MaskAndLayoutCases(dtype, d, add);
   {
     fusedattn_config c = Config(2, 8, 2, 257, 257, d, dtype);
     c.mask = FUSEDATTN_MASK_CAUSAL;
