@@ -151,12 +151,17 @@ __global__ void __launch_bounds__(384, 1)
   uint64_t* full = bars + 2;
   uint64_t* empty = full + kStages;
 
+  // A block whose upper 64 keys lie past the sequence (the last block of a sequence of 64 mod
+  // 128 keys): consumer 1 has no keys, so it reads no stage (only its dQ tile, from dS^T and K)
+  // and only consumer 0's warps release the stages; dQ sums over the lower 64 keys.
+  const bool upper_keys_absent = n0 + 64 >= seq.len_kv;
   if (threadIdx.x == 0) {
     sm90::MbarInit(kv_full, 1);
     sm90::MbarInit(fix, 1);
     for (int s = 0; s < kStages; ++s) {
       sm90::MbarInit(full + s, 1);
-      sm90::MbarInit(empty + s, Tile::kConsumerWarps);
+      sm90::MbarInit(empty + s,
+                     upper_keys_absent ? Tile::kConsumerWarps / 2 : Tile::kConsumerWarps);
     }
     sm90::FenceBarrierInit();
   }
@@ -237,6 +242,7 @@ __global__ void __launch_bounds__(384, 1)
   const int warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
   const int key0 = n0 + 64 * wg;
+  const bool has_keys = key0 < seq.len_kv;  // false only for consumer 1 when upper_keys_absent
   const int key_row = key0 + warp * 16 + g;  // this thread's keys: key_row and key_row + 8
   const int64_t shift = DiagShift(p, seq.len_q, seq.len_kv);
   const int dqk = p.head_dim_qk, dv = p.head_dim_v;
@@ -295,126 +301,171 @@ __global__ void __launch_bounds__(384, 1)
     unsigned char* ds_buf = ds_s + (step & 1) * Tile::kDsBytes;
     const bool stat_next = stat_loader && step + 1 < steps;
     const float next_stat = stat_next ? load_stat(step + 1) : 0.f;
-    sm90::MbarWait(full + stage, (step / kStages) & 1);
+    // d64's step of 128 queries across the end of the queries with at most 64 left (the last of
+    // a sequence of 64 mod 128 rows): S^T, dP^T at half width, dV, dK over 64 queries, and
+    // consumer 1's dQ rows (queries 64..127) are all past the sequence.
+    const bool half_queries = kBlockM == 128 && m0 + 64 >= seq.len_q;
+    const bool dq_rows_absent = Tile::kDqSplitRows && dq_rows == 1 && half_queries;
 
-    // S^T = K_wg Q^T and dP^T = V_wg dO^T: 16 columns of d per wgmma, 4 per column block; two
-    // commit groups, so the exponentials of P^T overlap dP^T on the tensor cores.
-    float st[kBlockM / 2], dpt[kBlockM / 2];
-    sm90::WgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint32_t k_off = (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
-      const uint32_t q_off = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
-      sm90::Wgmma<Element, kBlockM>::template SS<0, 0>(
-          st, sm90::MakeDesc(k_wg_addr + k_off, 16, 1024), sm90::MakeDesc(q_addr + q_off, 16, 1024),
-          kk > 0);
-    }
-    sm90::WgmmaCommit();
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint32_t v_off = (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
-      const uint32_t do_off = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
-      sm90::Wgmma<Element, kBlockM>::template SS<0, 0>(
-          dpt, sm90::MakeDesc(v_wg_addr + v_off, 16, 1024),
-          sm90::MakeDesc(do_addr + do_off, 16, 1024), kk > 0);
-    }
-    sm90::WgmmaCommit();
+    if (has_keys) {
+      sm90::MbarWait(full + stage, (step / kStages) & 1);
 
-    // P^T: element 4 i + 2 r + c of st is (key key_row + 8 r, query m0 + 8 i + 2 t + c).
-    sm90::WgmmaWait<1>();
-    sm90::FenceOperands(st);
+      // S^T = K_wg Q^T and dP^T = V_wg dO^T: 16 columns of d per wgmma, 4 per column block; two
+      // commit groups, so the exponentials of P^T overlap dP^T on the tensor cores. At half width
+      // the upper queries' columns are set to zero once the products are done.
+      float st[kBlockM / 2], dpt[kBlockM / 2];
+      auto score_products = [&](auto queries) {
+        constexpr int kN = decltype(queries)::value;
+        sm90::WgmmaFence();
 #pragma unroll
-    for (int i = 0; i < kSlices; ++i) {
-      const float2 lse = *reinterpret_cast<const float2*>(lse_s + 8 * i + 2 * t);
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+          const uint32_t k_off = (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
+          const uint32_t q_off = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
+          sm90::Wgmma<Element, kN>::template SS<0, 0>(
+              sm90::LeadingColumns<kN>(st), sm90::MakeDesc(k_wg_addr + k_off, 16, 1024),
+              sm90::MakeDesc(q_addr + q_off, 16, 1024), kk > 0);
+        }
+        sm90::WgmmaCommit();
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        st[4 * i + 2 * r] = FastExp2(fmaf(st[4 * i + 2 * r], scale_log2, -lse.x));
-        st[4 * i + 2 * r + 1] = FastExp2(fmaf(st[4 * i + 2 * r + 1], scale_log2, -lse.y));
-      }
-    }
-    // Hidden keys: P = 0, only where these 64 keys x the step's queries cross a mask boundary.
-    const bool interior = m0 + kBlockM <= seq.len_q && key0 + 64 <= seq.len_kv &&
-                          (p.window_left < 0 || key0 >= RawLo(p, m0 + kBlockM - 1, shift)) &&
-                          (p.window_right < 0 || key0 + 64 <= RawHi(p, m0, shift));
-    if (!interior) {
-#pragma unroll
-      for (int i = 0; i < kSlices; ++i)
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int q = m0 + 8 * i + 2 * t + c;
-            if (q < q_first[r] || q > q_last[r]) st[4 * i + 2 * r + c] = 0.f;
-          }
-    }
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+          const uint32_t v_off = (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
+          const uint32_t do_off = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
+          sm90::Wgmma<Element, kN>::template SS<0, 0>(
+              sm90::LeadingColumns<kN>(dpt), sm90::MakeDesc(v_wg_addr + v_off, 16, 1024),
+              sm90::MakeDesc(do_addr + do_off, 16, 1024), kk > 0);
+        }
+        sm90::WgmmaCommit();
+      };
+      if (kBlockM == 128 && half_queries)
+        score_products(sm90::Static<64>());
+      else
+        score_products(sm90::Static<kBlockM>());
 
-    // dS^T = P^T o (dP^T - D) * scale (d loss / d (q.k)).
-    sm90::WgmmaWait<0>();
-    sm90::FenceOperands(dpt);
+      // P^T: element 4 i + 2 r + c of st is (key key_row + 8 r, query m0 + 8 i + 2 t + c).
+      sm90::WgmmaWait<1>();
+      sm90::FenceOperands(st);
+      if (half_queries) {
 #pragma unroll
-    for (int i = 0; i < kSlices; ++i) {
-      const float2 delta = *reinterpret_cast<const float2*>(delta_s + 8 * i + 2 * t);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        dpt[4 * i + 2 * r] = st[4 * i + 2 * r] * (dpt[4 * i + 2 * r] - delta.x) * scale;
-        dpt[4 * i + 2 * r + 1] = st[4 * i + 2 * r + 1] * (dpt[4 * i + 2 * r + 1] - delta.y) * scale;
-      }
-    }
-
-    // P^T and dS^T as A operands (queries 16 kk.. = slices 2 kk, 2 kk + 1), and dS^T to shared
-    // memory for dQ: slice i, rows r of this thread at (key 64 wg + 16 warp + g + 8 r, query
-    // 8 i + 2 t) of the [128 keys][kBlockM queries] tile (conflict-free: the 8 rows of a store
-    // phase land in 8 different 16-byte chunks).
-    uint32_t pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        pa[kk][e] = Pack<Element>(st[8 * kk + 2 * e], st[8 * kk + 2 * e + 1]);
-        dsa[kk][e] = Pack<Element>(dpt[8 * kk + 2 * e], dpt[8 * kk + 2 * e + 1]);
+        for (int i = kBlockM / 4; i < kBlockM / 2; ++i) st[i] = 0.f;
       }
 #pragma unroll
-    for (int i = 0; i < kSlices; ++i)
+      for (int i = 0; i < kSlices; ++i) {
+        const float2 lse = *reinterpret_cast<const float2*>(lse_s + 8 * i + 2 * t);
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = 64 * wg + 16 * warp + g + 8 * r;
-        *reinterpret_cast<uint32_t*>(ds_buf + sm90::Swizzle128Offset(row, 8 * i + 2 * t, kBlockN)) =
-            dsa[i / 2][2 * (i % 2) + r];
+        for (int r = 0; r < 2; ++r) {
+          st[4 * i + 2 * r] = FastExp2(fmaf(st[4 * i + 2 * r], scale_log2, -lse.x));
+          st[4 * i + 2 * r + 1] = FastExp2(fmaf(st[4 * i + 2 * r + 1], scale_log2, -lse.y));
+        }
       }
-    sm90::FenceProxyAsync();  // this thread's dS^T stores before the wgmma reads (async proxy)
+      // Hidden keys: P = 0, only where these 64 keys x the step's queries cross a mask boundary.
+      const bool interior = m0 + kBlockM <= seq.len_q && key0 + 64 <= seq.len_kv &&
+                            (p.window_left < 0 || key0 >= RawLo(p, m0 + kBlockM - 1, shift)) &&
+                            (p.window_right < 0 || key0 + 64 <= RawHi(p, m0, shift));
+      if (!interior) {
+#pragma unroll
+        for (int i = 0; i < kSlices; ++i)
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const int q = m0 + 8 * i + 2 * t + c;
+              if (q < q_first[r] || q > q_last[r]) st[4 * i + 2 * r + c] = 0.f;
+            }
+      }
 
-    // dV += P^T dO, dK += dS^T Q: 16 queries per wgmma (two 8-row swizzle atoms, 2048 bytes).
-    sm90::FenceOperands(acc_dv);
-    sm90::FenceOperands(acc_dk);
-    sm90::WgmmaFence();
+      // dS^T = P^T o (dP^T - D) * scale (d loss / d (q.k)).
+      sm90::WgmmaWait<0>();
+      sm90::FenceOperands(dpt);
+      if (half_queries) {
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk)
-      sm90::Wgmma<Element, kHeadDim>::template RS<1>(
-          acc_dv, pa[kk], sm90::MakeDesc(do_addr + kk * 2048, kBlockM * 128, 1024), true);
+        for (int i = kBlockM / 4; i < kBlockM / 2; ++i) dpt[i] = 0.f;
+      }
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk)
-      sm90::Wgmma<Element, kHeadDim>::template RS<1>(
-          acc_dk, dsa[kk], sm90::MakeDesc(q_addr + kk * 2048, kBlockM * 128, 1024), true);
-    sm90::WgmmaCommit();
+      for (int i = 0; i < kSlices; ++i) {
+        const float2 delta = *reinterpret_cast<const float2*>(delta_s + 8 * i + 2 * t);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          dpt[4 * i + 2 * r] = st[4 * i + 2 * r] * (dpt[4 * i + 2 * r] - delta.x) * scale;
+          dpt[4 * i + 2 * r + 1] = st[4 * i + 2 * r + 1] * (dpt[4 * i + 2 * r + 1] - delta.y) * scale;
+        }
+      }
+
+      // P^T and dS^T as A operands (queries 16 kk.. = slices 2 kk, 2 kk + 1), and dS^T to shared
+      // memory for dQ: slice i, rows r of this thread at (key 64 wg + 16 warp + g + 8 r, query
+      // 8 i + 2 t) of the [128 keys][kBlockM queries] tile (conflict-free: the 8 rows of a store
+      // phase land in 8 different 16-byte chunks).
+      uint32_t pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          pa[kk][e] = Pack<Element>(st[8 * kk + 2 * e], st[8 * kk + 2 * e + 1]);
+          dsa[kk][e] = Pack<Element>(dpt[8 * kk + 2 * e], dpt[8 * kk + 2 * e + 1]);
+        }
+#pragma unroll
+      for (int i = 0; i < kSlices; ++i) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = 64 * wg + 16 * warp + g + 8 * r;
+          *reinterpret_cast<uint32_t*>(ds_buf + sm90::Swizzle128Offset(row, 8 * i + 2 * t, kBlockN)) =
+              dsa[i / 2][2 * (i % 2) + r];
+        }
+      }
+      sm90::FenceProxyAsync();  // this thread's dS^T stores before the wgmma reads (async proxy)
+
+      // dV += P^T dO, dK += dS^T Q: 16 queries per wgmma (two 8-row swizzle atoms, 2048 bytes).
+      auto dv_dk_products = [&](auto query_chunks) {
+        sm90::FenceOperands(acc_dv);
+        sm90::FenceOperands(acc_dk);
+        sm90::WgmmaFence();
+#pragma unroll
+        for (int kk = 0; kk < decltype(query_chunks)::value; ++kk)
+          sm90::Wgmma<Element, kHeadDim>::template RS<1>(
+              acc_dv, pa[kk], sm90::MakeDesc(do_addr + kk * 2048, kBlockM * 128, 1024), true);
+#pragma unroll
+        for (int kk = 0; kk < decltype(query_chunks)::value; ++kk)
+          sm90::Wgmma<Element, kHeadDim>::template RS<1>(
+              acc_dk, dsa[kk], sm90::MakeDesc(q_addr + kk * 2048, kBlockM * 128, 1024), true);
+        sm90::WgmmaCommit();
+      };
+      if (half_queries)
+        dv_dk_products(sm90::Static<kBlockM / 32>());
+      else
+        dv_dk_products(sm90::Static<kBlockM / 16>());
+    }  // has_keys
 
     // dQ tile = dS K over all 128 keys, once both consumers' dS^T is in place.
     if (stat_next) stats[((step + 1) & 1) * 2 * kBlockM + ctid] = next_stat;
     sm90::NamedBarrierSync(1, Tile::kConsumerThreads);
+    if (dq_rows_absent) {  // consumer 1 at half width: its dQ rows are past the queries
+      sm90::WgmmaWait<0>();
+      sm90::FenceOperands(acc_dv);
+      sm90::FenceOperands(acc_dk);
+      __syncwarp();
+      if (has_keys && lane == 0) sm90::MbarArrive(empty + stage);
+      continue;
+    }
     float dq[32];
     const uint32_t ds_addr = SmemAddress(ds_buf) + dq_rows * (kBlockN * 128);
-    sm90::WgmmaFence();
+    auto dq_product = [&](auto key_chunks) {
+      sm90::WgmmaFence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk)
-      sm90::Wgmma<Element, 64>::template SS<1, 1>(
-          dq, sm90::MakeDesc(ds_addr + kk * 2048, kBlockN * 128, 1024),
-          sm90::MakeDesc(k_dq_addr + kk * 2048, kBlockN * 128, 1024), kk > 0);
-    sm90::WgmmaCommit();
+      for (int kk = 0; kk < decltype(key_chunks)::value; ++kk)
+        sm90::Wgmma<Element, 64>::template SS<1, 1>(
+            dq, sm90::MakeDesc(ds_addr + kk * 2048, kBlockN * 128, 1024),
+            sm90::MakeDesc(k_dq_addr + kk * 2048, kBlockN * 128, 1024), kk > 0);
+      sm90::WgmmaCommit();
+    };
+    if (upper_keys_absent)
+      dq_product(sm90::Static<kBlockN / 32>());
+    else
+      dq_product(sm90::Static<kBlockN / 16>());
     sm90::WgmmaWait<0>();
     sm90::FenceOperands(acc_dv);
     sm90::FenceOperands(acc_dk);
     sm90::FenceOperands(dq);
     __syncwarp();
-    if (lane == 0) sm90::MbarArrive(empty + stage);  // this warp is done with the stage
+    if (has_keys && lane == 0) sm90::MbarArrive(empty + stage);  // this warp is done with the stage
 
     // dQ into the float32 workspace, float4 atomics: lanes t and t ^ 1 swap halves so that the
     // even lane adds 4 columns of slice 2 k and the odd lane 4 columns of slice 2 k + 1.

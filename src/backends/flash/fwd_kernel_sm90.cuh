@@ -109,14 +109,19 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
   uint64_t* k_empty = v_full + kStages;
   uint64_t* v_empty = k_empty + kStages;
 
+  // A tile whose second 64 rows lie past the queries (the last tile of a sequence of 64 mod 128
+  // rows): consumer 1 has nothing to compute and goes straight to its epilogue, so only
+  // consumer 0's warps release the stages.
+  const bool upper_rows_absent = m0 + 64 >= seq.len_q;
+  const int releasing_warps = upper_rows_absent ? Tile::kConsumerWarps / 2 : Tile::kConsumerWarps;
   if (threadIdx.x == 0) {
     sm90::MbarInit(q_full, 1);
     sm90::MbarInit(fix, 1);
     for (int s = 0; s < kStages; ++s) {
       sm90::MbarInit(k_full + s, 1);
       sm90::MbarInit(v_full + s, 1);
-      sm90::MbarInit(k_empty + s, Tile::kConsumerWarps);
-      sm90::MbarInit(v_empty + s, Tile::kConsumerWarps);
+      sm90::MbarInit(k_empty + s, releasing_warps);
+      sm90::MbarInit(v_empty + s, releasing_warps);
     }
     sm90::FenceBarrierInit();
   }
@@ -201,25 +206,38 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
 
   const uint32_t q_addr = SmemAddress(q_s) + wg * 64 * 128;
   const uint32_t k_addr = SmemAddress(k_s), v_addr = SmemAddress(v_s);
-  sm90::MbarWait(q_full, 0);
+  const int loop_count = wg == 1 && upper_rows_absent ? 0 : n_count;
+  if (loop_count > 0) sm90::MbarWait(q_full, 0);
 
-  for (int it = 0; it < n_count; ++it) {
+  for (int it = 0; it < loop_count; ++it) {
     const int n0 = (n_tile_end - 1 - it) * kBlockN;
     const int stage = it % kStages;
     const uint32_t full_parity = (it / kStages) & 1;
+    // d128's tile across the end of the keys (walked first) with at most 64 keys left: both
+    // products over 64 keys (S's upper columns are masked to -inf below, V's rows not read).
+    const bool half_keys = kBlockN == 128 && n0 + 64 >= seq.len_kv;
 
     // S = Q K^T: 16 columns of d per wgmma, 4 per 128-byte column block.
     float s[kBlockN / 2];
     sm90::MbarWait(k_full + stage, full_parity);
-    sm90::WgmmaFence();
+    auto score_product = [&](auto keys) {
+      constexpr int kN = decltype(keys)::value;
+      sm90::WgmmaFence();
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint64_t desc_q = sm90::MakeDesc(q_addr + (kk / 4) * (kBlockM * 128) + (kk % 4) * 32, 16, 1024);
-      const uint64_t desc_k = sm90::MakeDesc(
-          k_addr + stage * kKvBytes + (kk / 4) * (kBlockN * 128) + (kk % 4) * 32, 16, 1024);
-      sm90::Wgmma<Element, kBlockN>::template SS<0, 0>(s, desc_q, desc_k, kk > 0);
-    }
-    sm90::WgmmaCommit();
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        const uint64_t desc_q =
+            sm90::MakeDesc(q_addr + (kk / 4) * (kBlockM * 128) + (kk % 4) * 32, 16, 1024);
+        const uint64_t desc_k = sm90::MakeDesc(
+            k_addr + stage * kKvBytes + (kk / 4) * (kBlockN * 128) + (kk % 4) * 32, 16, 1024);
+        sm90::Wgmma<Element, kN>::template SS<0, 0>(sm90::LeadingColumns<kN>(s), desc_q, desc_k,
+                                                    kk > 0);
+      }
+      sm90::WgmmaCommit();
+    };
+    if (half_keys)
+      score_product(sm90::Static<64>());
+    else
+      score_product(sm90::Static<kBlockN>());
     sm90::WgmmaWait<0>();
     sm90::FenceOperands(s);
     __syncwarp();
@@ -286,15 +304,21 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
 
     // O += P V: 16 keys per wgmma (two 8-row swizzle atoms, 2048 bytes).
     sm90::MbarWait(v_full + stage, full_parity);
-    sm90::FenceOperands(acc_o);
-    sm90::WgmmaFence();
+    auto value_product = [&](auto key_chunks) {
+      sm90::FenceOperands(acc_o);
+      sm90::WgmmaFence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint64_t desc_v =
-          sm90::MakeDesc(v_addr + stage * kKvBytes + kk * 2048, kBlockN * 128, 1024);
-      sm90::Wgmma<Element, kHeadDim>::template RS<1>(acc_o, pa[kk], desc_v, true);
-    }
-    sm90::WgmmaCommit();
+      for (int kk = 0; kk < decltype(key_chunks)::value; ++kk) {
+        const uint64_t desc_v =
+            sm90::MakeDesc(v_addr + stage * kKvBytes + kk * 2048, kBlockN * 128, 1024);
+        sm90::Wgmma<Element, kHeadDim>::template RS<1>(acc_o, pa[kk], desc_v, true);
+      }
+      sm90::WgmmaCommit();
+    };
+    if (half_keys)
+      value_product(sm90::Static<kBlockN / 32>());
+    else
+      value_product(sm90::Static<kBlockN / 16>());
     sm90::WgmmaWait<0>();
     sm90::FenceOperands(acc_o);
     __syncwarp();

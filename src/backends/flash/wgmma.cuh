@@ -31,6 +31,8 @@
 // accumulator slices 2k and 2k+1 packed to 16 bits are the A operand for keys 16k..16k+15.
 #pragma once
 
+#include <type_traits>
+
 #include <cuda.h>  // CUtensorMap (a plain struct; nothing from the driver library is linked)
 #include <cuda_runtime.h>
 
@@ -92,6 +94,20 @@ __device__ __forceinline__ void FenceOperands(float (&r)[kN]) {
 #pragma unroll
   for (int i = 0; i < kN; ++i) FenceOperand(r[i]);
 }
+
+// The columns [0, kN) of an m64nM accumulator (kN <= M) as the accumulator of an m64nkN
+// product: the same registers (a thread's floats come in 8-column slices, in column order).
+template <int kN, int kFloats>
+__device__ __forceinline__ float (&LeadingColumns(float (&r)[kFloats]))[kN / 2] {
+  static_assert(kN / 2 <= kFloats, "an m64nM accumulator has M / 2 floats per thread");
+  return *reinterpret_cast<float(*)[kN / 2]>(&r[0]);
+}
+
+// A compile-time int passed to a generic lambda, to pick between fully unrolled wgmma loops
+// (of different widths or step counts) with a runtime test outside them: ptxas serializes wgmmas
+// that have a branch between them.
+template <int kValue>
+using Static = std::integral_constant<int, kValue>;
 
 // m64nNk16 with float32 accumulators for Element (Half, Bfloat16) and N (64, 128).
 template <typename Element, int kN>
