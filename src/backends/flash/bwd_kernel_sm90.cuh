@@ -242,7 +242,10 @@ __global__ void __launch_bounds__(384, 1)
   const int warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
   const int key0 = n0 + 64 * wg;
-  const bool has_keys = key0 < seq.len_kv;  // false only for consumer 1 when upper_keys_absent
+  // False only for consumer 1 when upper_keys_absent. Read from lane 0, like dq_rows_absent, so
+  // that the compiler knows the branches on them are warp-uniform (the loop keeps its uniform
+  // registers).
+  const bool has_keys = __shfl_sync(0xffffffffu, key0 < seq.len_kv, 0);
   const int key_row = key0 + warp * 16 + g;  // this thread's keys: key_row and key_row + 8
   const int64_t shift = DiagShift(p, seq.len_q, seq.len_kv);
   const int dqk = p.head_dim_qk, dv = p.head_dim_v;
@@ -302,52 +305,43 @@ __global__ void __launch_bounds__(384, 1)
     const bool stat_next = stat_loader && step + 1 < steps;
     const float next_stat = stat_next ? load_stat(step + 1) : 0.f;
     // d64's step of 128 queries across the end of the queries with at most 64 left (the last of
-    // a sequence of 64 mod 128 rows): S^T, dP^T at half width, dV, dK over 64 queries, and
-    // consumer 1's dQ rows (queries 64..127) are all past the sequence.
+    // a sequence of 64 mod 128 rows): dV, dK over 64 queries, and consumer 1's dQ rows (queries
+    // 64..127) are all past the sequence.
     const bool half_queries = kBlockM == 128 && m0 + 64 >= seq.len_q;
-    const bool dq_rows_absent = Tile::kDqSplitRows && dq_rows == 1 && half_queries;
+    const bool dq_rows_absent =
+        __shfl_sync(0xffffffffu, Tile::kDqSplitRows && dq_rows == 1 && half_queries, 0);
 
     if (has_keys) {
       sm90::MbarWait(full + stage, (step / kStages) & 1);
 
       // S^T = K_wg Q^T and dP^T = V_wg dO^T: 16 columns of d per wgmma, 4 per column block; two
-      // commit groups, so the exponentials of P^T overlap dP^T on the tensor cores. At half width
-      // the upper queries' columns are set to zero once the products are done.
+      // commit groups, so the exponentials of P^T overlap dP^T on the tensor cores. Full width
+      // even at half_queries (an instance of 64 queries costs the registers that keep the wgmmas
+      // pipelined): the queries past the sequence have Q = dO = 0 and LSE = +inf, so P^T = 0.
       float st[kBlockM / 2], dpt[kBlockM / 2];
-      auto score_products = [&](auto queries) {
-        constexpr int kN = decltype(queries)::value;
-        sm90::WgmmaFence();
+      sm90::WgmmaFence();
 #pragma unroll
-        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-          const uint32_t k_off = (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
-          const uint32_t q_off = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
-          sm90::Wgmma<Element, kN>::template SS<0, 0>(
-              sm90::LeadingColumns<kN>(st), sm90::MakeDesc(k_wg_addr + k_off, 16, 1024),
-              sm90::MakeDesc(q_addr + q_off, 16, 1024), kk > 0);
-        }
-        sm90::WgmmaCommit();
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        const uint32_t k_off = (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
+        const uint32_t q_off = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
+        sm90::Wgmma<Element, kBlockM>::template SS<0, 0>(
+            st, sm90::MakeDesc(k_wg_addr + k_off, 16, 1024),
+            sm90::MakeDesc(q_addr + q_off, 16, 1024), kk > 0);
+      }
+      sm90::WgmmaCommit();
 #pragma unroll
-        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-          const uint32_t v_off = (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
-          const uint32_t do_off = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
-          sm90::Wgmma<Element, kN>::template SS<0, 0>(
-              sm90::LeadingColumns<kN>(dpt), sm90::MakeDesc(v_wg_addr + v_off, 16, 1024),
-              sm90::MakeDesc(do_addr + do_off, 16, 1024), kk > 0);
-        }
-        sm90::WgmmaCommit();
-      };
-      if (kBlockM == 128 && half_queries)
-        score_products(sm90::Static<64>());
-      else
-        score_products(sm90::Static<kBlockM>());
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        const uint32_t v_off = (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
+        const uint32_t do_off = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
+        sm90::Wgmma<Element, kBlockM>::template SS<0, 0>(
+            dpt, sm90::MakeDesc(v_wg_addr + v_off, 16, 1024),
+            sm90::MakeDesc(do_addr + do_off, 16, 1024), kk > 0);
+      }
+      sm90::WgmmaCommit();
 
       // P^T: element 4 i + 2 r + c of st is (key key_row + 8 r, query m0 + 8 i + 2 t + c).
       sm90::WgmmaWait<1>();
       sm90::FenceOperands(st);
-      if (half_queries) {
-#pragma unroll
-        for (int i = kBlockM / 4; i < kBlockM / 2; ++i) st[i] = 0.f;
-      }
 #pragma unroll
       for (int i = 0; i < kSlices; ++i) {
         const float2 lse = *reinterpret_cast<const float2*>(lse_s + 8 * i + 2 * t);
@@ -376,10 +370,6 @@ __global__ void __launch_bounds__(384, 1)
       // dS^T = P^T o (dP^T - D) * scale (d loss / d (q.k)).
       sm90::WgmmaWait<0>();
       sm90::FenceOperands(dpt);
-      if (half_queries) {
-#pragma unroll
-        for (int i = kBlockM / 4; i < kBlockM / 2; ++i) dpt[i] = 0.f;
-      }
 #pragma unroll
       for (int i = 0; i < kSlices; ++i) {
         const float2 delta = *reinterpret_cast<const float2*>(delta_s + 8 * i + 2 * t);

@@ -206,7 +206,9 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
 
   const uint32_t q_addr = SmemAddress(q_s) + wg * 64 * 128;
   const uint32_t k_addr = SmemAddress(k_s), v_addr = SmemAddress(v_s);
-  const int loop_count = wg == 1 && upper_rows_absent ? 0 : n_count;
+  // Read from lane 0, so that the compiler knows the loop is warp-uniform (it then keeps its
+  // uniform registers).
+  const int loop_count = __shfl_sync(0xffffffffu, wg == 1 && upper_rows_absent ? 0 : n_count, 0);
   if (loop_count > 0) sm90::MbarWait(q_full, 0);
 
   for (int it = 0; it < loop_count; ++it) {
