@@ -674,26 +674,30 @@ TEST(FlashWgmmaBwd, ThdManyUnevenSequencesScheduled) {
 
 // Sequences whose last tile holds at most 64 rows or keys (64 mod 128, and one either side of
 // it): the kernels then skip the absent half (forward: consumer 1's rows, d128's upper 64 keys;
-// backward: consumer 1's keys, d64's upper 64 queries of a step and their dQ rows).
+// backward: consumer 1's keys, d64's upper 64 queries of a step and their dQ rows) and leave the
+// rows past the sequence that no product reads unpatched: with padding, those rows hold NaN.
 TEST(FlashWgmmaBwd, HalfTilesAtTheEndsOfSequences) {
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
   TensorOptions o;
   o.len_q = {192, 64, 320, 65, 63, 128, 191, 193, 1};
   o.len_kv = {192, 320, 64, 63, 65, 193, 128, 1, 191};
   o.lse_packed = true;
-  for (int64_t d : {64, 128})
-    for (bool causal : {false, true}) {
-      fusedattn_config c = Config(9, 4, 2, 320, 320, d, FUSEDATTN_DTYPE_BFLOAT16);
-      SetFormats(&c, FUSEDATTN_FORMAT_THD);
-      c.mask = causal ? FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT : FUSEDATTN_MASK_PADDING;
-      c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
-      o.seed = 1234 + d + causal;
-      const std::string name =
-          "thd half tiles d" + std::to_string(d) + (causal ? " causal bottom-right" : "");
-      ExpectForwardMatches({name, c, o, false, true});
-      c.return_max_logit = 0;
-      ExpectBackwardMatches({name, c, o, false, true});
-    }
+  for (bool thd : {true, false})
+    for (int64_t d : {64, 128})
+      for (bool causal : {false, true}) {
+        fusedattn_config c = Config(9, 4, 2, 320, 320, d, FUSEDATTN_DTYPE_BFLOAT16);
+        if (thd) SetFormats(&c, FUSEDATTN_FORMAT_THD);
+        c.mask = causal ? FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT : FUSEDATTN_MASK_PADDING;
+        c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+        o.seed = 1234 + d + causal + 7 * thd;
+        o.lse_packed = thd;
+        const std::string name = std::string(thd ? "thd" : "bshd nan in padding") +
+                                 " half tiles d" + std::to_string(d) +
+                                 (causal ? " causal bottom-right" : "");
+        ExpectForwardMatches({name, c, o, !thd, true});
+        c.return_max_logit = 0;
+        ExpectBackwardMatches({name, c, o, !thd, true});
+      }
 }
 
 // The dispatch: plain non-deterministic problems of the 64 and 128 instances take the wgmma

@@ -32,8 +32,11 @@
 // fixed order and written once. Element masks run only where a consumer's 64 keys x the step's
 // queries cross a mask boundary. Rows past a sequence's length inside a tensor (padding, THD) are
 // other tokens or garbage, maybe NaN: the producer zeroes K/V rows past len_kv and Q/dO rows past
-// len_q in the tiles that cross those ends (0 * NaN would reach dK, dV or dQ), and the mask
-// makes P = dS = 0 there.
+// len_q in the tiles that cross those ends, where the products read them (0 * NaN would reach dK,
+// dV or dQ), and the mask makes P = dS = 0 there.
+// Ends of sequences with at most 64 keys or queries left in a tile: consumer 1 of a block with no
+// upper keys computes only its dQ tile (over the lower 64 keys), and d64's step with no upper
+// queries runs dV, dK over 64 queries and skips consumer 1's dQ rows.
 // Sinks need nothing here: the forward's LSE includes the sink (so P is already normalized with
 // it), D = rowsum(dO * O) is unchanged, and the preprocess computes the sink gradient's partials.
 #pragma once
@@ -177,8 +180,11 @@ __global__ void __launch_bounds__(384, 1)
     uint32_t fix_parity = 0;
 
     // K and V, once. Rows past the keys but inside the tensor exist only with per-sequence
-    // lengths: then the tiles land on `fix`, get those rows zeroed, and kv_full is arrived by hand.
-    const bool patch_kv = p.padding && n0 + kBlockN > seq.len_kv;
+    // lengths: when the products read any of them (all 128 rows, or the lower 64 when
+    // upper_keys_absent), the tiles land on `fix`, get those rows zeroed, and kv_full is arrived
+    // by hand. Rows no product reads stay as they are (maybe NaN).
+    const int key_rows_read = upper_keys_absent ? 64 : kBlockN;
+    const bool patch_kv = p.padding && n0 + key_rows_read > seq.len_kv;
     if (lane == 0) {
       sm90::PrefetchTensorMap(&maps.q);
       sm90::PrefetchTensorMap(&maps.d_o);
@@ -208,9 +214,13 @@ __global__ void __launch_bounds__(384, 1)
       unsigned char* q_dst = q_s + stage * kQBytes;
       unsigned char* do_dst = do_s + stage * kQBytes;
       sm90::MbarWait(empty + stage, ((step / kStages) & 1) ^ 1);  // first use: no wait
-      // A tile that crosses the end of the queries lands on `fix`, gets its rows past the
-      // sequence zeroed, and full[stage] is arrived by hand.
-      const bool patch_q = p.padding && m0 + kBlockM > seq.len_q;
+      // A tile that crosses the end of the queries within the rows dV and dK read (all kBlockM,
+      // or the lower 64 at d64's half_queries) lands on `fix`, gets its rows past the sequence
+      // zeroed, and full[stage] is arrived by hand. The rows past 64 at half_queries only reach
+      // S^T and dP^T columns whose P^T is masked to zero and whose dS^T only consumer 1's
+      // skipped dQ rows would read.
+      const int query_rows_read = kBlockM == 128 && m0 + 64 >= seq.len_q ? 64 : kBlockM;
+      const bool patch_q = p.padding && m0 + query_rows_read > seq.len_q;
       if (lane == 0) {
         uint64_t* bar = patch_q ? fix : full + stage;
         sm90::MbarArriveExpectTx(bar, 2 * kQBytes);

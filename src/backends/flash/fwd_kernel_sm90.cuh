@@ -14,7 +14,10 @@
 // element masks run only on tiles that cross a boundary (per consumer's 64 rows). Out-of-bounds
 // rows of a tensor are zero-filled by TMA; rows past a sequence's length that are inside the
 // tensor (padding, THD) are real other tokens or garbage: S is masked there, and the producer
-// zeroes the V rows of the one tile that crosses the end of the keys (0 * NaN would poison O).
+// zeroes the V rows of the one tile that crosses the end of the keys where O += P V reads them
+// (0 * NaN would poison O).
+// The last tile of a sequence with at most 64 rows left leaves consumer 1 idle, and d128's key
+// tile with at most 64 keys left runs both products over 64 keys.
 // The epilogue (sink, LSE, max logit, fully masked rows) is fwd_kernel.cuh's.
 #pragma once
 
@@ -160,8 +163,10 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
                           kv_row0 + n0, hk, batch_coord);
         sm90::MbarWait(v_empty + stage, empty_parity);
       }
-      // Rows past the keys but inside the tensor exist only with per-sequence lengths.
-      const bool patch_v = p.padding && n0 + kBlockN > seq.len_kv;
+      // Rows past the keys but inside the tensor exist only with per-sequence lengths; they are
+      // zeroed where O += P V reads them (all kBlockN rows, or the lower 64 at half_keys below).
+      const int v_rows_read = kBlockN == 128 && n0 + 64 >= seq.len_kv ? 64 : kBlockN;
+      const bool patch_v = p.padding && n0 + v_rows_read > seq.len_kv;
       uint64_t* v_bar = patch_v ? fix : v_full + stage;
       if (lane == 0) {
         sm90::MbarArriveExpectTx(v_bar, kKvBytes);
