@@ -352,15 +352,23 @@ __global__ void __launch_bounds__(384, 1)
       // P^T: element 4 i + 2 r + c of st is (key key_row + 8 r, query m0 + 8 i + 2 t + c).
       sm90::WgmmaWait<1>();
       sm90::FenceOperands(st);
+      // At half_queries only the lower 64 queries' slices: the upper ones feed nothing (their
+      // P^T is masked to zero below and their dS^T reaches only consumer 1's skipped dQ rows).
+      auto exponentials = [&](auto slices) {
 #pragma unroll
-      for (int i = 0; i < kSlices; ++i) {
-        const float2 lse = *reinterpret_cast<const float2*>(lse_s + 8 * i + 2 * t);
+        for (int i = 0; i < decltype(slices)::value; ++i) {
+          const float2 lse = *reinterpret_cast<const float2*>(lse_s + 8 * i + 2 * t);
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          st[4 * i + 2 * r] = FastExp2(fmaf(st[4 * i + 2 * r], scale_log2, -lse.x));
-          st[4 * i + 2 * r + 1] = FastExp2(fmaf(st[4 * i + 2 * r + 1], scale_log2, -lse.y));
+          for (int r = 0; r < 2; ++r) {
+            st[4 * i + 2 * r] = FastExp2(fmaf(st[4 * i + 2 * r], scale_log2, -lse.x));
+            st[4 * i + 2 * r + 1] = FastExp2(fmaf(st[4 * i + 2 * r + 1], scale_log2, -lse.y));
+          }
         }
-      }
+      };
+      if (half_queries)
+        exponentials(sm90::Static<kSlices / 2>());
+      else
+        exponentials(sm90::Static<kSlices>());
       // Hidden keys: P = 0, only where these 64 keys x the step's queries cross a mask boundary.
       const bool interior = m0 + kBlockM <= seq.len_q && key0 + 64 <= seq.len_kv &&
                             (p.window_left < 0 || key0 >= RawLo(p, m0 + kBlockM - 1, shift)) &&
@@ -380,15 +388,22 @@ __global__ void __launch_bounds__(384, 1)
       // dS^T = P^T o (dP^T - D) * scale (d loss / d (q.k)).
       sm90::WgmmaWait<0>();
       sm90::FenceOperands(dpt);
+      auto score_gradients = [&](auto slices) {
 #pragma unroll
-      for (int i = 0; i < kSlices; ++i) {
-        const float2 delta = *reinterpret_cast<const float2*>(delta_s + 8 * i + 2 * t);
+        for (int i = 0; i < decltype(slices)::value; ++i) {
+          const float2 delta = *reinterpret_cast<const float2*>(delta_s + 8 * i + 2 * t);
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          dpt[4 * i + 2 * r] = st[4 * i + 2 * r] * (dpt[4 * i + 2 * r] - delta.x) * scale;
-          dpt[4 * i + 2 * r + 1] = st[4 * i + 2 * r + 1] * (dpt[4 * i + 2 * r + 1] - delta.y) * scale;
+          for (int r = 0; r < 2; ++r) {
+            dpt[4 * i + 2 * r] = st[4 * i + 2 * r] * (dpt[4 * i + 2 * r] - delta.x) * scale;
+            dpt[4 * i + 2 * r + 1] =
+                st[4 * i + 2 * r + 1] * (dpt[4 * i + 2 * r + 1] - delta.y) * scale;
+          }
         }
-      }
+      };
+      if (half_queries)
+        score_gradients(sm90::Static<kSlices / 2>());
+      else
+        score_gradients(sm90::Static<kSlices>());
 
       // P^T and dS^T as A operands (queries 16 kk.. = slices 2 kk, 2 kk + 1), and dS^T to shared
       // memory for dQ: slice i, rows r of this thread at (key 64 wg + 16 warp + g + 8 r, query
