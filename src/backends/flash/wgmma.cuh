@@ -103,9 +103,9 @@ __device__ __forceinline__ float (&LeadingColumns(float (&r)[kFloats]))[kN / 2] 
   return *reinterpret_cast<float(*)[kN / 2]>(&r[0]);
 }
 
-// A compile-time int passed to a generic lambda, to pick between fully unrolled wgmma loops
-// (of different widths or step counts) with a runtime test outside them: ptxas serializes wgmmas
-// that have a branch between them.
+// A compile-time int passed to a generic lambda, so that a runtime test outside the lambda picks
+// between fully unrolled loops (wgmma widths, step counts): ptxas serializes wgmmas that have a
+// branch between them.
 template <int kValue>
 using Static = std::integral_constant<int, kValue>;
 
