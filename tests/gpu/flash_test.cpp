@@ -28,6 +28,7 @@
 
 #include "fusedattn/fusedattn.hpp"
 #include "gpu/device_memory.h"
+#include "gpu/expect_close.h"
 #include "gpu/skip.h"
 #include "testing/tensors.h"
 
@@ -124,14 +125,9 @@ void ExpectMatchesReference(const fusedattn_config& config, const TensorOptions&
     FAIL() << "flash forward failed: " << e.what();
   }
   ASSERT_TRUE(dev.download_outputs(&dev_host, &error)) << error;
-  auto expect = [&](const char* what, const HostTensor& out, const HostTensor& expected) {
-    if (expected.empty()) return;
-    Comparison cmp = Compare(out, expected);
-    EXPECT_TRUE(cmp.ok(tol)) << what << ": " << cmp.describe();
-  };
-  expect("O", dev_host.o, ref.o);
-  expect("LSE", dev_host.lse, ref.lse);
-  expect("max_logit", dev_host.max_logit, ref.max_logit);
+  ExpectClose("O", dev_host.o, ref.o, tol);
+  ExpectClose("LSE", dev_host.lse, ref.lse, tol);
+  ExpectClose("max_logit", dev_host.max_logit, ref.max_logit, tol);
   if (!run.backward || !config.is_training) return;
 
   // Both backwards start from the reference's O and LSE.
@@ -151,11 +147,11 @@ void ExpectMatchesReference(const fusedattn_config& config, const TensorOptions&
     FAIL() << "flash backward failed: " << e.what();
   }
   ASSERT_TRUE(dev.download_outputs(&dev_host, &error)) << error;
-  expect("dQ", dev_host.dq, ref.dq);
-  expect("dK", dev_host.dk, ref.dk);
-  expect("dV", dev_host.dv, ref.dv);
-  expect("dbias", dev_host.dbias, ref.dbias);
-  expect("dsink", dev_host.dsink, ref.dsink);
+  ExpectClose("dQ", dev_host.dq, ref.dq, tol);
+  ExpectClose("dK", dev_host.dk, ref.dk, tol);
+  ExpectClose("dV", dev_host.dv, ref.dv, tol);
+  ExpectClose("dbias", dev_host.dbias, ref.dbias, tol);
+  ExpectClose("dsink", dev_host.dsink, ref.dsink, tol);
 #else
   GTEST_SKIP() << "built without CUDA";
 #endif

@@ -29,6 +29,7 @@
 
 #include "fusedattn/fusedattn.hpp"
 #include "gpu/device_memory.h"
+#include "gpu/expect_close.h"
 #include "gpu/skip.h"
 #include "testing/tensors.h"
 
@@ -163,14 +164,9 @@ void ExpectForwardMatches(const Case& k) {
     EXPECT_FALSE(used);
   ASSERT_TRUE(dev.download_outputs(&host, &error)) << error;
   const double tol = Tolerance(k.config.qkv_dtype);
-  auto expect = [&](const char* what, const HostTensor& out, const HostTensor& expected) {
-    if (expected.empty()) return;
-    Comparison cmp = Compare(out, expected);
-    EXPECT_TRUE(cmp.ok(tol)) << what << ": " << cmp.describe();
-  };
-  expect("O", host.o, ref.o);
-  expect("LSE", host.lse, ref.lse);
-  expect("max_logit", host.max_logit, ref.max_logit);
+  ExpectClose("O", host.o, ref.o, tol);
+  ExpectClose("LSE", host.lse, ref.lse, tol);
+  ExpectClose("max_logit", host.max_logit, ref.max_logit, tol);
 #else
   GTEST_SKIP() << "built without CUDA";
 #endif
@@ -211,15 +207,10 @@ void ExpectBackwardMatches(const Case& k) {
     EXPECT_FALSE(used);
   ASSERT_TRUE(dev.download_outputs(&host, &error)) << error;
   const double tol = Tolerance(k.config.qkv_dtype);
-  auto expect = [&](const char* what, const HostTensor& out, const HostTensor& expected) {
-    if (expected.empty()) return;
-    Comparison cmp = Compare(out, expected);
-    EXPECT_TRUE(cmp.ok(tol)) << what << ": " << cmp.describe();
-  };
-  expect("dQ", host.dq, ref.dq);
-  expect("dK", host.dk, ref.dk);
-  expect("dV", host.dv, ref.dv);
-  expect("dsink", host.dsink, ref.dsink);
+  ExpectClose("dQ", host.dq, ref.dq, tol);
+  ExpectClose("dK", host.dk, ref.dk, tol);
+  ExpectClose("dV", host.dv, ref.dv, tol);
+  ExpectClose("dsink", host.dsink, ref.dsink, tol);
 #else
   GTEST_SKIP() << "built without CUDA";
 #endif

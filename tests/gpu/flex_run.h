@@ -13,6 +13,7 @@
 
 #include "fusedattn/fusedattn.h"
 #include "gpu/device_memory.h"
+#include "gpu/expect_close.h"
 #include "testing/tensors.h"
 
 namespace fusedattn::testing {
@@ -95,12 +96,8 @@ inline void RunAndCompare(fusedattn_config config, const std::vector<HostTensor>
   ProblemTensors out = host;
   ASSERT_TRUE(dev.download_outputs(&out, &error)) << error;
   const double tol = Tolerance(config.qkv_dtype);
-  Comparison o = Compare(out.o, ref.o);
-  EXPECT_TRUE(o.ok(tol)) << "O: " << o.describe();
-  if (!ref.lse.empty()) {
-    Comparison lse = Compare(out.lse, ref.lse);
-    EXPECT_TRUE(lse.ok(tol)) << "LSE: " << lse.describe();
-  }
+  ExpectClose("O", out.o, ref.o, tol);
+  ExpectClose("LSE", out.lse, ref.lse, tol);
   if (!config.is_training) {  // inference: the forward is all there is
     if (outputs != nullptr) outputs->fwd = out;
     return;
@@ -144,16 +141,10 @@ inline void RunAndCompare(fusedattn_config config, const std::vector<HostTensor>
   ASSERT_EQ(fusedattn_bwd(&ref_config, &ref_ba, nullptr, 0, nullptr, msg, sizeof msg),
             FUSEDATTN_SUCCESS)
       << "reference backward: " << msg;
-  const std::pair<const char*, std::pair<const HostTensor*, const HostTensor*>> compared[] = {
-      {"dQ", {&grads.dq, &ref.dq}},
-      {"dK", {&grads.dk, &ref.dk}},
-      {"dV", {&grads.dv, &ref.dv}},
-      {"dSink", {&grads.dsink, &ref.dsink}}};
-  for (const auto& [name, pair] : compared) {
-    if (pair.second->empty()) continue;
-    Comparison cmp = Compare(*pair.first, *pair.second);
-    EXPECT_TRUE(cmp.ok(tol)) << name << ": " << cmp.describe();
-  }
+  ExpectClose("dQ", grads.dq, ref.dq, tol);
+  ExpectClose("dK", grads.dk, ref.dk, tol);
+  ExpectClose("dV", grads.dv, ref.dv, tol);
+  ExpectClose("dSink", grads.dsink, ref.dsink, tol);
   for (size_t k = 0; k < aux_grads.size(); ++k) {
     if (aux_grads[k].empty()) continue;
     ASSERT_EQ(cudaMemcpy(aux_grads[k].data(), grad_copies[k]->ptr, aux_grads[k].storage_bytes(),
