@@ -158,6 +158,10 @@ __global__ void __launch_bounds__(384, 1)
   // 128 keys): consumer 1 has no keys, so it reads no stage (only its dQ tile, from dS^T and K)
   // and only consumer 0's warps release the stages; dQ sums over the lower 64 keys.
   const bool upper_keys_absent = n0 + 64 >= seq.len_kv;
+  // d64's step of 128 queries from m0 across the end of the queries with at most 64 left (the
+  // last of a sequence of 64 mod 128 rows): the key step runs dV, dK over 64 queries, and
+  // consumer 1's dQ rows (queries 64..127) are all past the sequence.
+  auto half_queries_at = [&](int m0) { return kBlockM == 128 && m0 + 64 >= seq.len_q; };
   if (threadIdx.x == 0) {
     sm90::MbarInit(kv_full, 1);
     sm90::MbarInit(fix, 1);
@@ -219,7 +223,7 @@ __global__ void __launch_bounds__(384, 1)
       // zeroed, and full[stage] is arrived by hand. The rows past 64 at half_queries only reach
       // S^T and dP^T columns whose P^T is masked to zero and whose dS^T only consumer 1's
       // skipped dQ rows would read.
-      const int query_rows_read = kBlockM == 128 && m0 + 64 >= seq.len_q ? 64 : kBlockM;
+      const int query_rows_read = half_queries_at(m0) ? 64 : kBlockM;
       const bool patch_q = p.padding && m0 + query_rows_read > seq.len_q;
       if (lane == 0) {
         uint64_t* bar = patch_q ? fix : full + stage;
@@ -314,10 +318,7 @@ __global__ void __launch_bounds__(384, 1)
     unsigned char* ds_buf = ds_s + (step & 1) * Tile::kDsBytes;
     const bool stat_next = stat_loader && step + 1 < steps;
     const float next_stat = stat_next ? load_stat(step + 1) : 0.f;
-    // d64's step of 128 queries across the end of the queries with at most 64 left (the last of
-    // a sequence of 64 mod 128 rows): dV, dK over 64 queries, and consumer 1's dQ rows (queries
-    // 64..127) are all past the sequence.
-    const bool half_queries = kBlockM == 128 && m0 + 64 >= seq.len_q;
+    const bool half_queries = half_queries_at(m0);
     const bool dq_rows_absent =
         __shfl_sync(0xffffffffu, Tile::kDqSplitRows && dq_rows == 1 && half_queries, 0);
 

@@ -117,6 +117,9 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
   // consumer 0's warps release the stages.
   const bool upper_rows_absent = m0 + 64 >= seq.len_q;
   const int releasing_warps = upper_rows_absent ? Tile::kConsumerWarps / 2 : Tile::kConsumerWarps;
+  // d128's key tile [n0, n0 + 128) across the end of the keys with at most 64 keys left: both
+  // products over 64 keys (S's upper columns are masked to -inf, V's upper rows not read).
+  auto half_keys_at = [&](int n0) { return kBlockN == 128 && n0 + 64 >= seq.len_kv; };
   if (threadIdx.x == 0) {
     sm90::MbarInit(q_full, 1);
     sm90::MbarInit(fix, 1);
@@ -165,7 +168,7 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
       }
       // Rows past the keys but inside the tensor exist only with per-sequence lengths; they are
       // zeroed where O += P V reads them (all kBlockN rows, or the lower 64 at half_keys below).
-      const int v_rows_read = kBlockN == 128 && n0 + 64 >= seq.len_kv ? 64 : kBlockN;
+      const int v_rows_read = half_keys_at(n0) ? 64 : kBlockN;
       const bool patch_v = p.padding && n0 + v_rows_read > seq.len_kv;
       uint64_t* v_bar = patch_v ? fix : v_full + stage;
       if (lane == 0) {
@@ -220,9 +223,7 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
     const int n0 = (n_tile_end - 1 - it) * kBlockN;
     const int stage = it % kStages;
     const uint32_t full_parity = (it / kStages) & 1;
-    // d128's tile across the end of the keys (walked first) with at most 64 keys left: both
-    // products over 64 keys (S's upper columns are masked to -inf below, V's rows not read).
-    const bool half_keys = kBlockN == 128 && n0 + 64 >= seq.len_kv;
+    const bool half_keys = half_keys_at(n0);
 
     // S = Q K^T: 16 columns of d per wgmma, 4 per 128-byte column block.
     float s[kBlockN / 2];
