@@ -296,7 +296,22 @@ INSTANTIATE_TEST_SUITE_P(
 // ------------------------------------------------------------------------------------------------
 
 // The cases the forward and backward lists share, at the same place in both (the seeds follow
-// the position): fully masked rows, windows, padding and THD with uneven lengths.
+// the position). Second and third: causal, and bottom-right with sq < skv.
+template <typename Add>
+void CausalCases(fusedattn_dtype dtype, int64_t d, Add& add) {
+  {
+    fusedattn_config c = Config(2, 4, 4, 300, 300, d, dtype);
+    c.mask = FUSEDATTN_MASK_CAUSAL;
+    add("causal", c);
+  }
+  {
+    fusedattn_config c = Config(2, 4, 2, 77, 300, d, dtype);
+    c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    add("causal_bottom_right_sq_lt_skv", c);
+  }
+}
+
+// Further on: fully masked rows, windows, padding and THD with uneven lengths.
 template <typename Add>
 void MaskAndLayoutCases(fusedattn_dtype dtype, int64_t d, Add& add) {
   {
@@ -356,16 +371,7 @@ std::vector<Case> CasesFor(fusedattn_dtype dtype, int64_t d) {
     cases.push_back({name, c, o, poison_padding, true});
   };
   add("no_mask", Config(2, 4, 4, 200, 200, d, dtype));
-  {
-    fusedattn_config c = Config(2, 4, 4, 300, 300, d, dtype);
-    c.mask = FUSEDATTN_MASK_CAUSAL;
-    add("causal", c);
-  }
-  {
-    fusedattn_config c = Config(2, 4, 2, 77, 300, d, dtype);
-    c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
-    add("causal_bottom_right_sq_lt_skv", c);
-  }
+  CausalCases(dtype, d, add);
   MaskAndLayoutCases(dtype, d, add);
   {
     fusedattn_config c = Config(2, 6, 2, 257, 257, d, dtype);
@@ -529,16 +535,7 @@ std::vector<Case> BackwardCasesFor(fusedattn_dtype dtype, int64_t d) {
     cases.push_back({name, c, o, poison_padding, true});
   };
   add("no_mask_200_333", Config(2, 4, 4, 200, 333, d, dtype));
-  {
-    fusedattn_config c = Config(2, 4, 4, 300, 300, d, dtype);
-    c.mask = FUSEDATTN_MASK_CAUSAL;
-    add("causal", c);
-  }
-  {
-    fusedattn_config c = Config(2, 4, 2, 77, 300, d, dtype);
-    c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
-    add("causal_bottom_right_sq_lt_skv", c);
-  }
+  CausalCases(dtype, d, add);
   {
     fusedattn_config c = Config(2, 4, 4, 300, 130, d, dtype);
     c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
