@@ -520,6 +520,22 @@ FUSEDATTN_API fusedattn_status fusedattn_score_mod_equal(const fusedattn_score_m
 FUSEDATTN_API fusedattn_status fusedattn_score_mod_describe(const fusedattn_score_mod* graph,
                                                             char* text, size_t text_len);
 
+/* A self-contained text form of a finalized graph, for places where only strings travel (a
+ * torch op's string argument, an XLA FFI attribute, a file): the tensor declarations, every node
+ * and the outputs, constants as the bits of their doubles. fusedattn_score_mod_deserialize
+ * rebuilds an equal graph (fusedattn_score_mod_equal says 1, same hash). Writes at most text_len
+ * bytes including the NUL; *needed (may be NULL) receives the bytes the whole text needs,
+ * including the NUL: call with text_len 0 to size the buffer. A text_len too small is
+ * FUSEDATTN_ERROR_INVALID_ARGUMENT with nothing written. */
+FUSEDATTN_API fusedattn_status fusedattn_score_mod_serialize(const fusedattn_score_mod* graph,
+                                                             char* text, size_t text_len,
+                                                             size_t* needed);
+/* A new finalized graph from fusedattn_score_mod_serialize's text (*graph is NULL on failure;
+ * the message names the malformed line). Free it with fusedattn_score_mod_destroy. */
+FUSEDATTN_API fusedattn_status fusedattn_score_mod_deserialize(const char* text,
+                                                               fusedattn_score_mod** graph,
+                                                               char* msg, size_t msg_len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -208,6 +208,23 @@ class ScoreMod {
     detail::Check(fusedattn_score_mod_describe(graph_, text, sizeof text), text);
     return text;
   }
+  // The finalized graph as text (fusedattn_score_mod_serialize), and back.
+  std::string serialize() const {
+    size_t needed = 0;
+    detail::Check(fusedattn_score_mod_serialize(graph_, nullptr, 0, &needed),
+                  "score_mod is not finalized");
+    std::string text(needed, '\0');
+    detail::Check(fusedattn_score_mod_serialize(graph_, text.data(), text.size(), &needed),
+                  "fusedattn_score_mod_serialize failed");
+    text.resize(needed - 1);
+    return text;
+  }
+  static ScoreMod deserialize(const std::string& text) {
+    char msg[detail::kMessageBytes];
+    fusedattn_score_mod* graph = nullptr;
+    detail::Check(fusedattn_score_mod_deserialize(text.c_str(), &graph, msg, sizeof msg), msg);
+    return ScoreMod(graph);
+  }
 
  private:
   int32_t Own(Expr e) const {
@@ -216,6 +233,7 @@ class ScoreMod {
                   "score_mod: the expression belongs to another graph");
     return e.id();
   }
+  explicit ScoreMod(fusedattn_score_mod* adopted) : graph_(adopted) {}
   fusedattn_score_mod* graph_ = nullptr;
 };
 

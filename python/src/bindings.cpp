@@ -255,94 +255,30 @@ class TensorSet {
   std::list<std::vector<fusedattn_tensor>> lists_;  // stable addresses
 };
 
-// A score-modifier graph (fusedattn_score_mod), built node by node from fusedattn._flex.
+// A finalized score-modifier graph (fusedattn_score_mod), rebuilt from the text that
+// fusedattn._flex writes (fusedattn_score_mod_deserialize checks it).
 class ScoreModGraph {
  public:
-  ScoreModGraph() {
-    if (fusedattn_score_mod_create(&graph_) != FUSEDATTN_SUCCESS)
-      Raise(FUSEDATTN_ERROR_OUT_OF_MEMORY, "fusedattn_score_mod_create failed");
-  }
+  explicit ScoreModGraph(fusedattn_score_mod* graph) : graph_(graph) {}
   ~ScoreModGraph() { fusedattn_score_mod_destroy(graph_); }
   ScoreModGraph(const ScoreModGraph&) = delete;
   ScoreModGraph& operator=(const ScoreModGraph&) = delete;
 
-  int32_t Input(const std::string& name) {
-    static const char* const kNames[] = {"score",  "batch",    "head",      "q_idx",
-                                         "kv_idx", "seqlen_q", "seqlen_kv", "q_idx_br"};
-    for (int i = 0; i < 8; ++i)
-      if (name == kNames[i]) {
-        char message[kMessageBytes] = "";
-        int32_t node = -1;
-        Check(fusedattn_score_mod_input(graph_, static_cast<fusedattn_score_mod_variable>(i),
-                                        &node, message, sizeof message),
-              message);
-        return node;
-      }
-    RaiseInvalid("score_mod input '" + name +
-                 "' is not one of score, batch, head, q_idx, kv_idx, seqlen_q, seqlen_kv, "
-                 "q_idx_br");
-  }
-  int32_t Constant(double value) {
+  static ScoreModGraph* Deserialize(const std::string& text) {
     char message[kMessageBytes] = "";
-    int32_t node = -1;
-    Check(fusedattn_score_mod_constant(graph_, value, &node, message, sizeof message), message);
-    return node;
-  }
-  int32_t Tensor(const std::string& name, const std::string& dtype, uint32_t axes,
-                 bool requires_grad) {
-    fusedattn_dtype d;
-    if (dtype == "float32") {
-      d = FUSEDATTN_DTYPE_FLOAT32;
-    } else if (dtype == "float16") {
-      d = FUSEDATTN_DTYPE_FLOAT16;
-    } else if (dtype == "bfloat16") {
-      d = FUSEDATTN_DTYPE_BFLOAT16;
-    } else if (dtype == "int32") {
-      d = FUSEDATTN_DTYPE_INT32;
-    } else {
-      RaiseInvalid("score_mod tensor '" + name + "': dtype '" + dtype +
-                   "' is not float32, float16, bfloat16 or int32");
-    }
-    char message[kMessageBytes] = "";
-    int32_t node = -1;
-    Check(fusedattn_score_mod_tensor(graph_, name.c_str(), d, axes, requires_grad ? 1 : 0, &node,
-                                     message, sizeof message),
+    fusedattn_score_mod* graph = nullptr;
+    Check(fusedattn_score_mod_deserialize(text.c_str(), &graph, message, sizeof message),
           message);
-    return node;
+    return new ScoreModGraph(graph);
   }
-  int32_t Op(const std::string& name, const std::vector<int32_t>& operands) {
-    static const char* const kOps[] = {"neg", "abs", "exp", "log", "tanh", "sigmoid",
-                                       "not", "add", "sub", "mul", "div", "min",
-                                       "max", "lt",  "le",  "gt",  "ge",  "eq",
-                                       "ne",  "and", "or",  "select"};
-    for (int i = 0; i < 22; ++i)
-      if (name == kOps[i]) {
-        char message[kMessageBytes] = "";
-        int32_t node = -1;
-        Check(fusedattn_score_mod_op(graph_, static_cast<fusedattn_score_mod_opcode>(i),
-                                     static_cast<int32_t>(operands.size()), operands.data(),
-                                     &node, message, sizeof message),
-              message);
-        return node;
-      }
-    RaiseInvalid("score_mod operation '" + name + "' is not known");
-  }
-  void SetScore(int32_t node) {
-    char message[kMessageBytes] = "";
-    Check(fusedattn_score_mod_set_score(graph_, node, message, sizeof message), message);
-  }
-  void SetMask(int32_t node) {
-    char message[kMessageBytes] = "";
-    Check(fusedattn_score_mod_set_mask(graph_, node, message, sizeof message), message);
-  }
-  void SetGradient(int32_t wrt, int32_t gradient) {
-    char message[kMessageBytes] = "";
-    Check(fusedattn_score_mod_set_gradient(graph_, wrt, gradient, message, sizeof message),
-          message);
-  }
-  void Finalize() {
-    char message[kMessageBytes] = "";
-    Check(fusedattn_score_mod_finalize(graph_, message, sizeof message), message);
+  std::string Serialize() const {
+    size_t needed = 0;
+    Check(fusedattn_score_mod_serialize(graph_, nullptr, 0, &needed), "not finalized");
+    std::string text(needed, '\0');
+    Check(fusedattn_score_mod_serialize(graph_, text.data(), text.size(), &needed),
+          "fusedattn_score_mod_serialize failed");
+    text.resize(needed - 1);
+    return text;
   }
   nb::tuple Hash() const {
     uint64_t hash[2] = {0, 0};
@@ -583,17 +519,12 @@ NB_MODULE(_C, m) {
   config.attr("fields") = nb::tuple(field_names);
 
   nb::class_<ScoreModGraph>(m, "ScoreModGraph",
-                            "A fusedattn_score_mod graph; build it with fusedattn.flex.")
-      .def(nb::init<>())
-      .def("input", &ScoreModGraph::Input, nb::arg("name"))
-      .def("constant", &ScoreModGraph::Constant, nb::arg("value"))
-      .def("tensor", &ScoreModGraph::Tensor, nb::arg("name"), nb::arg("dtype"), nb::arg("axes"),
-           nb::arg("requires_grad"))
-      .def("op", &ScoreModGraph::Op, nb::arg("name"), nb::arg("operands"))
-      .def("set_score", &ScoreModGraph::SetScore, nb::arg("node"))
-      .def("set_mask", &ScoreModGraph::SetMask, nb::arg("node"))
-      .def("set_gradient", &ScoreModGraph::SetGradient, nb::arg("wrt"), nb::arg("gradient"))
-      .def("finalize", &ScoreModGraph::Finalize)
+                            "A finalized fusedattn_score_mod graph; build it with fusedattn.flex.")
+      .def_static("deserialize", &ScoreModGraph::Deserialize, nb::arg("text"),
+                  nb::rv_policy::take_ownership,
+                  "The graph of fusedattn_score_mod_serialize's text (checked; raises "
+                  "InvalidArgumentError naming what is wrong).")
+      .def("serialize", &ScoreModGraph::Serialize)
       .def("hash", &ScoreModGraph::Hash)
       .def("equal", &ScoreModGraph::Equal, nb::arg("other"))
       .def("describe", &ScoreModGraph::Describe);

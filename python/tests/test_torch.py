@@ -205,25 +205,38 @@ def test_cuda_fully_masked_rows_are_zero_without_nan():
     assert torch.all(q.grad[:, :48] == 0)
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
-def test_custom_ops_pass_opcheck(device):
-    """Schema, fake (meta) implementation, autograd registration and AOT dispatch agree with
-    the real ops."""
+def _op_args(device, with_score_mod=False):
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     q = torch.randn(2, 16, 4, 32, device=device, dtype=dtype, requires_grad=True)
     k = torch.randn(2, 24, 2, 32, device=device, dtype=dtype, requires_grad=True)
     v = torch.randn(2, 24, 2, 32, device=device, dtype=dtype, requires_grad=True)
     sinks = torch.randn(4, device=device, requires_grad=True)
-    from fusedattn import _api, _torch
-    options = _api.normalize_options(mask="causal_bottom_right", has_sinks=True)
-    problem, ints = _torch.encode_problem(options, True, True, False)
-    args = (q, k, v, None, None, sinks, None, None, None, None, problem, ints)
+    from fusedattn import _problem, _torch, flex
+    options = _problem.normalize_options(mask="causal_bottom_right", has_sinks=True)
+    problem = _torch.encode_problem(options, True, True, False)
+    text, mods = "", []
+    if with_score_mod:
+        bias = flex.Tensor(torch.randn(4, device=device, requires_grad=True), name="head bias",
+                           requires_grad=True)
+        mod = flex.ScoreMod(score=flex.score + bias[flex.head], mask=flex.q_idx_br >= flex.kv_idx)
+        text, mods = mod.text, mod.tensors()
+    return (q, k, v, None, None, sinks, None, None, None, None, mods, problem, text, [0, 0, 0])
+
+
+@pytest.mark.parametrize("with_score_mod", [False, True], ids=["plain", "score_mod"])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_custom_ops_pass_opcheck(device, with_score_mod):
+    """Schema, fake (meta) implementation, autograd registration and AOT dispatch agree with
+    the real ops."""
+    args = _op_args(device, with_score_mod)
     _run_or_skip(lambda: torch.ops.fusedattn.fwd(*args))
     torch.library.opcheck(torch.ops.fusedattn.fwd.default, args)
     o, lse = torch.ops.fusedattn.fwd(*args)
     d_o = torch.randn_like(o)
+    q, k, v, bias, alibi, sinks, cu_q, cu_kv, off_q, off_kv, mods, problem, text, ints = args
     bwd_args = (d_o, q.detach(), k.detach(), v.detach(), o.detach(), lse.detach(), None, None,
-                sinks.detach(), None, None, None, None, problem, ints)
+                sinks.detach(), None, None, None, None, [m.detach() for m in mods], problem, text,
+                ints)
     torch.library.opcheck(torch.ops.fusedattn.bwd.default, bwd_args)
 
 

@@ -1,10 +1,12 @@
 // The C entry points of score-modifier graphs (fusedattn_score_mod_* in fusedattn.h).
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <new>
 #include <string>
 
 #include "flex/score_mod.h"
+#include "flex/serialize.h"
 
 using fusedattn::InternalError;
 using fusedattn::InvalidArgument;
@@ -208,6 +210,43 @@ fusedattn_status fusedattn_score_mod_describe(const fusedattn_score_mod* graph, 
                                  ? fusedattn::flex::ToString(nodes, b.roots().mask, &names)
                                  : std::string("none"));
     return Status(FUSEDATTN_SUCCESS, described);
+  });
+}
+
+fusedattn_status fusedattn_score_mod_serialize(const fusedattn_score_mod* graph, char* text,
+                                               size_t text_len, size_t* needed) {
+  try {
+    std::shared_ptr<const fusedattn::flex::ScoreMod> mod;
+    Status s = fusedattn::flex::FinalizedOf(graph, "graph", &mod);
+    if (!s.ok()) return s.code();
+    std::string serialized = fusedattn::flex::Serialize(graph->builder);
+    if (needed != nullptr) *needed = serialized.size() + 1;
+    if (text_len == 0 && text == nullptr) return FUSEDATTN_SUCCESS;  // sizing only
+    if (text == nullptr || text_len < serialized.size() + 1) return FUSEDATTN_ERROR_INVALID_ARGUMENT;
+    std::memcpy(text, serialized.c_str(), serialized.size() + 1);
+    return FUSEDATTN_SUCCESS;
+  } catch (const std::bad_alloc&) {
+    return FUSEDATTN_ERROR_OUT_OF_MEMORY;
+  } catch (...) {
+    return FUSEDATTN_ERROR_INTERNAL;
+  }
+}
+
+fusedattn_status fusedattn_score_mod_deserialize(const char* text, fusedattn_score_mod** graph,
+                                                 char* msg, size_t msg_len) {
+  if (graph != nullptr) *graph = nullptr;
+  return Guarded(msg, msg_len, [&]() -> Status {
+    const char* call = "fusedattn_score_mod_deserialize";
+    if (graph == nullptr) return InvalidArgument("%s: graph (the output pointer) is NULL", call);
+    if (text == nullptr) return InvalidArgument("%s: text is NULL", call);
+    std::unique_ptr<fusedattn_score_mod> made(new fusedattn_score_mod());
+    FUSEDATTN_RETURN_IF_ERROR(Prefixed(call, fusedattn::flex::Deserialize(text, &made->builder)));
+    std::shared_ptr<const fusedattn::flex::ScoreMod> finalized;
+    FUSEDATTN_RETURN_IF_ERROR(
+        Prefixed(call, fusedattn::flex::ScoreMod::Make(made->builder, &finalized)));
+    made->finalized = std::move(finalized);
+    *graph = made.release();
+    return Status::Ok();
   });
 }
 

@@ -18,8 +18,10 @@ import sys as _sys
 from ._errors import Error, InvalidArgumentError, NotSupportedError, OutOfMemoryError
 from . import _C
 from . import _flex as flex
-from ._api import (Gradients, attention, attention_backward, backends, backward, config_dict,
-                   cudnn_version, explain, forward, make_config, version, workspace_size)
+from ._api import (attention, attention_backward, backends, backward, cudnn_version, explain,
+                   forward, version, workspace_size)
+from ._problem import config_dict, make_config
+from ._run import Gradients
 
 __version__ = _C.version()
 
@@ -29,9 +31,7 @@ __all__ = ["attention", "attention_backward", "explain", "backends", "version", 
            "Error",
            "InvalidArgumentError", "NotSupportedError", "OutOfMemoryError"]
 
-# Register the torch ops now when torch is already loaded (torch.compile then finds them);
+# With torch already loaded, register the torch ops now (torch.compile then finds them);
 # otherwise the first torch tensor passed in loads them.
 if "torch" in _sys.modules:
-    from . import _torch as _torch_ops  # noqa: F401
-    from . import _api as _api_module
-    _api_module._torch_impl = _torch_ops
+    from . import _torch  # noqa: F401

@@ -30,12 +30,13 @@ class Expr:
     """A node of a score-modifier expression: an input, a constant, a tensor read or an operation
     on other expressions. Immutable."""
 
-    __slots__ = ("op", "args", "value")
+    __slots__ = ("op", "args", "value", "_lowered")
 
     def __init__(self, op, args=(), value=None):
         self.op = op
         self.args = tuple(args)
         self.value = value
+        self._lowered = None  # (other expression, role, ScoreMod) of as_score_mod's last call
 
     # Arithmetic
     def __add__(self, other): return _op("add", self, other)
@@ -107,8 +108,6 @@ seqlen_q = Expr("input", value="seqlen_q")    # the sequence's query length
 seqlen_kv = Expr("input", value="seqlen_kv")  # the sequence's key length
 q_idx_br = q_idx + (seqlen_kv - seqlen_q)     # i aligned to the end of the keys (bottom-right)
 
-_LEAVES = {id(e): e.value for e in (batch, head, q_idx, kv_idx)}
-
 
 def exp(x): return _op("exp", x)
 def log(x): return _op("log", x)
@@ -142,7 +141,7 @@ class Tensor:
 
     def __init__(self, array, name=None, requires_grad=False):
         self.array = array
-        self.name = name if name is not None else "tensor%d" % id(self)
+        self.name = name  # None: "t<k>" for the k-th tensor a graph declares
         self.requires_grad = bool(requires_grad)
 
     def __getitem__(self, index):
@@ -150,8 +149,8 @@ class Tensor:
             index = (index,)
         axes = []
         for i in index:
-            axis = _LEAVES.get(id(i)) if isinstance(i, Expr) else None
-            if axis is None:
+            axis = i.value if isinstance(i, Expr) and i.op == "input" else None
+            if axis not in _AXES:
                 raise InvalidArgumentError(
                     "tensor %r is indexed by %r: index it by flex.batch, flex.head, flex.q_idx "
                     "and flex.kv_idx only" % (self.name, i))
@@ -171,77 +170,123 @@ def _dtype_name(array):
     dtype = getattr(array, "dtype", None)
     name = getattr(dtype, "name", None)
     if name is None and type(dtype).__module__ == "torch":  # torch.bfloat16 -> "bfloat16"
-        name = str(dtype).replace("torch.", "")
-    if name not in ("float32", "float16", "bfloat16", "int32"):
+        name = str(dtype)[len("torch."):]
+    if name not in _DTYPE_CODES:
         raise InvalidArgumentError("score_mod tensors are float32, float16, bfloat16 or int32 "
                                    "arrays, got %s" % (name,))
     return name
 
 
-class ScoreMod:
-    """A finalized score modifier: a score expression (a number; None leaves the score as is),
-    a mask expression (a boolean, True = visible; None hides nothing more), and optionally
-    hand-written derivatives {flex.score or a tensor read: expression} that the backward then
-    uses instead of the derived ones.
+# The library's codes (fusedattn.h), read once from the extension.
+_DTYPE_CODES = {name: _C.Dtype.__members__[name].value
+                for name in ("float32", "float16", "bfloat16", "int32")}
+_INPUT_CODES = {name: i for i, name in enumerate(_INPUTS)}  # fusedattn_score_mod_variable order
+_HEADER = "fusedattn_score_mod 1"
 
-    Equal ScoreMods (built from the same expressions) compare equal and hash equal; the library's
-    caches treat them as one."""
 
-    def __init__(self, score=None, mask=None, gradients=None):
-        if score is None and mask is None:
-            raise InvalidArgumentError("a ScoreMod needs a score or a mask expression")
-        self._graph = _C.ScoreModGraph()
-        self._memo = {}
-        self.slots = []  # (Tensor, axes) in declaration order: the order of the call's tensors
-        self._slot_of = {}
-        if score is not None:
-            self._graph.set_score(self._lower(_as_expr(score)))
-        if mask is not None:
-            self._graph.set_mask(self._lower(_as_expr(mask)))
-        for wrt, gradient in (gradients or {}).items():
-            self._graph.set_gradient(self._lower(_as_expr(wrt)), self._lower(_as_expr(gradient)))
-        self._graph.finalize()
-        del self._memo
+def _lower(score, mask, gradients):
+    """(text, slots, names): the serialized graph (fusedattn_score_mod_serialize's format, see
+    src/flex/serialize.h) of the outputs, the (Tensor, axes) read by each declared tensor and
+    the tensors' names in the graph.
 
-    def _lower(self, expr):
-        """The graph node of expr (operands first, iteratively: expressions may be deep)."""
+    Plain Python over the expression objects, with no call into the library, so that
+    torch.compile traces it (the library checks the graph when it rebuilds it from the text)."""
+    lines = [_HEADER]
+    index = {}   # id(expression) -> node number; `keep` holds them, so no id is reused meanwhile
+    keep = []
+    slots = []   # (Tensor, axes) per declared tensor
+    names = []   # and its name in the graph
+    tensor_nodes = {}  # (id(Tensor), axes) -> (node number, tensor number)
+
+    def node(expr):
         stack = [expr]
         while stack:
             e = stack[-1]
-            if id(e) in self._memo:
+            if id(e) in index:
                 stack.pop()
                 continue
-            pending = [a for a in e.args if id(a) not in self._memo]
+            pending = [a for a in e.args if id(a) not in index]
             if pending:
                 stack.extend(reversed(pending))
                 continue
             stack.pop()
-            self._memo[id(e)] = (self._node(e), e)  # keep e alive while its id is a key
-        return self._memo[id(expr)][0]
+            if e.op == "tensor":
+                tensor, axes = e.value
+                key = (id(tensor), axes)
+                if key not in tensor_nodes:
+                    name = tensor.name if tensor.name is not None else "t%d" % len(slots)
+                    if any(t is tensor for t, _ in slots):
+                        name = "%s[%s]" % (name, ",".join(axes))
+                    bits = sum(_AXIS_BITS[a] for a in axes)
+                    lines.append("tensor %d %d %d %s" % (
+                        _DTYPE_CODES[_dtype_name(tensor.array)], bits,
+                        1 if tensor.requires_grad else 0, name.encode("utf-8").hex()))
+                    tensor_nodes[key] = (len(lines) - 2, len(slots))
+                    slots.append((tensor, axes))
+                    names.append(name)
+                index[id(e)] = tensor_nodes[key][0]
+            else:
+                if e.op == "input":
+                    line = "input %d" % _INPUT_CODES[e.value]
+                elif e.op == "const":
+                    line = "const " + float(e.value).hex()
+                else:
+                    line = "op %s %s" % (e.op, " ".join(str(index[id(a)]) for a in e.args))
+                lines.append(line)
+                index[id(e)] = len(lines) - 2
+            keep.append(e)
+        return index[id(expr)]
 
-    def _node(self, e):
-        g = self._graph
-        if e.op == "input":
-            return g.input(e.value)
-        if e.op == "const":
-            return g.constant(e.value)
-        if e.op == "tensor":
-            tensor, axes = e.value
-            key = (id(tensor), axes)
-            if key not in self._slot_of:
-                name = tensor.name
-                if any(t is tensor for t, _ in self.slots):
-                    name = "%s[%s]" % (tensor.name, ",".join(axes))
-                bits = sum(_AXIS_BITS[a] for a in axes)
-                self._slot_of[key] = g.tensor(name, _dtype_name(tensor.array), bits,
-                                              tensor.requires_grad)
-                self.slots.append((tensor, axes))
-            return self._slot_of[key]
-        return g.op(e.op, [self._memo[id(a)][0] for a in e.args])
+    roots = []
+    if score is not None:
+        roots.append("score %d" % node(_as_expr(score)))
+    if mask is not None:
+        roots.append("mask %d" % node(_as_expr(mask)))
+    for wrt, gradient in (gradients or {}).items():
+        g = node(_as_expr(gradient))
+        if isinstance(wrt, Expr) and wrt.op == "input" and wrt.value == "score":
+            roots.append("grad_score %d" % g)
+        elif isinstance(wrt, Expr) and wrt.op == "tensor":
+            tensor, axes = wrt.value
+            node(wrt)
+            roots.append("grad_tensor %d %d" % (tensor_nodes[(id(tensor), axes)][1], g))
+        else:
+            raise InvalidArgumentError("gradients: %r is neither flex.score nor a tensor read; "
+                                       "derivatives are taken with respect to those" % (wrt,))
+    return "\n".join(lines + roots) + "\n", slots, names
+
+
+def _compiling():
+    """Whether torch.compile is tracing this call (then nothing may call into the library)."""
+    import sys
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.compiler.is_compiling()
+
+
+class ScoreMod:
+    """A score modifier: a score expression (a number; None leaves the score as is), a mask
+    expression (a boolean, True = visible; None hides nothing more), and optionally hand-written
+    derivatives {flex.score or a tensor read: expression} that the backward then uses instead of
+    the derived ones.
+
+    `text` is its serialized graph, the form the library and the torch ops take; the library
+    checks it here (outside torch.compile) and raises InvalidArgumentError naming what is wrong.
+    Equal ScoreMods (built from the same expressions) compare equal and hash equal; the
+    library's caches treat them as one."""
+
+    def __init__(self, score=None, mask=None, gradients=None):
+        if score is None and mask is None:
+            raise InvalidArgumentError("a ScoreMod needs a score or a mask expression")
+        self.text, self.slots, self.names = _lower(score, mask, gradients)
+        self._graph = None
+        if not _compiling():
+            self._graph = _C.ScoreModGraph.deserialize(self.text)
 
     @property
     def graph(self):
-        """The binding's handle (fusedattn._C.ScoreModGraph)."""
+        """The library's finalized graph (fusedattn._C.ScoreModGraph), rebuilt from the text."""
+        if self._graph is None:
+            self._graph = _C.ScoreModGraph.deserialize(self.text)
         return self._graph
 
     def tensors(self):
@@ -250,13 +295,13 @@ class ScoreMod:
 
     def describe(self):
         """The outputs and the derivatives the backward uses, as text."""
-        return self._graph.describe()
+        return self.graph.describe()
 
     def __eq__(self, other):
-        return isinstance(other, ScoreMod) and self._graph.equal(other._graph)
+        return isinstance(other, ScoreMod) and self.graph.equal(other.graph)
 
     def __hash__(self):
-        return hash(self._graph.hash())
+        return hash(self.graph.hash())
 
     def __repr__(self):
         return "ScoreMod(%s)" % self.describe().replace("\n", "; ")
@@ -264,7 +309,9 @@ class ScoreMod:
 
 def as_score_mod(score_mod=None, mask_mod=None):
     """A ScoreMod from attention()'s score_mod / mask_mod arguments (expressions, or a ScoreMod
-    as score_mod), or None when both are None."""
+    as score_mod), or None when both are None. The ScoreMod of a pair of expressions is kept on
+    the first expression (expressions are immutable), so a call repeated with the same ones
+    lowers them once."""
     if isinstance(score_mod, ScoreMod):
         if mask_mod is not None:
             raise InvalidArgumentError("score_mod is a ScoreMod (which carries its own mask): "
@@ -278,4 +325,13 @@ def as_score_mod(score_mod=None, mask_mod=None):
                 "%s must be a fusedattn.flex expression (built from flex.score, flex.q_idx, ... "
                 "with operators), got %s; Python functions are not traced" %
                 (name, type(value).__name__))
-    return ScoreMod(score=score_mod, mask=mask_mod)
+    if _compiling():
+        return ScoreMod(score=score_mod, mask=mask_mod)
+    owner, other = (score_mod, mask_mod) if score_mod is not None else (mask_mod, None)
+    cached = owner._lowered
+    if cached is not None and cached[0] is other and cached[1] is (score_mod is None):
+        return cached[2]
+    mod = ScoreMod(score=score_mod, mask=mask_mod)
+    # The cache holds `other`, so the identity test above never meets a reused address.
+    owner._lowered = (other, score_mod is None, mod)
+    return mod

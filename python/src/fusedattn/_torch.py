@@ -1,284 +1,367 @@
-"""The PyTorch path: two custom ops, fusedattn::fwd and fusedattn::bwd (torch.library), with
-fake implementations (torch.compile traces them without graph breaks) and autograd.
+"""The PyTorch path: the operators fusedattn::fwd and fusedattn::bwd, registered from C++
+(python/src/torch_ops.cpp: CPU and CUDA kernels over the C API, autograd in C++), their fake
+(shape) functions for torch.compile, and attention() for torch tensors.
 
-Imported only when the caller passes a torch tensor (or imports it), so `import fusedattn` works
-without torch. Inside the ops nothing synchronizes with the device and every buffer (outputs and
-the library's workspace) comes from torch's allocator, on torch's current stream: a warm op can
-be captured in a CUDA graph.
+A warm call costs what a PyTorch operator costs: the Python side below only turns the keyword
+arguments into the op's problem string (once per distinct set of options, then a dictionary
+lookup) and calls the op; allocation, the library call and the backward are C++. Nothing
+synchronizes with the device and every buffer comes from torch's allocator on the current
+stream, so a warm call can be captured in a CUDA graph. Score modifiers take the same op (their
+graph travels as text), so torch.compile traces them without a graph break.
+
+The operator library is built with the package when torch is present at build time
+(`pip install --no-build-isolation .`); otherwise it is compiled here on first use, once per
+torch version, into the user's cache directory (a C++ compiler is needed then).
+
+Imported only when the caller passes a torch tensor (or had imported torch before fusedattn),
+so `import fusedattn` works without torch.
 """
 
-import contextlib
-from typing import List, Optional, Tuple
+import os
+import random
+import sys
+import warnings
 
 import torch
-from torch import Tensor
 
-from . import _api
+from . import _C, _flex, _problem
+from ._errors import InvalidArgumentError
+from ._run import Gradients, gradients_by_name
 
-_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16",
-                torch.bfloat16: "bfloat16", torch.int32: "int32", torch.uint8: "uint8"}
-_DTYPES = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
+_HERE = os.path.dirname(os.path.abspath(__file__))
 
-
-class TorchArrays:
-    """The framework adapter of _api.run_forward / run_backward for torch tensors."""
-
-    @staticmethod
-    def dtype_name(t):
-        return _DTYPE_NAMES.get(t.dtype, str(t.dtype).replace("torch.", ""))
-
-    @staticmethod
-    def empty(shape, dtype_name, like, zero=False):
-        make = torch.zeros if zero else torch.empty
-        return make(shape, dtype=_DTYPES[dtype_name], device=like.device)
-
-    @staticmethod
-    def device(t):
-        return "cuda" if t.is_cuda else "cpu"
-
-    @staticmethod
-    def stream(t):
-        return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
-
-    @staticmethod
-    def max_length(cu_seqlens):
-        # A host read: synchronizes with the device for CUDA tensors.
-        if cu_seqlens.shape[0] < 2:
-            return 0
-        return int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item())
+# ---------------------------------------------------------------------------------------------
+# Loading the operators
+# ---------------------------------------------------------------------------------------------
 
 
-def _on_device_of(t):
-    """Makes t's GPU the current one (the library runs on the current device)."""
-    if t.is_cuda and t.device.index is not None and t.device.index != torch.cuda.current_device():
-        return torch.cuda.device(t.device)
-    return contextlib.nullcontext()
+def _cache_root():
+    """FUSEDATTN_CACHE_DIR, else $XDG_CACHE_HOME/fusedattn, else ~/.cache/fusedattn."""
+    explicit = os.environ.get("FUSEDATTN_CACHE_DIR", "")
+    if explicit and explicit.lower() not in ("0", "off", "none"):
+        return explicit
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "fusedattn")
 
 
-# The ops take the problem's scalars as one string and a list of ints (see encode_problem): torch's
-# custom-op autograd wrapper costs time quadratic in the number of schema arguments, so few
-# arguments keep the per-call overhead small. The ints (max_seqlen_q, max_seqlen_kv,
-# dropout_seed) stay ints so that they may be symbolic under torch.compile.
+def _prebuilt():
+    """The operator library built with the package, when it was built against this torch."""
+    path = os.path.join(_HERE, "_torch_ops.so")
+    stamp = os.path.join(_HERE, "_torch_ops.torch_version")
+    if not (os.path.exists(path) and os.path.exists(stamp)):
+        return None, "not built with the package (torch was not importable at build time)"
+    with open(stamp) as f:
+        built_for = f.read().strip()
+    if built_for != torch.__version__:
+        return None, "built for torch %s, but torch %s is running" % (built_for, torch.__version__)
+    return path, None
+
+
+def _compile_operators(why):
+    """Compiles python/src/torch_ops.cpp (shipped in _csrc/) against the running torch into the
+    cache directory and loads it. cpp_extension serializes concurrent builds with a lock file."""
+    from torch.utils import cpp_extension
+    source = os.path.join(_HERE, "_csrc", "torch_ops.cpp")
+    library = [os.path.join(_HERE, f) for f in sorted(os.listdir(_HERE))
+               if f.startswith("libfusedattn.so")]
+    if not os.path.exists(source) or not library:
+        raise ImportError("fusedattn's PyTorch operators are %s, and their source is not in the "
+                          "package to compile them: reinstall fusedattn with "
+                          "`pip install --no-build-isolation .` where torch is installed" % why)
+    tag = "%s-torch%s-py%d%d" % (_C.version(), torch.__version__, sys.version_info[0],
+                                 sys.version_info[1])
+    build = os.path.join(_cache_root(), "torch_ops", "".join(
+        c if c.isalnum() or c in ".-_" else "_" for c in tag))
+    os.makedirs(build, exist_ok=True)
+    if not os.path.exists(os.path.join(build, "fusedattn_torch_ops.so")):
+        warnings.warn("fusedattn: the PyTorch operators are %s; compiling them once for torch %s "
+                      "into %s (about a minute)" % (why, torch.__version__, build))
+    try:
+        return cpp_extension.load(
+            name="fusedattn_torch_ops", sources=[source],
+            extra_include_paths=[os.path.join(_HERE, "_csrc")],
+            extra_ldflags=[library[0], "-Wl,-rpath," + _HERE], extra_cflags=["-O2"],
+            is_python_module=True, build_directory=build, verbose=False)
+    except Exception as error:
+        raise ImportError("fusedattn's PyTorch operators are %s, and compiling them failed (%s); "
+                          "reinstall fusedattn with `pip install --no-build-isolation .` where "
+                          "torch is installed" % (why, error)) from error
+
+
+def _load_operators():
+    """The operator library as a Python module (importing it registers the operators)."""
+    path, why = _prebuilt()
+    if path is not None:
+        import importlib
+        return importlib.import_module(__package__ + "._torch_ops")
+    return _compile_operators(why)
+
+
+_OPS = _load_operators()
+# Through the dispatcher's Python binding: what torch.compile traces, and what tensor subclasses
+# and __torch_function__ modes see.
+_FWD = torch.ops.fusedattn.fwd.default
+_BWD = torch.ops.fusedattn.bwd.default
+# The same dispatcher calls from C++ without torch.ops' argument parsing: for plain tensors.
+_FAST_FWD = _OPS.fwd
+_FAST_BWD = _OPS.bwd
+_has_torch_function = torch._C._has_torch_function
+
+# ---------------------------------------------------------------------------------------------
+# The problem string
+# ---------------------------------------------------------------------------------------------
+
+_CODES = {kind: {name: value.value for name, value in enum.__members__.items()}
+          for kind, enum in (("format", _C.Format), ("mask", _C.Mask), ("bias", _C.Bias),
+                             ("softmax", _C.Softmax), ("backend", _C.Backend))}
+_THD = str(_CODES["format"]["thd"])
+_LEARNABLE_SINK = str(_CODES["softmax"]["learnable_sink"])
+
+
 def encode_problem(options, is_training, return_lse, bias_requires_grad):
-    """(problem string, ints) of the ops from _api.Options and the call's flags."""
-    flags = "".join("1" if x else "0" for x in (options.deterministic, is_training, return_lse,
-                                                  bias_requires_grad))
-    problem = "|".join((options.layout, options.mask, str(options.window_left),
-                        str(options.window_right), options.bias_type, repr(options.softcap),
-                        options.softmax, repr(options.dropout_p), repr(options.scale),
-                        options.backend, flags))
-    return problem, [options.max_seqlen_q, options.max_seqlen_kv, options.dropout_seed]
+    """The op's problem string (see torch_ops.cpp's Options): the C API's enum values and the
+    flags deterministic, is_training, return_lse, bias_requires_grad."""
+    return _prefix_of(options) + _flags(is_training, return_lse, bias_requires_grad)
 
 
-def decode_problem(problem, ints):
-    """(_api.Options, is_training, return_lse, bias_requires_grad) from the ops' arguments."""
-    (layout, mask, window_left, window_right, bias_type, softcap, softmax, dropout_p, scale,
-     backend, flags) = problem.split("|")
-    deterministic, is_training, return_lse, bias_requires_grad = (c == "1" for c in flags)
-    max_seqlen_q, max_seqlen_kv, dropout_seed = (int(x) for x in ints)
-    options = _api.Options(layout, mask, int(window_left), int(window_right), bias_type,
-                           float(softcap), softmax, float(dropout_p), dropout_seed, float(scale),
-                           max_seqlen_q, max_seqlen_kv, deterministic, backend)
-    return options, is_training, return_lse, bias_requires_grad
+def _prefix_of(options):
+    """Everything but the last three flags, which depend on the call's tensors."""
+    return "|".join((str(_CODES["format"][options.layout]), str(_CODES["mask"][options.mask]),
+                     str(options.window_left), str(options.window_right),
+                     str(_CODES["bias"][options.bias_type]), repr(options.softcap),
+                     str(_CODES["softmax"][options.softmax]), repr(options.dropout_p),
+                     repr(options.scale), str(_CODES["backend"][options.backend]),
+                     "1" if options.deterministic else "0"))
 
 
-@torch.library.custom_op("fusedattn::fwd", mutates_args=())
-def fwd(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], alibi_slopes: Optional[Tensor],
-        sinks: Optional[Tensor], cu_seqlens_q: Optional[Tensor], cu_seqlens_kv: Optional[Tensor],
-        seq_offsets_q: Optional[Tensor], seq_offsets_kv: Optional[Tensor], problem: str,
-        ints: List[int]) -> Tuple[Tensor, Tensor]:
-    """(o, lse); lse is empty unless the problem's flags ask for it (training or return_lse)."""
-    options, is_training, return_lse, bias_requires_grad = decode_problem(problem, ints)
-    inputs = _api.Inputs(bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_kv, seq_offsets_q,
-                         seq_offsets_kv)
-    with _on_device_of(q):
-        o, lse = _api.run_forward(TorchArrays, q, k, v, options, inputs, is_training, return_lse,
-                                  bias_requires_grad)
-    if lse is None:
-        lse = q.new_empty((0,), dtype=torch.float32)
-    return o, lse
+def _flags(is_training, return_lse, bias_requires_grad):
+    return "".join("1" if x else "0" for x in (is_training, return_lse, bias_requires_grad))
 
 
-@fwd.register_fake
-def _fwd_fake(q, k, v, bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_kv, seq_offsets_q,
-              seq_offsets_kv, problem, ints):
-    layout = problem.split("|", 1)[0]
-    _, is_training, return_lse, _ = decode_problem(problem, [0, 0, 0])
-    o = q.new_empty(_api.output_shape(q.shape, v.shape))
-    if is_training or return_lse:
-        lse = q.new_empty(_api.lse_shape(layout, q.shape), dtype=torch.float32)
-    else:
-        lse = q.new_empty((0,), dtype=torch.float32)
-    return o, lse
+def _decoded(problem):
+    """(thd, learnable_sink, is_training, return_lse, bias_requires_grad) of a problem string."""
+    fields = problem.split("|")
+    flags = fields[10]
+    return (fields[0] == _THD, fields[6] == _LEARNABLE_SINK, flags[1] == "1", flags[2] == "1",
+            flags[3] == "1")
 
 
-@torch.library.custom_op("fusedattn::bwd", mutates_args=())
-def bwd(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
-        bias: Optional[Tensor], alibi_slopes: Optional[Tensor], sinks: Optional[Tensor],
-        cu_seqlens_q: Optional[Tensor], cu_seqlens_kv: Optional[Tensor],
-        seq_offsets_q: Optional[Tensor], seq_offsets_kv: Optional[Tensor], problem: str,
-        ints: List[int]) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(dq, dk, dv, dbias, dsink); dbias is empty unless the flags ask for it, dsink unless the
-    softmax has a learnable sink."""
-    options, _, _, bias_requires_grad = decode_problem(problem, ints)
-    inputs = _api.Inputs(bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_kv, seq_offsets_q,
-                         seq_offsets_kv)
-    with _on_device_of(q):
-        grads = _api.run_backward(TorchArrays, d_o, q, k, v, o, lse, options, inputs,
-                                  bias_requires_grad)
-    empty = q.new_empty((0,), dtype=torch.float32)
-    return (grads.dq, grads.dk, grads.dv,
-            grads.dbias if grads.dbias is not None else empty,
-            grads.dsink if grads.dsink is not None else empty.clone())
+# One entry per distinct set of keyword options: (Options, prefix string). A program has a
+# handful; the bound only stops a program that makes options without end from growing it.
+_PREFIXES = {}
+_MAX_PREFIXES = 1024
 
 
-@bwd.register_fake
-def _bwd_fake(d_o, q, k, v, o, lse, bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_kv,
-              seq_offsets_q, seq_offsets_kv, problem, ints):
-    options, _, _, bias_requires_grad = decode_problem(problem, [0, 0, 0])
-    dq = q.new_empty(q.shape)
-    dk = k.new_empty(k.shape)
-    dv = v.new_empty(v.shape)
-    if bias_requires_grad and bias is not None:
-        dbias = bias.new_empty(bias.shape)
-    else:
-        dbias = q.new_empty((0,), dtype=torch.float32)
-    if options.softmax == "learnable_sink":
-        dsink = q.new_empty((q.shape[-2],), dtype=torch.float32)
-    else:
-        dsink = q.new_empty((0,), dtype=torch.float32)
-    return dq, dk, dv, dbias, dsink
-
-
-def _setup_context(ctx, inputs, output):
-    q, k, v, bias, alibi_slopes, sinks, cu_q, cu_kv, off_q, off_kv, problem, ints = inputs
-    o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, bias, alibi_slopes, sinks, cu_q, cu_kv, off_q, off_kv)
-    ctx.problem, ctx.ints = problem, ints
-
-
-def _backward(ctx, grad_o, grad_lse):
-    # lse is returned detached by attention(): grad_lse is never a real gradient.
-    q, k, v, o, lse, bias, alibi_slopes, sinks, cu_q, cu_kv, off_q, off_kv = ctx.saved_tensors
-    flags = ctx.problem.rsplit("|", 1)[1]
-    is_training, bias_requires_grad = flags[1] == "1", flags[3] == "1"
-    if not is_training:
-        raise RuntimeError("fusedattn: the forward ran with is_training=False (no LSE saved) but "
-                           "a gradient was asked for")
-    # Autograd may hand over an expanded gradient (o.sum() gives stride 0 everywhere); the GPU
-    # backends read dO like O, so give them a dense one.
-    if not grad_o.is_contiguous():
-        grad_o = grad_o.contiguous()
-    dq, dk, dv, dbias, dsink = bwd(grad_o, q, k, v, o, lse, bias, alibi_slopes, sinks, cu_q,
-                                   cu_kv, off_q, off_kv, ctx.problem, ctx.ints)
-    return (dq, dk, dv, dbias if bias_requires_grad else None, None,
-            dsink if sinks is not None else None, None, None, None, None, None, None)
-
-
-fwd.register_autograd(_backward, setup_context=_setup_context)
-
-
-def attention(q, k, v, *, layout="bshd", mask=None, window=(-1, -1), bias=None,
-              bias_type="post_scale", alibi_slopes=None, softcap=0.0, sinks=None, softmax=None,
-              dropout_p=0.0, dropout_seed=None, scale=None, cu_seqlens_q=None,
-              cu_seqlens_kv=None, seq_offsets_q=None, seq_offsets_kv=None, max_seqlen_q=None,
-              max_seqlen_kv=None, deterministic=False, backend="auto", return_lse=False):
-    """fusedattn.attention for torch tensors (see there). Under torch.compile or CUDA-graph
-    capture give max_seqlen_q/kv for "thd" (else cu_seqlens are read on the host) and a
-    dropout_seed when dropout_p > 0."""
-    options = _api.normalize_options(
-        layout=layout, mask=mask, window=window, bias_type=bias_type, has_bias=bias is not None,
-        has_alibi=alibi_slopes is not None, softcap=softcap, has_sinks=sinks is not None,
-        softmax=softmax, dropout_p=dropout_p, dropout_seed=dropout_seed, scale=scale,
-        max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv, deterministic=deterministic,
+def _options(layout, mask, window, bias_type, softcap, softmax, dropout_p, scale, deterministic,
+             backend, has_bias, has_alibi, has_sinks):
+    options = _problem.normalize_options(
+        layout=layout, mask=mask, window=window, bias_type=bias_type, has_bias=has_bias,
+        has_alibi=has_alibi, softcap=softcap, has_sinks=has_sinks, softmax=softmax,
+        dropout_p=dropout_p, dropout_seed=0, scale=scale, deterministic=deterministic,
         backend=backend)
-    if options.layout == "thd" and cu_seqlens_q is not None:
-        if not options.max_seqlen_q or not options.max_seqlen_kv:
-            options = options._replace(
-                max_seqlen_q=options.max_seqlen_q or TorchArrays.max_length(cu_seqlens_q),
-                max_seqlen_kv=options.max_seqlen_kv or (
-                    TorchArrays.max_length(cu_seqlens_kv) if cu_seqlens_kv is not None else 0))
-    # The library takes float32 slopes and sinks and int32 index tensors; these casts are
-    # differentiable, so a bf16 sink parameter gets its gradient in bf16.
-    if sinks is not None and sinks.dtype != torch.float32:
-        sinks = sinks.float()
-    if alibi_slopes is not None and alibi_slopes.dtype != torch.float32:
-        alibi_slopes = alibi_slopes.float()
-    cu_seqlens_q = _int32(cu_seqlens_q)
-    cu_seqlens_kv = _int32(cu_seqlens_kv)
-    seq_offsets_q = _int32(seq_offsets_q)
-    seq_offsets_kv = _int32(seq_offsets_kv)
-    grad = torch.is_grad_enabled()
-    bias_requires_grad = grad and bias is not None and bias.requires_grad
-    is_training = grad and (q.requires_grad or k.requires_grad or v.requires_grad
-                            or bias_requires_grad or (sinks is not None and sinks.requires_grad))
-    problem, ints = encode_problem(options, is_training, return_lse, bias_requires_grad)
-    o, lse = fwd(q, k, v, bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_kv, seq_offsets_q,
-                 seq_offsets_kv, problem, ints)
-    if return_lse:
-        return o, lse.detach()
-    return o
+    return options, _prefix_of(options)
 
 
-def _int32(t):
-    if t is None or t.dtype == torch.int32:
+def _max_length(cu_seqlens):
+    # A host read: synchronizes with the device for CUDA tensors.
+    if cu_seqlens.shape[0] < 2:
+        return 0
+    return int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item())
+
+
+def _int32(t, name, q):
+    """An index tensor as the library reads it: int32 on q's device. int64 tensors (torch's
+    default integer) are converted; a list or tuple of ints becomes a tensor."""
+    if t is None:
         return t
+    if not isinstance(t, torch.Tensor):
+        if isinstance(t, (list, tuple)):
+            return torch.tensor(t, dtype=torch.int32, device=q.device)
+        raise InvalidArgumentError("%s must be an int32 tensor [batch + 1] (or a list of ints), "
+                                   "got %s" % (name, type(t).__name__))
+    if t.dtype == torch.int32:
+        return t
+    if t.dtype.is_floating_point or t.dtype == torch.bool or t.dtype.is_complex:
+        raise InvalidArgumentError("%s has dtype %s: lengths and offsets are integers (int32)"
+                                   % (name, t.dtype))
     return t.to(torch.int32)
 
 
-class _ScoreModAttention(torch.autograd.Function):
-    """Attention with a score modifier under autograd. The modifier's graph and tensors are not
-    op arguments of fusedattn::fwd/bwd (a graph is no schema type), so this is an
-    autograd.Function around _api.run_forward / run_backward. Differentiable inputs: q, k, v,
-    bias, sinks and the modifier's tensors (their gradients come back by name)."""
-
-    @staticmethod
-    def forward(ctx, setup, q, k, v, bias, sinks, *mod_tensors):
-        options, inputs, mod = setup
-        bias_requires_grad = ctx.needs_input_grad[4]
-        o, lse = _api.run_forward(TorchArrays, q, k, v, options, inputs, is_training=True,
-                                  bias_requires_grad=bias_requires_grad, score_mod=mod)
-        ctx.setup = setup
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.mark_non_differentiable(lse)
-        return o, lse
-
-    @staticmethod
-    def backward(ctx, d_o, _d_lse):
-        options, inputs, mod = ctx.setup
-        q, k, v, o, lse = ctx.saved_tensors
-        grads = _api.run_backward(TorchArrays, d_o.contiguous(), q, k, v, o, lse, options, inputs,
-                                  bias_requires_grad=ctx.needs_input_grad[4], score_mod=mod)
-        mod_grads = [grads.dscore_mod.get(t.name) if needed else None
-                     for t, needed in zip(_unique_tensors(mod), ctx.needs_input_grad[6:])]
-        dbias = grads.dbias if ctx.needs_input_grad[4] else None
-        dsink = grads.dsink if ctx.needs_input_grad[5] else None
-        return (None, grads.dq, grads.dk, grads.dv, dbias, dsink, *mod_grads)
+def _float32(t, name):
+    """Sinks and slopes as the library reads them (float32). The cast is differentiable: a bf16
+    sink parameter gets its gradient in bf16."""
+    if t is None:
+        return t
+    if not isinstance(t, torch.Tensor):
+        raise InvalidArgumentError("%s must be a float tensor [heads_q], got %s"
+                                   % (name, type(t).__name__))
+    if t.dtype == torch.float32:
+        return t
+    return t.float()
 
 
-def _unique_tensors(mod):
-    """The modifier's flex.Tensors, each once, in declaration order."""
-    seen, out = set(), []
-    for tensor, _ in mod.slots:
-        if id(tensor) not in seen:
-            seen.add(id(tensor))
-            out.append(tensor)
-    return out
+# ---------------------------------------------------------------------------------------------
+# attention() and attention_backward() for torch tensors
+# ---------------------------------------------------------------------------------------------
 
 
-def attention_with_score_mod(q, k, v, options, inputs, mod, return_lse):
-    """fusedattn.attention with a score_mod / mask_mod (a flex.ScoreMod) on torch tensors."""
-    tensors = _unique_tensors(mod)
-    for t in tensors:
-        if t.requires_grad and not t.array.requires_grad:
-            t.array.requires_grad_()  # the flex.Tensor asks for its gradient
-    differentiable = [q, k, v, inputs.bias, inputs.sink_logits] + [t.array for t in tensors]
-    training = torch.is_grad_enabled() and any(
-        x is not None and x.requires_grad for x in differentiable)
-    if training:
-        o, lse = _ScoreModAttention.apply((options, inputs, mod), q, k, v, inputs.bias,
-                                          inputs.sink_logits, *[t.array for t in tensors])
+def attention(q, k, v, layout, mask, window, bias, bias_type, alibi_slopes, softcap, sinks,
+              softmax, dropout_p, dropout_seed, scale, cu_seqlens_q, cu_seqlens_kv,
+              seq_offsets_q, seq_offsets_kv, max_seqlen_q, max_seqlen_kv, deterministic, backend,
+              return_lse, score_mod, mask_mod):
+    """fusedattn.attention for torch tensors (the arguments in its order; see there). Under
+    torch.compile or CUDA-graph capture give max_seqlen_q/kv for "thd" (else cu_seqlens are
+    read on the host) and a dropout_seed when dropout_p > 0."""
+    key = (layout, mask, window, bias_type, softcap, softmax, dropout_p, scale, deterministic,
+           backend, bias is not None, alibi_slopes is not None, sinks is not None)
+    compiling = torch.compiler.is_compiling()
+    if compiling:
+        options, prefix = _options(*key)
     else:
-        o, lse = _api.run_forward(TorchArrays, q, k, v, options, inputs, return_lse=return_lse,
-                                  score_mod=mod)
+        try:
+            options, prefix = _PREFIXES[key]
+        except KeyError:
+            if len(_PREFIXES) >= _MAX_PREFIXES:
+                _PREFIXES.clear()
+            options, prefix = _PREFIXES[key] = _options(*key)
+        except TypeError:  # an unhashable argument (a window given as a list): not cached
+            options, prefix = _options(*key)
+    seed = 0
+    if options.dropout_p > 0:
+        seed = dropout_seed if dropout_seed is not None else random.getrandbits(63)
+    sinks = _float32(sinks, "sinks")
+    alibi_slopes = _float32(alibi_slopes, "alibi_slopes")
+    cu_seqlens_q = _int32(cu_seqlens_q, "cu_seqlens_q", q)
+    cu_seqlens_kv = _int32(cu_seqlens_kv, "cu_seqlens_kv", q)
+    seq_offsets_q = _int32(seq_offsets_q, "seq_offsets_q", q)
+    seq_offsets_kv = _int32(seq_offsets_kv, "seq_offsets_kv", q)
+    max_q = max_seqlen_q or 0
+    max_kv = max_seqlen_kv or 0
+    if options.layout == "thd" and cu_seqlens_q is not None:
+        max_q = max_q or _max_length(cu_seqlens_q)
+        if cu_seqlens_kv is not None:
+            max_kv = max_kv or _max_length(cu_seqlens_kv)
+    text, mod_tensors = "", []
+    if score_mod is not None or mask_mod is not None:
+        mod = _flex.as_score_mod(score_mod, mask_mod)
+        text = mod.text
+        for tensor, _ in mod.slots:
+            if tensor.requires_grad and not tensor.array.requires_grad:
+                tensor.array.requires_grad_()  # the flex.Tensor asks for its gradient
+        mod_tensors = mod.tensors()
+    grad = torch.is_grad_enabled()
+    bias_requires_grad = grad and bias is not None and bias.requires_grad
+    is_training = grad and (q.requires_grad or k.requires_grad or v.requires_grad
+                            or bias_requires_grad
+                            or (sinks is not None and sinks.requires_grad)
+                            or any(t.requires_grad for t in mod_tensors))
+    problem = prefix + _flags(is_training, return_lse, bias_requires_grad)
+    fwd = _FWD
+    if not (compiling or _has_torch_function((q, k, v, bias, sinks, alibi_slopes, *mod_tensors))):
+        fwd = _FAST_FWD
+    o, lse = fwd(q, k, v, bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_kv, seq_offsets_q,
+                 seq_offsets_kv, mod_tensors, problem, text, [max_q, max_kv, seed])
     return (o, lse) if return_lse else o
+
+
+def attention_backward(d_o, q, k, v, o, lse, options, inputs, bias_requires_grad, mod):
+    """fusedattn.attention_backward for torch tensors: the bwd operator, without autograd."""
+    cu_q = _int32(inputs.cu_seqlens_q, "cu_seqlens_q", q)
+    cu_kv = _int32(inputs.cu_seqlens_kv, "cu_seqlens_kv", q)
+    max_q, max_kv = options.max_seqlen_q, options.max_seqlen_kv
+    if options.layout == "thd" and cu_q is not None:
+        max_q = max_q or _max_length(cu_q)
+        if cu_kv is not None:
+            max_kv = max_kv or _max_length(cu_kv)
+    bias_requires_grad = bool(bias_requires_grad and inputs.bias is not None)
+    problem = encode_problem(options, True, False, bias_requires_grad)
+    text = mod.text if mod is not None else ""
+    mod_tensors = [t.detach() for t in mod.tensors()] if mod is not None else []
+    dq, dk, dv, dbias, dsink, d_mods = _BWD(
+        d_o.contiguous(), q.detach(), k.detach(), v.detach(), o.detach(), lse.detach(),
+        _detached(inputs.bias), _float32(_detached(inputs.alibi_slopes), "alibi_slopes"),
+        _float32(_detached(inputs.sink_logits), "sinks"), cu_q, cu_kv,
+        _int32(inputs.seq_offsets_q, "seq_offsets_q", q),
+        _int32(inputs.seq_offsets_kv, "seq_offsets_kv", q),
+        mod_tensors, problem, text, [max_q, max_kv, options.dropout_seed])
+    grads = Gradients(dq, dk, dv, dbias if bias_requires_grad else None,
+                      dsink if options.softmax == "learnable_sink" else None)
+    if mod is not None:
+        slot_grads = [g if t.requires_grad else None for (t, _), g in zip(mod.slots, d_mods)]
+        grads.dscore_mod = gradients_by_name(mod, slot_grads)
+    return grads
+
+
+def _detached(t):
+    return None if t is None else t.detach()
+
+
+# ---------------------------------------------------------------------------------------------
+# Fake functions (shapes only) for torch.compile and FakeTensor tracing
+# ---------------------------------------------------------------------------------------------
+
+
+@torch.library.register_fake("fusedattn::fwd")
+def _fwd_fake(q, k, v, bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_kv, seq_offsets_q,
+              seq_offsets_kv, score_mod_tensors, problem, score_mod, ints):
+    thd, _, is_training, return_lse, _ = _decoded(problem)
+    o = q.new_empty(_problem.output_shape(q.shape, v.shape))
+    if is_training or return_lse:
+        lse = q.new_empty(_problem.lse_shape("thd" if thd else _layout_name(problem), q.shape),
+                          dtype=torch.float32)
+    else:
+        lse = q.new_empty((0,), dtype=torch.float32)
+    return o, lse
+
+
+def _layout_name(problem):
+    code = int(problem.split("|", 1)[0])
+    return next(name for name, c in _CODES["format"].items() if c == code)
+
+
+def _tensors_requiring_grad(score_mod):
+    """Per declared score_mod tensor, whether the graph asks for its gradient (the text's
+    "tensor <dtype> <axes> <requires_grad> <name>" lines; see src/flex/serialize.h)."""
+    return [line.split(" ")[3] == "1" for line in score_mod.split("\n")
+            if line.startswith("tensor ")]
+
+
+@torch.library.register_fake("fusedattn::bwd")
+def _bwd_fake(d_o, q, k, v, o, lse, bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_kv,
+              seq_offsets_q, seq_offsets_kv, score_mod_tensors, problem, score_mod, ints):
+    _, learnable_sink, _, _, bias_requires_grad = _decoded(problem)
+    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    empty = q.new_empty((0,), dtype=torch.float32)
+    dbias = bias.new_empty(bias.shape) if bias_requires_grad and bias is not None else empty
+    dsink = q.new_empty((q.shape[-2],), dtype=torch.float32) if learnable_sink else \
+        q.new_empty((0,), dtype=torch.float32)
+    d_mods = [t.new_empty(t.shape) if wanted else t.new_empty((0,))
+              for t, wanted in zip(score_mod_tensors, _tensors_requiring_grad(score_mod))]
+    return dq, dk, dv, dbias, dsink, d_mods
+
+
+# ---------------------------------------------------------------------------------------------
+# The low-level API's adapter (fusedattn.forward / backward on preallocated torch tensors)
+# ---------------------------------------------------------------------------------------------
+
+
+def current_stream(t):
+    """The cudaStream_t (an int) of torch's current stream on t's device; 0 for CPU tensors."""
+    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
+
+
+def empty_bytes(nbytes, like):
+    return torch.empty((nbytes,), dtype=torch.uint8, device=like.device)
+
+
+def device_name(t):
+    return "cuda" if t.is_cuda else "cpu"
+
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16",
+                torch.bfloat16: "bfloat16", torch.int32: "int32", torch.uint8: "uint8"}
+
+
+def dtype_name(t):
+    return _DTYPE_NAMES.get(t.dtype, str(t.dtype).replace("torch.", ""))
+

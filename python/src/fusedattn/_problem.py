@@ -1,0 +1,225 @@
+"""The problem a call describes: its options (checked, normalized), the dimensions read from the
+tensors' shapes, the shapes of its outputs and the fusedattn_config (_C.Config) it becomes.
+
+Enum names come from the extension (_C.Format, _C.Mask, ...), which mirrors fusedattn.h; nothing
+here re-declares them. Framework-neutral: shapes are tuples, tensors are not touched.
+"""
+
+import random
+from collections import namedtuple
+
+from . import _C
+from ._errors import InvalidArgumentError
+
+
+def _names(enum_type):
+    return tuple(enum_type.__members__)
+
+
+LAYOUTS = _names(_C.Format)                                   # bshd, sbhd, bhsd, thd
+MASKS = _names(_C.Mask)                                       # none, padding, causal, ...
+BIAS_TYPES = tuple(n for n in _names(_C.Bias) if n in ("pre_scale", "post_scale"))
+BACKENDS = _names(_C.Backend)                                 # auto, reference, cudnn, ...
+DTYPES = ("float32", "float16", "bfloat16")                   # what q, k, v may hold
+# attention()'s softmax names: the library's, and "sink" for learnable_sink.
+SOFTMAXES = dict({n: n for n in _names(_C.Softmax)}, sink="learnable_sink")
+
+_AXES = {"bshd": "[batch, seqlen, heads, head_dim]", "sbhd": "[seqlen, batch, heads, head_dim]",
+         "bhsd": "[batch, heads, seqlen, head_dim]", "thd": "[tokens, heads, head_dim]"}
+# (batch, seqlen, heads) axes of a 4-d tensor in each dense layout.
+_BSH = {"bshd": (0, 1, 2), "sbhd": (1, 0, 2), "bhsd": (0, 2, 1)}
+
+
+class Options(namedtuple("Options", [
+        "layout", "mask", "window_left", "window_right", "bias_type", "softcap", "softmax",
+        "dropout_p", "dropout_seed", "scale", "max_seqlen_q", "max_seqlen_kv", "deterministic",
+        "backend"])):
+    """The scalar arguments of a problem, normalized: names checked, None replaced by the
+    library's encoding (scale 0 = 1/sqrt(head_dim), max_seqlen 0 = from the shapes, window -1 =
+    unbounded)."""
+
+
+def _window(window):
+    """(left, right) from a pair, an int (a symmetric window, as jax.nn's local_window_size
+    takes it; under a causal mask only the left part matters) or None (unbounded)."""
+    if window is None:
+        return -1, -1
+    if isinstance(window, bool):
+        raise InvalidArgumentError("window = %r must be an int or a pair (left, right); -1 is "
+                                   "unbounded" % (window,))
+    if isinstance(window, int):
+        return int(window), int(window)
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        raise InvalidArgumentError("window = %r must be an int or a pair (left, right); -1 is "
+                                   "unbounded" % (window,)) from None
+    return (-1 if left is None else int(left)), (-1 if right is None else int(right))
+
+
+def normalize_options(layout="bshd", mask=None, window=(-1, -1), bias_type="post_scale",
+                      has_bias=False, has_alibi=False, softcap=0.0, has_sinks=False, softmax=None,
+                      dropout_p=0.0, dropout_seed=None, scale=None, max_seqlen_q=None,
+                      max_seqlen_kv=None, deterministic=False, backend="auto"):
+    layout = str(layout).lower()
+    if layout not in LAYOUTS:
+        raise InvalidArgumentError("layout = %r is not one of %s" % (layout, ", ".join(LAYOUTS)))
+    mask = "none" if mask is None else str(mask).lower()
+    if mask not in MASKS:
+        raise InvalidArgumentError("mask = %r is not one of None, %s" % (mask, ", ".join(MASKS)))
+    window_left, window_right = _window(window)
+    if has_alibi:
+        if has_bias:
+            raise InvalidArgumentError(
+                "bias and alibi_slopes are both given: the library takes one bias "
+                "(config.bias_type is pre_scale, post_scale or alibi)")
+        bias_type = "alibi"
+    elif has_bias:
+        bias_type = str(bias_type).lower()
+        if bias_type not in BIAS_TYPES:
+            raise InvalidArgumentError("bias_type = %r is not one of %s"
+                                       % (bias_type, ", ".join(BIAS_TYPES)))
+    else:
+        bias_type = "none"
+    if softmax is None:
+        softmax = "sink" if has_sinks else "vanilla"
+    softmax_name = SOFTMAXES.get(str(softmax).lower())
+    if softmax_name is None:
+        raise InvalidArgumentError("softmax = %r is not one of vanilla, off_by_one, sink"
+                                   % (softmax,))
+    if softmax_name == "learnable_sink" and not has_sinks:
+        raise InvalidArgumentError("softmax = %r needs sinks= (float32 [heads_q], the learnable "
+                                   "sink logits)" % (softmax,))
+    dropout_p = float(dropout_p)
+    if dropout_p > 0 and dropout_seed is None:
+        dropout_seed = random.getrandbits(63)
+    backend = str(backend).lower()
+    if backend not in BACKENDS:
+        raise InvalidArgumentError("backend = %r is not one of %s" % (backend, ", ".join(BACKENDS)))
+    return Options(layout, mask, window_left, window_right, bias_type, float(softcap),
+                   softmax_name, dropout_p, int(dropout_seed or 0),
+                   0.0 if scale is None else float(scale),
+                   int(max_seqlen_q or 0), int(max_seqlen_kv or 0), bool(deterministic), backend)
+
+
+Dims = namedtuple("Dims", "batch max_seqlen_q max_seqlen_kv heads_q heads_kv head_dim_qk head_dim_v")
+
+
+def problem_dims(layout, q_shape, k_shape, v_shape, batch=None, max_seqlen_q=0, max_seqlen_kv=0):
+    """Dims from the tensors' shapes in a layout. THD takes batch (from cu_seqlens) and the
+    max_seqlens from the caller."""
+    q_shape, k_shape, v_shape = tuple(q_shape), tuple(k_shape), tuple(v_shape)
+    rank = 3 if layout == "thd" else 4
+    for name, shape in (("q", q_shape), ("k", k_shape), ("v", v_shape)):
+        if len(shape) != rank:
+            raise InvalidArgumentError("%s has shape %s but layout %r needs %d dimensions %s"
+                                       % (name, list(shape), layout, rank, _AXES[layout]))
+    if layout == "thd":
+        if batch is None:
+            raise InvalidArgumentError("layout 'thd' needs cu_seqlens_q and cu_seqlens_kv "
+                                       "(int32 [batch + 1])")
+        if not max_seqlen_q or not max_seqlen_kv:
+            raise InvalidArgumentError("layout 'thd' needs max_seqlen_q and max_seqlen_kv")
+        return Dims(batch, max_seqlen_q, max_seqlen_kv, q_shape[1], k_shape[1], q_shape[2],
+                    v_shape[2])
+    b, s, h = _BSH[layout]
+    for name, given, shape in (("max_seqlen_q", max_seqlen_q, q_shape),
+                               ("max_seqlen_kv", max_seqlen_kv, k_shape)):
+        if given and given != shape[s]:
+            raise InvalidArgumentError("%s = %d but the tensor's seqlen axis (layout %r) is %d"
+                                       % (name, given, layout, shape[s]))
+    return Dims(q_shape[b], q_shape[s], k_shape[s], q_shape[h], k_shape[h], q_shape[3],
+                v_shape[3])
+
+
+def output_shape(q_shape, v_shape):
+    """o has q's shape with v's head_dim (every layout)."""
+    return tuple(q_shape[:-1]) + (v_shape[-1],)
+
+
+def lse_shape(layout, q_shape):
+    """[batch, heads_q, max_seqlen_q], or [tokens, heads_q] (packed) for THD."""
+    if layout == "thd":
+        return (q_shape[0], q_shape[1])
+    b, s, h = _BSH[layout]
+    return (q_shape[b], q_shape[h], q_shape[s])
+
+
+# ---------------------------------------------------------------------------------------------
+# The config
+# ---------------------------------------------------------------------------------------------
+
+# Config fields that hold an enum, and the extension's enum type for each.
+_ENUM_FIELDS = {
+    "qkv_dtype": _C.Dtype, "o_dtype": _C.Dtype,
+    "q_format": _C.Format, "kv_format": _C.Format, "o_format": _C.Format,
+    "do_format": _C.Format, "dqkv_format": _C.Format,
+    "mask": _C.Mask, "bias_type": _C.Bias, "softmax_type": _C.Softmax,
+    "backend": _C.Backend, "device": _C.Device,
+}
+_BOOL_FIELDS = ("is_training", "bias_requires_grad", "deterministic", "return_lse",
+                "return_max_logit")
+
+
+def make_config(**fields):
+    """A fusedattn_config (_C.Config) from its fields by name, enums by name:
+    make_config(batch=2, heads_q=8, heads_kv=8, max_seqlen_q=128, max_seqlen_kv=128,
+                head_dim_qk=64, head_dim_v=64, qkv_dtype="bfloat16", mask="causal").
+    Fields left out keep FUSEDATTN_CONFIG_INIT's values."""
+    config = _C.Config()
+    for name, value in fields.items():
+        if name not in _C.Config.fields:
+            raise InvalidArgumentError("config has no field %r (fields: %s)"
+                                       % (name, ", ".join(_C.Config.fields)))
+        if name in _ENUM_FIELDS:
+            value = _enum(_ENUM_FIELDS[name], name, value)
+        elif name in _BOOL_FIELDS:
+            value = int(bool(value))
+        setattr(config, name, value)
+    return config
+
+
+def config_dict(config):
+    """The fields of a _C.Config as a dict, enums by name."""
+    out = {}
+    for name in _C.Config.fields:
+        value = getattr(config, name)
+        out[name] = value.name if name in _ENUM_FIELDS else value
+    return out
+
+
+def _enum(enum_type, field, value):
+    if isinstance(value, enum_type):
+        return value
+    member = enum_type.__members__.get(value) if isinstance(value, str) else None
+    if member is None:
+        raise InvalidArgumentError("config.%s = %r is not one of %s"
+                                   % (field, value, ", ".join(enum_type.__members__)))
+    return member
+
+
+def build_config(dims, options, dtype, device="auto", is_training=False, return_lse=False,
+                 bias_shape=None, bias_requires_grad=False):
+    """The _C.Config of a problem."""
+    if dtype not in DTYPES:
+        raise InvalidArgumentError("q has dtype %s: fusedattn computes on float32, float16 and "
+                                   "bfloat16 tensors" % (dtype,))
+    bias_batch = bias_heads = 1
+    if bias_shape is not None:
+        if len(bias_shape) != 4:
+            raise InvalidArgumentError("bias has shape %s but [1|batch, 1|heads_q, max_seqlen_q, "
+                                       "max_seqlen_kv] is expected" % (list(bias_shape),))
+        bias_batch, bias_heads = int(bias_shape[0]), int(bias_shape[1])
+    layout = options.layout
+    return make_config(
+        is_training=is_training, batch=int(dims.batch), heads_q=int(dims.heads_q),
+        heads_kv=int(dims.heads_kv), max_seqlen_q=int(dims.max_seqlen_q),
+        max_seqlen_kv=int(dims.max_seqlen_kv), head_dim_qk=int(dims.head_dim_qk),
+        head_dim_v=int(dims.head_dim_v), qkv_dtype=dtype, o_dtype=dtype, q_format=layout,
+        kv_format=layout, o_format=layout, do_format=layout, dqkv_format=layout,
+        mask=options.mask, window_left=options.window_left, window_right=options.window_right,
+        bias_type=options.bias_type, bias_batch=bias_batch, bias_heads=bias_heads,
+        bias_requires_grad=bias_requires_grad, softmax_type=options.softmax,
+        attn_scale=options.scale, softcap=options.softcap, dropout=options.dropout_p,
+        deterministic=options.deterministic, return_lse=return_lse, backend=options.backend,
+        device=device)

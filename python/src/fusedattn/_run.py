@@ -1,0 +1,185 @@
+"""Runs through the extension on tensors that a framework adapter allocates: the NumPy path of
+attention() / attention_backward() (the CPU reference backend), and the tensor export used by
+the low-level fusedattn.forward / fusedattn.backward on any DLPack tensors.
+
+(Torch tensors take the torch operators of _torch.py instead: the whole call is C++ there.)
+"""
+
+from collections import namedtuple
+
+from . import _C
+from ._errors import InvalidArgumentError
+from ._problem import build_config, lse_shape, output_shape, problem_dims
+
+Inputs = namedtuple("Inputs", "bias alibi_slopes sink_logits cu_seqlens_q cu_seqlens_kv "
+                              "seq_offsets_q seq_offsets_kv")
+
+
+class Gradients(namedtuple("Gradients", "dq dk dv dbias dsink")):
+    """dq, dk, dv, dbias and dsink (None when not computed); dscore_mod: the gradients of the
+    score_mod tensors that require one, {tensor name: array} (summed over the reads of a tensor
+    indexed in several ways)."""
+
+    dscore_mod = {}
+
+
+class NumpyArrays:
+    """NumPy: CPU tensors, outputs as NumPy arrays (bfloat16 through ml_dtypes)."""
+
+    @staticmethod
+    def dtype_name(a):
+        return a.dtype.name
+
+    @staticmethod
+    def empty(shape, dtype_name, like, zero=False):
+        import numpy as np
+        if dtype_name == "bfloat16":
+            import ml_dtypes
+            dtype = ml_dtypes.bfloat16
+        else:
+            dtype = np.dtype(dtype_name)
+        # Zeros always: a CPU memset is cheap next to the reference backend's work.
+        return np.zeros(shape, dtype=dtype)
+
+    @staticmethod
+    def device(a):
+        return "cpu"
+
+    @staticmethod
+    def stream(a):
+        return 0
+
+    @staticmethod
+    def max_length(cu_seqlens):
+        import numpy as np
+        cu = np.asarray(cu_seqlens)
+        return int(np.max(cu[1:] - cu[:-1])) if cu.shape[0] > 1 else 0
+
+
+def dims_of(arrays, q, k, v, options, inputs):
+    batch = None
+    if inputs.cu_seqlens_q is not None:
+        batch = inputs.cu_seqlens_q.shape[0] - 1
+    max_q, max_kv = options.max_seqlen_q, options.max_seqlen_kv
+    if options.layout == "thd" and batch is not None and (not max_q or not max_kv):
+        if not max_q:
+            max_q = arrays.max_length(inputs.cu_seqlens_q)
+        if not max_kv and inputs.cu_seqlens_kv is not None:
+            max_kv = arrays.max_length(inputs.cu_seqlens_kv)
+    return problem_dims(options.layout, q.shape, k.shape, v.shape, batch, max_q, max_kv)
+
+
+def _tensors(inputs):
+    return {"bias": inputs.bias, "alibi_slopes": inputs.alibi_slopes,
+            "sink_logits": inputs.sink_logits, "cu_seqlens_q": inputs.cu_seqlens_q,
+            "cu_seqlens_kv": inputs.cu_seqlens_kv, "seq_offsets_q": inputs.seq_offsets_q,
+            "seq_offsets_kv": inputs.seq_offsets_kv}
+
+
+def exported(tensors):
+    """tensors for _C.fwd / _C.bwd:
+    * torch tensors become DLPack capsules through torch.utils.dlpack.to_dlpack: no stream
+      synchronization and no device check (Tensor.__dlpack__ may do both), safe under CUDA-graph
+      capture; the op runs on the stream given;
+    * NumPy bfloat16 arrays (ml_dtypes) become (uint16 view, "bfloat16"), since NumPy exports no
+      bfloat16 through DLPack or the buffer protocol;
+    * anything else goes as is, through its __dlpack__."""
+    def export(t):
+        module = type(t).__module__
+        if module == "torch" or module.startswith("torch."):
+            import torch.utils.dlpack
+            return torch.utils.dlpack.to_dlpack(t.detach() if t.requires_grad else t)
+        if module == "numpy" and getattr(t.dtype, "name", None) == "bfloat16":
+            import numpy as np
+            return (t.view(np.uint16), "bfloat16")
+        return t
+
+    out = {}
+    for name, t in tensors.items():
+        if isinstance(t, list):  # the score_mod tensors
+            out[name] = [None if x is None else export(x) for x in t]
+        else:
+            out[name] = export(t)
+    return out
+
+
+def _workspace(arrays, nbytes, like):
+    return arrays.empty((nbytes,), "uint8", like) if nbytes else None
+
+
+def run_forward(arrays, q, k, v, options, inputs, is_training=False, return_lse=False,
+                bias_requires_grad=False, score_mod=None):
+    """Allocates o (and lse when is_training or return_lse) with `arrays` and runs the forward.
+    score_mod: a fusedattn.flex.ScoreMod or None. Returns (o, lse or None)."""
+    dims = dims_of(arrays, q, k, v, options, inputs)
+    bias_shape = None if inputs.bias is None else tuple(inputs.bias.shape)
+    config = build_config(dims, options, arrays.dtype_name(q), arrays.device(q), is_training,
+                          return_lse, bias_shape, bias_requires_grad)
+    # THD leaves tokens outside every sequence untouched: zero them rather than leave garbage.
+    thd = options.layout == "thd"
+    o = arrays.empty(output_shape(q.shape, v.shape), arrays.dtype_name(q), q, zero=thd)
+    lse = None
+    if is_training or return_lse:
+        lse = arrays.empty(lse_shape(options.layout, q.shape), "float32", q, zero=thd)
+    graph = score_mod.graph if score_mod is not None else None
+    workspace = _workspace(arrays, _C.fwd_workspace_size(config, graph), q)
+    tensors = dict(q=q, k=k, v=v, o=o, lse=lse, **_tensors(inputs))
+    if score_mod is not None:
+        tensors["score_mod_tensors"] = score_mod.tensors()
+    _C.fwd(config, exported(tensors), dropout_seed=options.dropout_seed, workspace=workspace,
+           stream=arrays.stream(q), score_mod=graph)
+    return o, lse
+
+
+def run_backward(arrays, d_o, q, k, v, o, lse, options, inputs, bias_requires_grad=False,
+                 score_mod=None):
+    """Allocates dq, dk, dv (dbias when bias_requires_grad, dsink for the sink softmax, the
+    gradients of score_mod tensors that require one) with `arrays` and runs the backward.
+    Returns Gradients (absent ones None)."""
+    dims = dims_of(arrays, q, k, v, options, inputs)
+    bias_requires_grad = bool(bias_requires_grad and inputs.bias is not None)
+    bias_shape = None if inputs.bias is None else tuple(inputs.bias.shape)
+    config = build_config(dims, options, arrays.dtype_name(q), arrays.device(q), True, False,
+                          bias_shape, bias_requires_grad)
+    thd = options.layout == "thd"
+    dtype = arrays.dtype_name(q)
+    dq = arrays.empty(tuple(q.shape), dtype, q, zero=thd)
+    dk = arrays.empty(tuple(k.shape), dtype, q, zero=thd)
+    dv = arrays.empty(tuple(v.shape), dtype, q, zero=thd)
+    dbias = None
+    if bias_requires_grad:
+        dbias = arrays.empty(tuple(inputs.bias.shape), arrays.dtype_name(inputs.bias), q)
+    dsink = None
+    if options.softmax == "learnable_sink":
+        dsink = arrays.empty((dims.heads_q,), "float32", q)
+    graph = score_mod.graph if score_mod is not None else None
+    workspace = _workspace(arrays, _C.bwd_workspace_size(config, graph), q)
+    tensors = dict(q=q, k=k, v=v, o=o, lse=lse, d_o=d_o, dq=dq, dk=dk, dv=dv, dbias=dbias,
+                   dsink=dsink, **_tensors(inputs))
+    slot_grads = []
+    if score_mod is not None:
+        tensors["score_mod_tensors"] = score_mod.tensors()
+        for tensor, _ in score_mod.slots:
+            slot_grads.append(arrays.empty(tuple(tensor.array.shape),
+                                           arrays.dtype_name(tensor.array), q)
+                              if tensor.requires_grad else None)
+        tensors["d_score_mod_tensors"] = slot_grads
+    _C.bwd(config, exported(tensors), dropout_seed=options.dropout_seed, workspace=workspace,
+           stream=arrays.stream(q), score_mod=graph)
+    grads = Gradients(dq, dk, dv, dbias, dsink)
+    if score_mod is not None:
+        grads.dscore_mod = gradients_by_name(score_mod, slot_grads)
+    return grads
+
+
+def gradients_by_name(score_mod, slot_grads):
+    """{tensor name: gradient} from the per-slot gradients (None where not computed); the reads
+    of one tensor with several index sets add up under the tensor's own name."""
+    out = {}
+    for (tensor, _), name, grad in zip(score_mod.slots, score_mod.names, slot_grads):
+        if grad is None:
+            continue
+        key = tensor.name if tensor.name is not None else name
+        out[key] = out[key] + grad if key in out else grad
+    return out
+
