@@ -24,7 +24,7 @@ How it measures
     issues them (no pause, no synchronization, input sets rotated) between two CUDA events;
     time per call = elapsed / N, so the host's cost of a call (Python, dispatch, launches) counts
     wherever it exceeds the GPU's. N is large enough for a loop of ~50 ms (at least 30 calls;
-    2000 on the host grid); the median over a few loops. The host's wall time to issue a call
+    2000 on the host grid); the median over 3 loops (1 on the host grid, which has rounds). The host's wall time to issue a call
     in that loop is kept too (host_ms in the JSON).
   - device only, beside it: each call between CUDA events after a GPU sleep that outlasts the
     host's issuing of that call (twice the host_ms above, at least ~1 ms), so that only the
@@ -42,7 +42,7 @@ How it measures
 * The host grid (--grid host) is one small problem (b=1 s=128 h=4 d=64 bf16) where a call costs
   the host more than the GPU: microseconds per warm call, back to back and device only, for
   fusedattn (auto, cudnn, flash), PyTorch SDPA (flash, cuDNN, efficient) and FlashAttention-4;
-  3 rounds by default.
+  one loop of 2000 calls per task after 100 warm-up calls, the median over 5 rounds by default.
 
 The pure parts (grids, counting, tables, the timing arithmetic) import without torch and are
 unit-tested on the CPU (python/tests/test_bench_harness.py). `--device cpu --grid smoke` (or
@@ -264,7 +264,7 @@ GRIDS = {"prefill": prefill_grid, "varlen": varlen_grid, "small_seq": small_seq_
 # Not part of "all": the smoke grid checks the harness, the host grid has a table of its own.
 EXTRA_GRIDS = {"smoke": smoke_grid, "host": host_grid}
 # The host grid's figures are medians over this many rounds unless --rounds says otherwise.
-HOST_ROUNDS = 3
+HOST_ROUNDS = 5
 
 
 # ---------------------------------------------------------------------------------------------
@@ -609,7 +609,9 @@ def settings_for(quick=False, host=False, device="cuda"):
         settings.update(warmup=3, b2b_calls=10, b2b_loop_ms=20.0, b2b_loops=2, runs=10,
                         device_runs=5)
     if host:
-        settings.update(warmup=100, b2b_calls=2000, b2b_max_calls=2000, b2b_loops=3, runs=200)
+        # One loop of 2000 calls per task: the repetitions are the rounds (HOST_ROUNDS), with
+        # the implementations rotated between them.
+        settings.update(warmup=100, b2b_calls=2000, b2b_max_calls=2000, b2b_loops=1, runs=200)
     if device != "cuda":
         settings.update(warmup=2, probe_calls=1, b2b_calls=3, b2b_loop_ms=0.0, b2b_max_calls=3,
                         b2b_loops=2, runs=3, device_runs=3)

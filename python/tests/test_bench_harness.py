@@ -389,7 +389,7 @@ def test_device_sleep_outlasts_twice_the_host_time_of_a_call():
 
 def test_settings_host_grid_issues_2000_calls_and_the_cpu_few():
     host = bench.settings_for(host=True)
-    assert host["b2b_calls"] == host["b2b_max_calls"] == 2000 and host["b2b_loops"] >= 3
+    assert host["b2b_calls"] == host["b2b_max_calls"] == 2000 and host["b2b_loops"] == 1
     assert host["warmup"] >= 100
     cpu = bench.settings_for(quick=True, host=True, device="cpu")
     assert cpu["b2b_calls"] * cpu["b2b_loops"] + cpu["runs"] <= 20
