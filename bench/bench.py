@@ -279,6 +279,14 @@ HOST_IMPLS = ("fusedattn:auto", "fusedattn:cudnn", "fusedattn:flash", "torch:fla
               "torch:cudnn", "torch:efficient", FA4)
 
 
+def table_order(impls):
+    """impls in the order of the tables' columns: ours, PyTorch's, FlashAttention-4, Flex (a
+    grid's points have different sets, e.g. torch:varlen only on THD points)."""
+    order = list(FUSEDATTN_IMPLS) + ["torch:cudnn", "torch:flash", "torch:efficient",
+                                     "torch:math", "torch:varlen", FA4, "flex"]
+    return sorted(impls, key=lambda i: order.index(i) if i in order else len(order))
+
+
 def implementations(point, quick=False):
     """The implementations timed on a point, in table order. --quick leaves FlexAttention out of
     the memory-bound grids: compiling it for each new shape takes most of a quick run's time."""
@@ -405,11 +413,7 @@ def markdown_table(rows, unit, device=False):
     unit ("tflops" or "tbps"), or in each row's own unit where it has one. device=False: the
     back-to-back figures (the headline); True: the device-only figures, ratio and floor
     computed on those."""
-    impls = []
-    for row in rows:
-        for impl in row["impls"]:
-            if impl not in impls:
-                impls.append(impl)
+    impls = table_order({impl for row in rows for impl in row["impls"]})
     header = ["point", "dir"] + impls + ["ours/best", "ours floor"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
@@ -440,11 +444,9 @@ def host_table(rows):
     """The host grid's table: one line per implementation, microseconds per warm call for
     each direction back to back, then the same device only (the GPU's part of it)."""
     directions = [row["direction"] for row in rows]
-    impls = []
+    impls = []  # in the order the rows have them (HOST_IMPLS')
     for row in rows:
-        for impl in row["impls"]:
-            if impl not in impls:
-                impls.append(impl)
+        impls += [i for i in row["impls"] if i not in impls]
     point = rows[0]["point"] if rows else ""
     header = ["µs per warm call, %s" % point] + directions + [
         "device: %s" % d for d in directions]
@@ -475,10 +477,7 @@ def unsupported_notes(rows):
     """One line per implementation that ran on none of the rows, with its first reason (e.g.
     FlashAttention-4 not importable), so that a column of n/a says why."""
     notes = []
-    impls = []
-    for row in rows:
-        impls += [i for i in row["impls"] if i not in impls]
-    for impl in impls:
+    for impl in table_order({impl for row in rows for impl in row["impls"]}):
         entries = [row["impls"][impl] for row in rows if impl in row["impls"]]
         if entries and all(e["status"] == "unsupported" for e in entries):
             reason = " ".join(entries[0].get("error", "").split())[:300]
@@ -1100,9 +1099,10 @@ def _fa4_forward(p, inputs):
     """FlashAttention-4 on the point's tensors as they are (BSHD, or THD with cu_seqlens; GQA
     natively). Its causal mask is aligned to the bottom right (the last query sees every key),
     which is our causal_bottom_right, and our top-left causal where sq == skv."""
+    # Importable first: a dry run on the CPU then takes the path of a GPU machine without FA4.
+    flash_attn_func, flash_attn_varlen_func = import_fa4()
     if inputs.device != "cuda":
         raise Unsupported("FlashAttention-4 runs on CUDA only")
-    flash_attn_func, flash_attn_varlen_func = import_fa4()
     if p.mask == "causal" and p.seqlen_q != p.seqlen_kv:
         raise Unsupported("FlashAttention-4's causal mask is bottom-right aligned; top-left "
                           "with sq != skv is not expressible")
