@@ -23,9 +23,9 @@ How it measures
   - back to back, the headline: N calls issued one after another as a training loop or a server
     issues them (no pause, no synchronization, input sets rotated) between two CUDA events;
     time per call = elapsed / N, so the host's cost of a call (Python, dispatch, launches) counts
-    wherever it exceeds the GPU's. N is large enough for a loop of ~50 ms (at least 30 calls;
-    2000 on the host grid); the median over 3 loops (1 on the host grid, which has rounds). The host's wall time to issue a call
-    in that loop is kept too (host_ms in the JSON).
+    wherever it exceeds the GPU's. N is large enough for a loop of ~50 ms (at least 20 calls;
+    2000 on the host grid); the median over 3 loops (1 on the host grid, which has rounds).
+    The host's wall time to issue a call in that loop is kept too (host_ms in the JSON).
   - device only, beside it: each call between CUDA events after a GPU sleep that outlasts the
     host's issuing of that call (twice the host_ms above, at least ~1 ms), so that only the
     GPU's time of the call is measured; the median of many calls, inputs rotated.
@@ -601,7 +601,7 @@ def settings_for(quick=False, host=False, device="cuda"):
     calls, each after a GPU sleep of at least sleep_cycles. device_runs: the copy and GEMM
     measurements of the device. The host grid issues 2000 calls a loop after a long warm-up;
     the CPU dry run does as little as will exercise every path."""
-    settings = {"warmup": 5, "probe_calls": 3, "b2b_calls": 30, "b2b_loop_ms": 50.0,
+    settings = {"warmup": 5, "probe_calls": 3, "b2b_calls": 20, "b2b_loop_ms": 50.0,
                 "b2b_max_calls": 2000, "b2b_loops": 3, "runs": 30, "sleep_cycles": 2_000_000,
                 "device_runs": 20}
     if quick:
