@@ -37,23 +37,29 @@ summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
 # FlashAttention-4 on PYTHONPATH once fa4_install has put it in /tmp/fa4site (see the header).
 use_fa4() {
   if [ -d /tmp/fa4site ]; then
-    export PYTHONPATH="/tmp/fa4site:/tmp/fa4site/nvidia_cutlass_dsl/dsl_packages:${PYTHONPATH:-}"
+    local site=/tmp/fa4site
+    export PYTHONPATH="$site:$site/nvidia_cutlass_dsl/dsl_packages:${PYTHONPATH:-}"
   fi
   return 0
 }
 
 # Call 1 of FlashAttention-4's two (carry .fa4b): keeps its part on this machine.
 step_fa4_stash() {
-  [ -f "$ROOT/.fa4b/stash.sh" ] || { echo "fa4_stash: no .fa4b here: carry .fa4b in this call"; return 1; }
+  if [ ! -f "$ROOT/.fa4b/stash.sh" ]; then
+    echo "fa4_stash: no .fa4b here: carry .fa4b in this call"; return 1
+  fi
   bash "$ROOT/.fa4b/stash.sh" && ls -l /tmp/fa4stash
 }
 
 # Call 2 (carry .fa4a, same warm machine): installs FA4 into /tmp/fa4site and checks the import.
 step_fa4_install() {
-  [ -f "$ROOT/.fa4a/install.sh" ] || { echo "fa4_install: no .fa4a here: carry .fa4a in this call"; return 1; }
+  if [ ! -f "$ROOT/.fa4a/install.sh" ]; then
+    echo "fa4_install: no .fa4a here: carry .fa4a in this call"; return 1
+  fi
   bash "$ROOT/.fa4a/install.sh" || return 1
   use_fa4
-  python3 -c "from flash_attn.cute import flash_attn_func, flash_attn_varlen_func; print('fa4: importable')"
+  python3 -c "from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
+print('fa4: importable')"
 }
 
 step_info() {
