@@ -1,32 +1,52 @@
 #!/usr/bin/env python3
 """Side-by-side attention benchmark: fusedattn (every backend that accepts the problem, and auto)
-against PyTorch's SDPA backends (cuDNN, flash, efficient; math on the small-seq grid) and
-compiled FlexAttention, on the same input tensors, in one run.
+against FlashAttention-4, PyTorch's SDPA backends (cuDNN, flash, efficient; math on the small-seq
+grid) and compiled FlexAttention, on the same input tensors, in one run.
 
-    python bench/bench.py --grid prefill|varlen|small_seq|decode|all [--quick] [--out DIR]
+    python bench/bench.py --grid prefill|varlen|small_seq|decode|all|host [--quick] [--out DIR]
 
-writes bench/results/<grid>-<device>-<date>.{md,json,png} (one section per grid for "all").
+writes bench/results/<grid>-<device>-<date>.{md,json,png} (one section per grid for "all"; the
+host grid, not part of "all", has no plot).
 
 How it measures
 * Every (point, implementation, direction) is a task run by a worker subprocess; the driver (this
   process, which never touches CUDA) restarts the worker when a task kills it or poisons its CUDA
   context (PyTorch's flash backward has hit an illegal memory access at skv=2), records that task
-  as failed, and goes on. Unsupported problems, out-of-memory and exceptions are recorded too.
-* Directions, each timed on its own: forward; backward alone (autograd.grad on a retained
-  graph); forward+backward as one call.
-* CUDA events around each call, after a GPU sleep that covers the host's launch overhead (so
-  device time is measured, for every implementation alike); warm-up runs, then the median of many
-  runs, rotating among several input sets that together exceed the L2 cache.
+  as failed, and goes on. Unsupported problems (FlashAttention-4 when `flash_attn.cute` is not
+  importable, with the reason), out-of-memory and exceptions are recorded too.
+* Directions, each timed on its own: forward (under torch.no_grad); backward alone
+  (autograd.grad on a retained graph); forward+backward as one call (forward, then
+  autograd.grad). The host grid adds fwd-train: the forward with inputs that require grad (the
+  autograd graph is recorded), no backward.
+* Every task is timed two ways, after the same warm-up (which also absorbs FlashAttention-4's
+  and FlexAttention's compilation of a new shape):
+  - back to back, the headline: N calls issued one after another as a training loop or a server
+    issues them (no pause, no synchronization, input sets rotated) between two CUDA events;
+    time per call = elapsed / N, so the host's cost of a call (Python, dispatch, launches) counts
+    wherever it exceeds the GPU's. N is large enough for a loop of ~50 ms (at least 20 calls;
+    2000 on the host grid); the median over 3 loops (1 on the host grid, which has rounds).
+    The host's wall time to issue a call in that loop is kept too (host_ms in the JSON).
+  - device only, beside it: each call between CUDA events after a GPU sleep that outlasts the
+    host's issuing of that call (twice the host_ms above, at least ~1 ms), so that only the
+    GPU's time of the call is measured; the median of many calls, inputs rotated.
+  Input sets together exceed the L2 cache. --rounds N times every task N times with the
+  implementations rotated each round and keeps the median of each figure.
 * FLOPs: 4 * b * h * d * (attended query-key pairs): sq * skv, or sq * skv - sq^2 / 2 under a
   causal mask with sq <= skv (half of sq * skv for square prefill); x2.5 for the backward alone,
   x3.5 for forward+backward. Bytes: q, k, v, o and lse once; the backward adds dO, dQ, dK, dV.
 * The floor of a point is max(FLOPs / GEMM rate, bytes / copy bandwidth), both measured on the
   device in the same run (bf16 8192^3 matmul; large device-to-device copy, bytes read + written);
   "floor" in the tables is floor time / measured time.
-* "ours / best" is fusedattn auto's rate over the best other implementation's rate.
+* "ours / best" is fusedattn auto's rate over the best other implementation's rate. The first
+  table of every grid computes both on the back-to-back times, the second on the device times.
+* The host grid (--grid host) is one small problem (b=1 s=128 h=4 d=64 bf16) where a call costs
+  the host more than the GPU: microseconds per warm call, back to back and device only, for
+  fusedattn (auto, cudnn, flash), PyTorch SDPA (flash, cuDNN, efficient) and FlashAttention-4;
+  one loop of 2000 calls per task after 100 warm-up calls, the median over 5 rounds by default.
 
-The pure parts (grids, counting, tables) import without torch and are unit-tested on the CPU
-(bench/tests/test_bench.py).
+The pure parts (grids, counting, tables, the timing arithmetic) import without torch and are
+unit-tested on the CPU (python/tests/test_bench_harness.py). `--device cpu --grid smoke` (or
+`--grid host`) is a dry run of the whole harness on CPU tensors; its figures mean nothing.
 """
 
 import argparse
@@ -51,8 +71,11 @@ DEFAULT_OUT = os.path.join(HERE, "results")
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 DIRECTIONS = ("fwd", "bwd", "fwd+bwd")
+# fwd-train: the forward with inputs that require grad (graph recorded, no backward); only the
+# host grid times it on its own.
+HOST_DIRECTIONS = ("fwd", "fwd-train", "fwd+bwd")
 # FLOP multipliers of each direction relative to the forward's.
-DIRECTION_FLOPS = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
+DIRECTION_FLOPS = {"fwd": 1.0, "fwd-train": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +94,7 @@ class Point:
     mask: str = "none"
     lens: tuple = ()
     directions: tuple = DIRECTIONS
-    unit: str = "tflops"  # what the tables show: "tflops" or "tbps"
+    unit: str = "tflops"  # what the tables show: "tflops", "tbps" or "us" (the host grid)
 
     @property
     def varlen(self):
@@ -143,7 +166,8 @@ def bytes_moved(point, direction="fwd"):
     lse = tokens_q * point.heads_q * 4
     forward = q + k + v + o + lse
     backward = forward + o + q + k + v  # + dO, dQ, dK, dV
-    return {"fwd": forward, "bwd": backward, "fwd+bwd": forward + backward}[direction]
+    return {"fwd": forward, "fwd-train": forward, "bwd": backward,
+            "fwd+bwd": forward + backward}[direction]
 
 
 def uneven_lengths(total, count, seed=0, smallest=64):
@@ -228,10 +252,19 @@ def smoke_grid(quick=False):
                   directions=("fwd",), unit="tbps")]
 
 
+def host_grid(quick=False):
+    """The host's cost of a warm call: one problem so small (b=1 s=128 h=4 d=64 bf16) that the
+    GPU's time is a few microseconds and a call back to back costs what the host spends on it."""
+    return [Point("host", "bf16", 1, 4, 4, 128, 128, 64, "none", directions=HOST_DIRECTIONS,
+                  unit="us")]
+
+
 GRIDS = {"prefill": prefill_grid, "varlen": varlen_grid, "small_seq": small_seq_grid,
          "decode": decode_grid}
-# Not part of "all".
-EXTRA_GRIDS = {"smoke": smoke_grid}
+# Not part of "all": the smoke grid checks the harness, the host grid has a table of its own.
+EXTRA_GRIDS = {"smoke": smoke_grid, "host": host_grid}
+# The host grid's figures are medians over this many rounds unless --rounds says otherwise.
+HOST_ROUNDS = 5
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,11 +273,25 @@ EXTRA_GRIDS = {"smoke": smoke_grid}
 
 FUSEDATTN_IMPLS = ("fusedattn:auto", "fusedattn:cudnn", "fusedattn:flash", "fusedattn:small_seq")
 OURS = "fusedattn:auto"
+FA4 = "fa4"  # FlashAttention-4: flash_attn.cute.flash_attn_func / flash_attn_varlen_func
+# The host grid's implementations (the table the issue quotes), in its order.
+HOST_IMPLS = ("fusedattn:auto", "fusedattn:cudnn", "fusedattn:flash", "torch:flash",
+              "torch:cudnn", "torch:efficient", FA4)
+
+
+def table_order(impls):
+    """impls in the order of the tables' columns: ours, PyTorch's, FlashAttention-4, Flex (a
+    grid's points have different sets, e.g. torch:varlen only on THD points)."""
+    order = list(FUSEDATTN_IMPLS) + ["torch:cudnn", "torch:flash", "torch:efficient",
+                                     "torch:math", "torch:varlen", FA4, "flex"]
+    return sorted(impls, key=lambda i: order.index(i) if i in order else len(order))
 
 
 def implementations(point, quick=False):
     """The implementations timed on a point, in table order. --quick leaves FlexAttention out of
     the memory-bound grids: compiling it for each new shape takes most of a quick run's time."""
+    if point.grid == "host":
+        return list(HOST_IMPLS)
     impls = list(FUSEDATTN_IMPLS)
     if point.varlen:
         impls += ["torch:varlen"]
@@ -252,6 +299,7 @@ def implementations(point, quick=False):
         impls += ["torch:cudnn", "torch:flash", "torch:efficient"]
         if point.grid in ("small_seq", "smoke"):
             impls.append("torch:math")
+    impls.append(FA4)  # everywhere: where it refuses a problem, the table says n/a
     if not (quick and point.grid in ("small_seq", "decode")):
         impls.append("flex")
     return impls
@@ -265,9 +313,38 @@ def is_ours(impl):
 # Results: rates, ratios, floors, tables
 # ---------------------------------------------------------------------------------------------
 
+def rates(point, direction, time_ms, floor_s):
+    """The figures of one time: time_ms, tflops, tbps, floor_fraction (None without a floor)."""
+    seconds = time_ms / 1e3
+    return {"time_ms": time_ms,
+            "tflops": flops(point, direction) / seconds / 1e12,
+            "tbps": bytes_moved(point, direction) / seconds / 1e12,
+            "floor_fraction": floor_s / seconds if floor_s else None}
+
+
+def compare(impls, floor_s):
+    """{best_other, ours_over_best, ours_floor_fraction} over one figure of every implementation
+    ({impl: rates dict or None}): the best is the shortest time among the implementations that
+    are not ours."""
+    others = {i: e for i, e in impls.items() if not is_ours(i) and e}
+    best_other = min(others, key=lambda i: others[i]["time_ms"]) if others else None
+    ours = impls.get(OURS)
+    return {"best_other": best_other,
+            "ours_over_best": (others[best_other]["time_ms"] / ours["time_ms"]
+                               if best_other and ours else None),
+            "ours_floor_fraction": ours["floor_fraction"] if ours else None}
+
+
 def analyze(point, direction, results, device):
-    """One row: per implementation its status and rates; ours / best other; floor fraction.
-    results: {impl: task result dict}. device: {"copy_tbps", "gemm_tflops"}."""
+    """One row: per implementation its status and figures, and ours / best other and our floor
+    fraction, for both timings. results: {impl: task result dict} whose time_ms is the
+    back-to-back time per call and device_ms the device-only time. device: {"copy_tbps",
+    "gemm_tflops"}.
+
+    Row layout: each implementation's entry has the back-to-back figures at its top level
+    (time_ms, tflops, tbps, floor_fraction) and the device-only ones under "device" (the same
+    keys); the row has best_other / ours_over_best / ours_floor_fraction on the back-to-back
+    times at its top level and on the device times under "device"."""
     f, b = flops(point, direction), bytes_moved(point, direction)
     floor_s = max(f / (device["gemm_tflops"] * 1e12) if device.get("gemm_tflops") else 0.0,
                   b / (device["copy_tbps"] * 1e12) if device.get("copy_tbps") else 0.0)
@@ -280,21 +357,17 @@ def analyze(point, direction, results, device):
         row["bound"] = "compute" if compute_s >= memory_s else "memory"
     for impl, r in results.items():
         entry = {"status": r.get("status", "failed")}
-        for key in ("error", "backend"):
+        for key in ("error", "backend", "host_ms", "calls"):
             if r.get(key):
                 entry[key] = r[key]
         if entry["status"] == "ok":
-            seconds = r["time_ms"] / 1e3
-            entry.update(time_ms=r["time_ms"], tflops=f / seconds / 1e12, tbps=b / seconds / 1e12,
-                         floor_fraction=floor_s / seconds if floor_s else None)
+            entry.update(rates(point, direction, r["time_ms"], floor_s))
+            entry["device"] = (rates(point, direction, r["device_ms"], floor_s)
+                               if r.get("device_ms") else None)
         row["impls"][impl] = entry
-    ours = row["impls"].get(OURS, {})
-    others = [e for i, e in row["impls"].items() if not is_ours(i) and e["status"] == "ok"]
-    best = min(others, key=lambda e: e["time_ms"]) if others else None
-    row["best_other"] = next((i for i, e in row["impls"].items() if e is best), None)
-    row["ours_over_best"] = (best["time_ms"] / ours["time_ms"]
-                             if best and ours.get("status") == "ok" else None)
-    row["ours_floor_fraction"] = ours.get("floor_fraction") if ours.get("status") == "ok" else None
+    ok = {i: e for i, e in row["impls"].items() if e["status"] == "ok"}
+    row.update(compare(ok, floor_s))
+    row["device"] = compare({i: e["device"] for i, e in ok.items()}, floor_s)
     return row
 
 
@@ -320,40 +393,96 @@ def three_digits(x):
     return "%.3f" % x
 
 
-def format_rate(entry, unit):
+def format_rate(entry, unit, device=False):
+    """The cell of one implementation: its rate (back to back, or device only), or its status."""
     short = _short_status(entry)
     if short:
         return short
-    return three_digits(entry["tflops"] if unit == "tflops" else entry["tbps"])
+    figures = entry.get("device") if device else entry
+    if not figures:
+        return "-"
+    return three_digits(figures["tflops"] if unit == "tflops" else figures["tbps"])
 
 
-def markdown_table(rows, unit):
+TIMINGS = {False: "back to back: calls issued one after another, host cost included",
+           True: "device only: the GPU's time of a call (a GPU sleep hides the host's)"}
+
+
+def markdown_table(rows, unit, device=False):
     """A Markdown table of rows (from analyze) with one column per implementation; rates in
-    unit ("tflops" or "tbps"), or in each row's own unit where it has one."""
-    impls = []
-    for row in rows:
-        for impl in row["impls"]:
-            if impl not in impls:
-                impls.append(impl)
+    unit ("tflops" or "tbps"), or in each row's own unit where it has one. device=False: the
+    back-to-back figures (the headline); True: the device-only figures, ratio and floor
+    computed on those."""
+    impls = table_order({impl for row in rows for impl in row["impls"]})
     header = ["point", "dir"] + impls + ["ours/best", "ours floor"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [row["point"], row["direction"]]
         for impl in impls:
             entry = row["impls"].get(impl)
-            cell = format_rate(entry, row.get("unit", unit)) if entry else ""
+            cell = format_rate(entry, row.get("unit", unit), device) if entry else ""
             if impl == OURS and entry and entry.get("backend"):
                 cell += " (%s)" % entry["backend"]
             cells.append(cell)
-        ratio = row.get("ours_over_best")
+        summary = (row.get("device") or {}) if device else row
+        ratio = summary.get("ours_over_best")
         cells.append("%.2f" % ratio if ratio is not None else "-")
-        fraction = row.get("ours_floor_fraction")
+        fraction = summary.get("ours_floor_fraction")
         cells.append("%.0f%%" % (100 * fraction) if fraction is not None else "-")
         lines.append("| " + " | ".join(cells) + " |")
     units = sorted({row.get("unit", unit) for row in rows}) or [unit]
     unit_name = " or ".join("TFLOP/s" if u == "tflops" else "TB/s" for u in units)
-    return "\n".join(lines) + "\n\nRates in %s. n/a: not supported; OOM: out of memory; " \
-        "fail/crash: see the failures below and the JSON.\n" % unit_name
+    return "\n".join(lines) + "\n\nRates in %s, %s. n/a: not supported; OOM: out of memory; " \
+        "fail/crash: see the failures below and the JSON.\n" % (unit_name, TIMINGS[device])
+
+
+def format_us(figures):
+    return three_digits(figures["time_ms"] * 1e3) if figures else "-"
+
+
+def host_table(rows):
+    """The host grid's table: one line per implementation, microseconds per warm call for
+    each direction back to back, then the same device only (the GPU's part of it)."""
+    directions = [row["direction"] for row in rows]
+    impls = []  # in the order the rows have them (HOST_IMPLS')
+    for row in rows:
+        impls += [i for i in row["impls"] if i not in impls]
+    point = rows[0]["point"] if rows else ""
+    header = ["µs per warm call, %s" % point] + directions + [
+        "device: %s" % d for d in directions]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for impl in impls:
+        entries = [row["impls"].get(impl) for row in rows]
+        backends = sorted({e["backend"] for e in entries if e and e.get("backend")})
+        name = impl + (" (%s)" % ", ".join(backends) if impl == OURS and backends else "")
+        cells = [name]
+        for device in (False, True):
+            for entry in entries:
+                if not entry:
+                    cells.append("")
+                elif _short_status(entry):
+                    cells.append(_short_status(entry))
+                else:
+                    cells.append(format_us(entry.get("device") if device else entry))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + (
+        "\n\nfwd: the forward under torch.no_grad; fwd-train: the forward with inputs that "
+        "require grad (graph recorded, no backward); fwd+bwd: the forward, then "
+        "torch.autograd.grad. The first columns are back to back (calls issued one after "
+        "another, host cost included); the device columns are the GPU's time of a call alone. "
+        "n/a: not supported; fail/crash: see the failures below and the JSON.\n")
+
+
+def unsupported_notes(rows):
+    """One line per implementation that ran on none of the rows, with its first reason (e.g.
+    FlashAttention-4 not importable), so that a column of n/a says why."""
+    notes = []
+    for impl in table_order({impl for row in rows for impl in row["impls"]}):
+        entries = [row["impls"][impl] for row in rows if impl in row["impls"]]
+        if entries and all(e["status"] == "unsupported" for e in entries):
+            reason = " ".join(entries[0].get("error", "").split())[:300]
+            notes.append("- %s: %s" % (impl, reason))
+    return notes
 
 
 def failure_notes(rows):
@@ -378,8 +507,21 @@ def write_markdown(path, sections, device):
         device.get("copy_tbps") or 0, device.get("gemm_tflops") or 0))
     lines.append("fusedattn backends: %s." % ", ".join(
         "%s: %s" % kv for kv in (device.get("backends") or {}).items()))
+    lines.append("FlashAttention-4: %s." % device.get("fa4", "?"))
+    lines.append("Every figure is timed two ways in the same task: back to back (calls issued "
+                 "one after another, host cost included: the headline) and device only (each "
+                 "call after a GPU sleep that hides the host's cost); see bench.py's header.")
     for grid, rows, unit in sections:
-        lines += ["", "## %s" % grid, "", markdown_table(rows, unit)]
+        if unit == "us":  # the host grid: microseconds per call, both timings in one table
+            lines += ["", "## %s" % grid, "", host_table(rows)]
+        else:
+            lines += ["", "## %s" % grid, "", "Back to back (the headline):", "",
+                      markdown_table(rows, unit),
+                      "Device only (the same calls, each after a GPU sleep that hides the "
+                      "host's cost):", "", markdown_table(rows, unit, device=True)]
+        notes = unsupported_notes(rows)
+        if notes:
+            lines += ["Not run anywhere in this grid:", ""] + notes + [""]
         notes = failure_notes(rows)
         if notes:
             lines += ["Failures:", ""] + notes + [""]
@@ -389,6 +531,11 @@ def write_markdown(path, sections, device):
 
 def write_json(path, sections, device, points, raw):
     data = {"grids": [g for g, _, _ in sections], "device": device,
+            "timing": {"time_ms": "back to back: elapsed / N of N calls issued one after "
+                                  "another (host cost included); the headline",
+                       "device_ms": "device only: one call between CUDA events after a GPU "
+                                    "sleep that outlasts the host's issuing of it",
+                       "host_ms": "the host's wall time to issue one call, back to back"},
             "points": [p.to_dict() for p in points],
             "rows": [row for _, rows, _ in sections for row in rows], "raw": raw}
     with open(path, "w") as f:
@@ -396,16 +543,22 @@ def write_json(path, sections, device, points, raw):
 
 
 def write_plot(path, sections):
-    """Bars of each implementation's rate per point, one panel per grid and direction."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Bars of each implementation's back-to-back rate per point, one panel per grid and
+    direction. Returns False (and writes nothing) when no section has rates (the host grid's
+    microseconds are a table only)."""
     panels = []
     for grid, rows, unit in sections:
+        if unit == "us":
+            continue
         for direction in DIRECTIONS:
             drows = [r for r in rows if r["direction"] == direction]
             if drows:
                 panels.append((grid, direction, drows, unit))
+    if not panels:
+        return False
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     widest = max(len(p[2]) for p in panels)
     fig, axes = plt.subplots(len(panels), 1, figsize=(max(8, 1.1 * widest), 4.5 * len(panels)),
                              squeeze=False)
@@ -420,11 +573,12 @@ def write_plot(path, sections):
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(drows))])
         ax.set_xticklabels([r["point"] for r in drows], rotation=30, ha="right", fontsize=7)
         ax.set_ylabel("TFLOP/s" if unit == "tflops" else "TB/s")
-        ax.set_title("%s, %s" % (grid, direction))
+        ax.set_title("%s, %s (back to back)" % (grid, direction))
         ax.legend(fontsize=7, ncol=4)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+    return True
 
 
 def device_slug(name):
@@ -434,6 +588,76 @@ def device_slug(name):
 def output_paths(out_dir, grid, device_name, date):
     stem = os.path.join(out_dir, "%s-%s-%s" % (grid, device_slug(device_name), date))
     return {ext: stem + "." + ext for ext in ("md", "json", "png")}
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing: the loops and their arithmetic (pure; the worker passes a clock on CUDA events)
+# ---------------------------------------------------------------------------------------------
+
+def settings_for(quick=False, host=False, device="cuda"):
+    """Timing settings of a run. warmup: untimed calls first (they also absorb compilation).
+    Back to back: loops of b2b_calls calls or more (enough for b2b_loop_ms at the time per call
+    that probe_calls calls take), at most b2b_max_calls, b2b_loops loops. Device only: runs
+    calls, each after a GPU sleep of at least sleep_cycles. device_runs: the copy and GEMM
+    measurements of the device. The host grid issues 2000 calls a loop after a long warm-up;
+    the CPU dry run does as little as will exercise every path."""
+    settings = {"warmup": 5, "probe_calls": 3, "b2b_calls": 20, "b2b_loop_ms": 50.0,
+                "b2b_max_calls": 2000, "b2b_loops": 3, "runs": 30, "sleep_cycles": 2_000_000,
+                "device_runs": 20}
+    if quick:
+        settings.update(warmup=3, b2b_calls=10, b2b_loop_ms=20.0, b2b_loops=2, runs=10,
+                        device_runs=5)
+    if host:
+        # One loop of 2000 calls per task: the repetitions are the rounds (HOST_ROUNDS), with
+        # the implementations rotated between them.
+        settings.update(warmup=100, b2b_calls=2000, b2b_max_calls=2000, b2b_loops=1, runs=200)
+    if device != "cuda":
+        settings.update(warmup=2, probe_calls=1, b2b_calls=3, b2b_loop_ms=0.0, b2b_max_calls=3,
+                        b2b_loops=2, runs=3, device_runs=3)
+    return settings
+
+
+class HostClock:
+    """Elapsed time on the host's clock (the CPU dry run, where the host is the device)."""
+
+    def start(self):
+        self.began = time.perf_counter()
+
+    def stop(self):
+        """Milliseconds since start()."""
+        return (time.perf_counter() - self.began) * 1e3
+
+
+def back_to_back(call, count, calls, loops, clock):
+    """(ms per call, host ms per call), each the median over loops: a loop issues call(i % count)
+    for i = 0..calls-1 one after another (the input sets rotated, nothing between the calls, as
+    a training loop or a server issues them) between clock.start() and clock.stop(), and
+    divides the clock's elapsed time by calls. The host ms is the wall time the host took to
+    issue the calls (without waiting for the GPU at the end), per call."""
+    per_call, host = [], []
+    for _ in range(loops):
+        clock.start()
+        began = time.perf_counter()
+        for i in range(calls):
+            call(i % count)
+        issued_ms = (time.perf_counter() - began) * 1e3
+        per_call.append(clock.stop() / calls)
+        host.append(issued_ms / calls)
+    return statistics.median(per_call), statistics.median(host)
+
+
+def back_to_back_calls(estimate_ms, least, loop_ms, most):
+    """Calls per back-to-back loop: enough for a loop of loop_ms at estimate_ms per call (so
+    that the loop's start and end weigh little), at least least, at most most (least wins)."""
+    wanted = math.ceil(loop_ms / estimate_ms) if estimate_ms > 0 else most
+    return max(least, min(most, wanted))
+
+
+def device_sleep_cycles(host_ms, cycles_per_ms, least):
+    """GPU clock cycles to sleep before a device-only call: twice the host's time to issue one
+    call (host_ms, measured back to back) plus 50 us, so that the call's kernels are all queued
+    before the GPU reaches the start event; at least least."""
+    return max(least, int(math.ceil(cycles_per_ms * (2 * host_ms + 0.05))))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -457,10 +681,17 @@ def make_tasks(points, quick=False, rounds=1):
     return tasks
 
 
+# The figures of a result that merge_rounds takes the median of (each over the rounds that
+# have it), and where it keeps their values per round.
+ROUND_FIGURES = {"time_ms": "round_times_ms", "device_ms": "round_device_ms",
+                 "host_ms": "round_host_ms"}
+
+
 def merge_rounds(tasks, results):
     """(tasks of round 0, results) with one result per (point, implementation, direction): the
-    first ok round's result with time_ms the median over the ok rounds (their times in
-    round_times_ms), or the first round's failure when no round ran."""
+    first ok round's result with time_ms, device_ms and host_ms each the median over the ok
+    rounds (their values in round_times_ms, round_device_ms, round_host_ms), or the first
+    round's failure when no round ran."""
     groups = {}
     for task in tasks:
         if task["kind"] != "measure":
@@ -475,8 +706,11 @@ def merge_rounds(tasks, results):
         if not ok:
             continue
         result = dict(ok[0], id=first["id"])
-        result["round_times_ms"] = [r["time_ms"] for r in ok]
-        result["time_ms"] = statistics.median(result["round_times_ms"])
+        for figure, per_round in ROUND_FIGURES.items():
+            values = [r[figure] for r in ok if r.get(figure) is not None]
+            if values:
+                result[per_round] = values
+                result[figure] = statistics.median(values)
         merged[first["id"]] = result
     return first_tasks, merged
 
@@ -556,7 +790,13 @@ def describe_result(result, tasks):
     head = "%s | %s | %s" % (point.label if point else "?", task.get("impl"),
                              task.get("direction"))
     if result.get("status") == "ok":
-        return "%s: %.3f ms" % (head, result["time_ms"])
+        # The back-to-back time first: bench/log_table.py reads the first "X ms" of the line.
+        text = "%s: %.4f ms back to back" % (head, result["time_ms"])
+        if result.get("device_ms") is not None:
+            text += ", %.4f ms device only" % result["device_ms"]
+        if result.get("host_ms") is not None:
+            text += ", host %.1f us to issue" % (result["host_ms"] * 1e3)
+        return text
     return "%s: %s %s" % (head, result.get("status"), " ".join(
         str(result.get("error", "")).split())[:160])
 
@@ -598,51 +838,104 @@ def measure_device(settings):
         info.update(name="cpu " + (platform.processor() or platform.machine()),
                     l2_bytes=4 * 2**20)
         copy_bytes, gemm_size, gemm_dtype = 1 << 26, 1024, torch.float32
+    info["fa4"] = fa4_version()
     runs = settings.get("device_runs", 20)
     src = torch.empty(copy_bytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    copy_ms = _time_call(lambda: dst.copy_(src), runs, 3, device=device)
+    copy_ms = _time_each(lambda i: dst.copy_(src), 1, runs, warmup=3, device=device)
     info["copy_tbps"] = 2 * copy_bytes / (copy_ms / 1e3) / 1e12
     src = dst = None  # free the copy buffers before the GEMM
     m = gemm_size
     a = torch.randn(m, m, device=device, dtype=gemm_dtype)
     b = torch.randn(m, m, device=device, dtype=gemm_dtype)
-    gemm_ms = _time_call(lambda: a @ b, runs, 3, device=device)
+    gemm_ms = _time_each(lambda i: a @ b, 1, runs, warmup=3, device=device)
     info["gemm_tflops"] = 2 * m**3 / (gemm_ms / 1e3) / 1e12
     return info
 
 
-def _time_call(fn, runs, warmup, sleep_cycles=0, before=None, device="cuda"):
-    """Median time of fn() in ms: CUDA events on the GPU (a GPU sleep before each start event
-    hides the host's launch overhead, so device time is measured), the host clock on the CPU.
-    before(i) runs outside the timing (input rotation)."""
-    import torch
+def _time_each(call, count, runs, sleep_cycles=0, warmup=0, device="cuda"):
+    """Device only: the median time in ms of call(i % count), i = 0..runs-1, each timed alone.
+    On the GPU between CUDA events, each after a GPU sleep of sleep_cycles: when the sleep
+    outlasts the host's issuing of the call, every kernel of the call is queued before the GPU
+    reaches the start event, so only the GPU's time of the call is measured. On the CPU the
+    host clock around each call."""
     for i in range(warmup):
-        if before:
-            before(i)
-        fn()
+        call(i % count)
     if device != "cuda":
         times = []
         for i in range(runs):
-            if before:
-                before(warmup + i)
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
+            began = time.perf_counter()
+            call(i % count)
+            times.append((time.perf_counter() - began) * 1e3)
         return statistics.median(times)
+    import torch
     torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
     for i in range(runs):
-        if before:
-            before(warmup + i)
         if sleep_cycles:
             torch.cuda._sleep(sleep_cycles)
         starts[i].record()
-        fn()
+        call(i % count)
         ends[i].record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+class CudaClock:
+    """Elapsed GPU time between two CUDA events on the current stream (back_to_back's clock).
+    start() waits for the GPU to be idle first, so that a loop starts on an empty queue and its
+    first call's launch latency counts, as it does for a loop after a synchronizing step."""
+
+    def __init__(self):
+        import torch
+        self.torch = torch
+        self.begin = torch.cuda.Event(enable_timing=True)
+        self.end = torch.cuda.Event(enable_timing=True)
+
+    def start(self):
+        self.torch.cuda.synchronize()
+        self.begin.record()
+
+    def stop(self):
+        self.end.record()
+        self.torch.cuda.synchronize()
+        return self.begin.elapsed_time(self.end)
+
+
+def _sleep_cycles_per_ms(state):
+    """GPU clock cycles per millisecond of torch.cuda._sleep, measured once per worker."""
+    if "cycles_per_ms" not in state:
+        import torch
+        cycles = 20_000_000  # ~10 ms at H100 clocks: long enough to time to 1%
+        torch.cuda._sleep(100_000)  # the sleep kernel's first launch is not timed
+        begin = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        begin.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        torch.cuda.synchronize()
+        state["cycles_per_ms"] = cycles / begin.elapsed_time(end)
+    return state["cycles_per_ms"]
+
+
+def time_both_ways(call, count, settings, state, device="cuda"):
+    """Times call(i) (i picks one of count input sets) back to back and device only, after one
+    warm-up: {time_ms (back to back), device_ms, host_ms, calls (per back-to-back loop)}."""
+    for i in range(settings["warmup"]):
+        call(i % count)
+    clock = CudaClock() if device == "cuda" else HostClock()
+    # A short back-to-back probe sizes the loops: enough calls for b2b_loop_ms each.
+    estimate_ms, _ = back_to_back(call, count, settings["probe_calls"], 1, clock)
+    calls = back_to_back_calls(estimate_ms, settings["b2b_calls"], settings["b2b_loop_ms"],
+                               settings["b2b_max_calls"])
+    time_ms, host_ms = back_to_back(call, count, calls, settings["b2b_loops"], clock)
+    sleep = 0
+    if device == "cuda":
+        sleep = device_sleep_cycles(host_ms, _sleep_cycles_per_ms(state),
+                                    settings["sleep_cycles"])
+    device_ms = _time_each(call, count, settings["runs"], sleep, device=device)
+    return {"time_ms": time_ms, "device_ms": device_ms, "host_ms": host_ms, "calls": calls}
 
 
 class InputSets:
@@ -769,9 +1062,68 @@ def make_forward(impl, point, inputs):
         def forward(s):
             return varlen_attn(s["q"], s["k"], s["v"], cu, cu, n, n, **kwargs)
         return forward
+    if impl == FA4:
+        return _fa4_forward(p, inputs)
     if impl == "flex":
         return _flex_forward(p, inputs)
     raise ValueError("unknown implementation %s" % impl)
+
+
+def import_fa4():
+    """(flash_attn_func, flash_attn_varlen_func) of FlashAttention-4, or Unsupported with the
+    reason when flash_attn.cute is not importable (not installed: on the GPU machine,
+    scripts/gpu_run.sh's fa4_stash and fa4_install steps install it). Any error counts: a
+    missing compiled library of the CuTe DSL raises OSError rather than ImportError."""
+    try:
+        from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
+    except Exception as error:
+        raise Unsupported("FlashAttention-4 (flash_attn.cute) is not importable: %s: %s" % (
+            type(error).__name__, " ".join(str(error).split())[:200]))
+    return flash_attn_func, flash_attn_varlen_func
+
+
+def fa4_version():
+    """The installed flash-attn-4 version, or why it is not there (for the device header)."""
+    try:
+        import_fa4()
+    except Unsupported as reason:
+        return "not importable (%s)" % reason
+    from importlib import metadata
+    try:
+        return metadata.version("flash-attn-4")
+    except metadata.PackageNotFoundError:
+        return "importable, version unknown"
+
+
+def _fa4_forward(p, inputs):
+    """FlashAttention-4 on the point's tensors as they are (BSHD, or THD with cu_seqlens; GQA
+    natively). Its causal mask is aligned to the bottom right (the last query sees every key),
+    which is our causal_bottom_right, and our top-left causal where sq == skv."""
+    # Importable first: a dry run on the CPU then takes the path of a GPU machine without FA4.
+    flash_attn_func, flash_attn_varlen_func = import_fa4()
+    if inputs.device != "cuda":
+        raise Unsupported("FlashAttention-4 runs on CUDA only")
+    if p.mask == "causal" and p.seqlen_q != p.seqlen_kv:
+        raise Unsupported("FlashAttention-4's causal mask is bottom-right aligned; top-left "
+                          "with sq != skv is not expressible")
+    scale = 1.0 / math.sqrt(p.head_dim)
+
+    def output(result):
+        # flash_attn_func / flash_attn_varlen_func return (out, lse).
+        return result[0] if isinstance(result, tuple) else result
+    if p.varlen:
+        cu, n = inputs.cu_seqlens, max(p.lens)
+
+        def forward(s):
+            return output(flash_attn_varlen_func(
+                s["q"], s["k"], s["v"], cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=n,
+                max_seqlen_k=n, softmax_scale=scale, causal=p.causal))
+        return forward
+
+    def forward(s):
+        return output(flash_attn_func(s["q"], s["k"], s["v"], softmax_scale=scale,
+                                      causal=p.causal))
+    return forward
 
 
 _FLEX = {}
@@ -816,8 +1168,37 @@ def _flex_forward(p, inputs):
     return forward
 
 
+def make_call(forward, direction, sets):
+    """call(i) -> one call of the direction on input set i. fwd and fwd-train call the forward
+    (the caller sets the grad mode: fwd runs under torch.no_grad); fwd-train's inputs require
+    grad, so the autograd graph is recorded; bwd runs autograd.grad on a graph kept from one
+    forward per set; fwd+bwd is the forward, then autograd.grad."""
+    import torch
+    if direction == "fwd":
+        return lambda i: forward(sets[i])
+    leaves = [{"q": s["q"].detach().requires_grad_(), "k": s["k"].detach().requires_grad_(),
+               "v": s["v"].detach().requires_grad_(), "do": s["do"]} for s in sets]
+    if direction == "fwd-train":
+        return lambda i: forward(leaves[i])
+    if direction == "bwd":
+        outputs = [forward(s) for s in leaves]
+
+        def backward(i):
+            s = leaves[i]
+            return torch.autograd.grad(outputs[i], (s["q"], s["k"], s["v"]), s["do"],
+                                       retain_graph=True)
+        return backward
+    if direction == "fwd+bwd":
+        def forward_backward(i):
+            s = leaves[i]
+            o = forward(s)
+            return torch.autograd.grad(o, (s["q"], s["k"], s["v"]), s["do"])
+        return forward_backward
+    raise ValueError("unknown direction %s" % direction)
+
+
 def measure(task, settings, state):
-    """Times one (point, implementation, direction); returns the result dict."""
+    """Times one (point, implementation, direction) both ways; returns the result dict."""
     import torch
     point = Point.from_dict(task["point"])
     device = settings.get("device", "cuda")
@@ -829,41 +1210,16 @@ def measure(task, settings, state):
         state["point_key"] = point.key
     inputs = state["inputs"]
     forward = make_forward(task["impl"], point, inputs)
-    sets = inputs.sets
     direction = task["direction"]
-    runs, warmup = settings.get("runs", 30), settings.get("warmup", 5)
-    sleep = settings.get("sleep_cycles", 2_000_000)
     result = {}
     if getattr(forward, "backends", None):
         result["backend"] = forward.backends["fwd" if direction == "fwd" else "train"]
-    if direction == "fwd":
-        with torch.no_grad():
-            current = {}
-            ms = _time_call(lambda: forward(current["s"]), runs, warmup, sleep,
-                            before=lambda i: current.__setitem__("s", sets[i % len(sets)]),
-                            device=device)
-    else:
-        leaves = [{"q": s["q"].detach().requires_grad_(), "k": s["k"].detach().requires_grad_(),
-                   "v": s["v"].detach().requires_grad_(), "do": s["do"]} for s in sets]
-        current = {}
-        if direction == "bwd":
-            outputs = [forward(s) for s in leaves]
-
-            def call():
-                s = current["s"]
-                torch.autograd.grad(outputs[current["i"]], (s["q"], s["k"], s["v"]), s["do"],
-                                    retain_graph=True)
-        else:
-            def call():
-                s = current["s"]
-                o = forward(s)
-                torch.autograd.grad(o, (s["q"], s["k"], s["v"]), s["do"])
-
-        def rotate(i):
-            current["i"] = i % len(leaves)
-            current["s"] = leaves[current["i"]]
-        ms = _time_call(call, runs, warmup, sleep, before=rotate, device=device)
-    result.update(status="ok", time_ms=ms)
+    call = make_call(forward, direction, inputs.sets)
+    # The inference forward runs under no_grad (as a server's step does); the others record
+    # the autograd graph.
+    with torch.set_grad_enabled(direction != "fwd"):
+        result.update(time_both_ways(call, len(inputs.sets), settings, state, device))
+    result["status"] = "ok"
     return result
 
 
@@ -878,12 +1234,17 @@ def classify_error(error):
     """(status, message) of an exception raised by a measurement: "unsupported" when the
     implementation refuses the problem (PyTorch SDPA's "No available kernel", fusedattn's
     NotSupportedError), "crashed" when the CUDA context is unusable after it, else "failed"
-    (out of memory included: the tables show OOM)."""
+    (out of memory included: the tables show OOM). An assertion or NotImplementedError that
+    speaks of support (FlashAttention-4's way of refusing a problem) is "unsupported" too."""
     text = "%s: %s" % (type(error).__name__, error)
     if isinstance(error, Unsupported):
         return "unsupported", str(error)
     if any(s in str(error) for s in ("No available kernel", "No viable backend")) or \
             type(error).__name__ == "NotSupportedError":
+        return "unsupported", text
+    # FlashAttention-4 states its limits as assertions ("... is not supported on SM90").
+    if isinstance(error, (AssertionError, NotImplementedError)) and \
+            "support" in str(error).lower():
         return "unsupported", text
     if _sticky_cuda_error(error):
         return "crashed", text
@@ -946,12 +1307,6 @@ def build_rows(points, tasks, results, device):
     return rows
 
 
-def settings_for(quick):
-    if quick:
-        return {"runs": 10, "warmup": 3, "device_runs": 5, "sleep_cycles": 2_000_000}
-    return {"runs": 30, "warmup": 5, "device_runs": 20, "sleep_cycles": 2_000_000}
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--grid", choices=sorted(GRIDS) + sorted(EXTRA_GRIDS) + ["all"],
@@ -963,9 +1318,10 @@ def main(argv=None):
     parser.add_argument("--filter", default=None,
                         help="a regular expression: only the points whose label matches "
                              "(e.g. 'bf16 d128' or 'causal$'), to split a long grid")
-    parser.add_argument("--rounds", type=int, default=1,
+    parser.add_argument("--rounds", type=int, default=None,
                         help="time every task this many times, implementations rotated each "
-                             "round, and keep the median (for ratios near a bound)")
+                             "round, and keep the median (for ratios near a bound); default 1, "
+                             "%d on the host grid" % HOST_ROUNDS)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: a dry run of the harness on CPU tensors (with --grid smoke)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -980,12 +1336,14 @@ def main(argv=None):
         grids = [g for g in grids if any(p.grid == g for p in points)]
     if not points:
         parser.error("no point left to run")
-    tasks = make_tasks(points, args.quick, args.rounds)
+    host = args.grid == "host"
+    rounds = args.rounds or (HOST_ROUNDS if host else 1)
+    tasks = make_tasks(points, args.quick, rounds)
     if args.only:
         wanted = set(args.only.split(","))
         tasks = [t for t in tasks if t["kind"] == "device" or t["impl"] in wanted]
     started = time.time()
-    settings = dict(settings_for(args.quick), device=args.device)
+    settings = dict(settings_for(args.quick, host, args.device), device=args.device)
     results = run_tasks(tasks, worker_command_for(os.path.abspath(__file__)), settings)
     device = results.get(0, {})
     if device.get("status") != "ok":
@@ -1006,8 +1364,8 @@ def main(argv=None):
     write_json(paths["json"], sections, device, points, raw)
     written = [paths["md"], paths["json"]]
     try:
-        write_plot(paths["png"], sections)
-        written.append(paths["png"])
+        if write_plot(paths["png"], sections):
+            written.append(paths["png"])
     except Exception as error:  # matplotlib missing: the tables still stand
         print("plot not written: %s" % error, file=sys.stderr)
     print("wrote %s" % ", ".join(written))

@@ -4,8 +4,19 @@
 # benchmarks, and writes every log under $OUT (or ./gpu-out). Steps are chosen by name:
 #   bash scripts/gpu_run.sh build tests sanitize cli python bench-quick
 # Each step logs to $OUT/<step>.log and the summary of all steps to $OUT/summary.txt.
+#
+# FlashAttention-4 (a benchmark peer, not installed there) travels in two calls to the same warm
+# machine, because its two parts together exceed what one call may carry: on the development
+# machine, `bash ../shared/tools/fa4/prepare.sh` in the checkout fills the ignored folders .fa4a
+# and .fa4b (see its header); then
+#   call 1, carrying .fa4b:            bash scripts/gpu_run.sh fa4_stash ...
+#   call 2, carrying .fa4a, while the machine is still warm (it is given back after a short
+#   idle time):                        bash scripts/gpu_run.sh fa4_install ... bench-host ...
+# fa4_stash leaves .fa4b's part in /tmp/fa4stash; fa4_install builds /tmp/fa4site from both.
+# From then on, on that machine, the python and benchmark steps put /tmp/fa4site on PYTHONPATH
+# (use_fa4) so that bench.py times `flash_attn.cute`; without it bench.py records FA4 as n/a.
 set -uo pipefail
-export ROOT OUT BUILD JOBS SHARDS CUDNN_MEMCHECK SANITIZE_FILTER RACECHECK_FILTER NATIVE_BENCHES BENCH_ARGS KERNEL_PROFILE_ARGS GTEST_FILTER PYTEST_ARGS FLEX_BENCH_ARGS 2>/dev/null
+export ROOT OUT BUILD JOBS SHARDS CUDNN_MEMCHECK SANITIZE_FILTER RACECHECK_FILTER NATIVE_BENCHES BENCH_ARGS BENCH_HOST_ARGS KERNEL_PROFILE_ARGS GTEST_FILTER PYTEST_ARGS FLEX_BENCH_ARGS 2>/dev/null
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/gpu-out}"
 mkdir -p "$OUT"
@@ -22,6 +33,34 @@ EOF
 export LD_LIBRARY_PATH="$TORCH_CUDNN:${LD_LIBRARY_PATH:-}"
 
 summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
+
+# FlashAttention-4 on PYTHONPATH once fa4_install has put it in /tmp/fa4site (see the header).
+use_fa4() {
+  if [ -d /tmp/fa4site ]; then
+    local site=/tmp/fa4site
+    export PYTHONPATH="$site:$site/nvidia_cutlass_dsl/dsl_packages:${PYTHONPATH:-}"
+  fi
+  return 0
+}
+
+# Call 1 of FlashAttention-4's two (carry .fa4b): keeps its part on this machine.
+step_fa4_stash() {
+  if [ ! -f "$ROOT/.fa4b/stash.sh" ]; then
+    echo "fa4_stash: no .fa4b here: carry .fa4b in this call"; return 1
+  fi
+  bash "$ROOT/.fa4b/stash.sh" && ls -l /tmp/fa4stash
+}
+
+# Call 2 (carry .fa4a, same warm machine): installs FA4 into /tmp/fa4site and checks the import.
+step_fa4_install() {
+  if [ ! -f "$ROOT/.fa4a/install.sh" ]; then
+    echo "fa4_install: no .fa4a here: carry .fa4a in this call"; return 1
+  fi
+  bash "$ROOT/.fa4a/install.sh" || return 1
+  use_fa4
+  python3 -c "from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
+print('fa4: importable')"
+}
 
 step_info() {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
@@ -98,26 +137,39 @@ step_python_build() {
 
 step_python() {
   step_python_build || return 1
+  use_fa4
   export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
   (cd "$ROOT/python" && eval python3 -m pytest -q -m gpu ${PYTEST_ARGS:-tests})
 }
 
 step_bench_quick() {
   step_python_build >/dev/null || return 1
+  use_fa4
   export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
   python3 "$ROOT/bench/bench.py" --grid all --quick --out "$OUT"
 }
 
 step_bench() {
   step_python_build >/dev/null || return 1
+  use_fa4
   export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
   # BENCH_ARGS: e.g. "--grid small_seq" or "--grid prefill --filter 'bf16 d128' --only ..."
   eval python3 "$ROOT/bench/bench.py" --out "$OUT" ${BENCH_ARGS:---grid prefill}
 }
 
+# The host's cost per warm call (bench.py --grid host: b1 s128 h4 d64 bf16, 2000 calls back to
+# back, 5 rotated rounds; about 2-4 minutes: give it TIMEOUT_bench_host=540).
+step_bench_host() {
+  step_python_build >/dev/null || return 1
+  use_fa4
+  export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
+  python3 "$ROOT/bench/bench.py" --grid host --out "$OUT" ${BENCH_HOST_ARGS:-}
+}
+
 # Times fusedattn with score modifiers against compiled FlexAttention (bench/flex_bench.py).
 step_flex_bench() {
   step_python_build >/dev/null || return 1
+  use_fa4
   export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
   python3 "$ROOT/bench/flex_bench.py" --out "$OUT" ${FLEX_BENCH_ARGS:-}
 }
@@ -125,6 +177,7 @@ step_flex_bench() {
 # Times the training forward on its own next to PyTorch's (bench/cudnn_train_probe.py).
 step_probe() {
   step_python_build >/dev/null || return 1
+  use_fa4
   export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
   python3 "$ROOT/bench/cudnn_train_probe.py"
 }
@@ -133,6 +186,7 @@ step_probe() {
 # argument list per point, separated by '|' (default: flash against PyTorch's flash, d128 s1024).
 step_kernel_profile() {
   step_python_build >/dev/null || return 1
+  use_fa4
   export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
   local IFS='|' rc=0
   for args in ${KERNEL_PROFILE_ARGS:---ours flash --theirs flash --d 128 --seqlen 1024}; do
@@ -159,7 +213,7 @@ for step in "$@"; do
   fi
   t0=$SECONDS
   # Each step has its own time limit (STEP_TIMEOUT, seconds) so one hang cannot eat the call.
-  export -f "$fn" step_python_build
+  export -f "$fn" step_python_build use_fa4
   limit_var="TIMEOUT_${step//-/_}"
   PYTHONUNBUFFERED=1 timeout "${!limit_var:-${STEP_TIMEOUT:-300}}" bash -c "$fn" >"$OUT/$step.log" 2>&1
   rc=$?

@@ -2,6 +2,7 @@
 counting, rows, tables, output names, and the driver's recovery from a worker that dies."""
 
 import json
+import math
 import os
 import sys
 import textwrap
@@ -95,7 +96,8 @@ def test_quick_grids_are_small():
     for name, grid in bench.GRIDS.items():
         points = grid(quick=True)
         tasks = bench.make_tasks(points, quick=True)
-        assert 1 <= len(points) <= 2 and len(tasks) <= 45, name
+        # varlen's two points with FlashAttention-4 among the peers: 49 tasks.
+        assert 1 <= len(points) <= 2 and len(tasks) <= 50, name
     all_quick = [p for grid in bench.GRIDS.values() for p in grid(quick=True)]
     flex_points = {p.key for p in all_quick if "flex" in bench.implementations(p, quick=True)}
     assert len(flex_points) <= 3  # each costs a FlexAttention compile
@@ -343,3 +345,262 @@ def test_merged_rounds_keep_the_median_and_skip_failed_rounds():
     rows = bench.build_rows([point], first_tasks, merged, {"gemm_tflops": 800, "copy_tbps": 3})
     fwd = [r for r in rows if r["direction"] == "fwd"][0]
     assert fwd["impls"]["torch:cudnn"]["time_ms"] == 4.0
+
+
+# Back to back and device only: the timing loops, their arithmetic and the tables of both figures.
+
+class FakeClock:
+    """A clock that returns scripted elapsed times (ms), one per stop()."""
+
+    def __init__(self, elapsed):
+        self.elapsed = list(elapsed)
+        self.starts = 0
+
+    def start(self):
+        self.starts += 1
+
+    def stop(self):
+        return self.elapsed.pop(0)
+
+
+def test_back_to_back_divides_each_loop_by_its_calls_and_keeps_the_median():
+    issued = []
+    clock = FakeClock([8.0, 4.0, 40.0])
+    per_call, host = bench.back_to_back(issued.append, 3, 4, 3, clock)
+    assert issued == [0, 1, 2, 0] * 3  # one after another, the input sets rotated
+    assert clock.starts == 3
+    assert per_call == 2.0  # median of 8/4, 4/4, 40/4
+    assert 0 <= host < 1.0  # the host's issue time of a no-op call
+
+
+def test_back_to_back_loops_are_long_enough_within_bounds():
+    assert bench.back_to_back_calls(0.5, 30, 50.0, 2000) == 100
+    assert bench.back_to_back_calls(10.0, 30, 50.0, 2000) == 30  # at least 30
+    assert bench.back_to_back_calls(0.001, 30, 50.0, 2000) == 2000  # at most 2000
+    assert bench.back_to_back_calls(0.0, 30, 50.0, 2000) == 2000
+    assert bench.back_to_back_calls(0.5, 2000, 50.0, 2000) == 2000  # the host grid
+
+
+def test_device_sleep_outlasts_twice_the_host_time_of_a_call():
+    # 1.2 ms of host time per call at 1.98 GHz: 2 * 1.2 + 0.05 ms of sleep.
+    assert bench.device_sleep_cycles(1.2, 1.98e6, 2_000_000) == math.ceil(1.98e6 * 2.45)
+    assert bench.device_sleep_cycles(0.01, 1.98e6, 2_000_000) == 2_000_000  # the least
+
+
+def test_settings_host_grid_issues_2000_calls_and_the_cpu_few():
+    host = bench.settings_for(host=True)
+    assert host["b2b_calls"] == host["b2b_max_calls"] == 2000 and host["b2b_loops"] == 1
+    assert host["warmup"] >= 100
+    cpu = bench.settings_for(quick=True, host=True, device="cpu")
+    assert cpu["b2b_calls"] * cpu["b2b_loops"] + cpu["runs"] <= 20
+
+
+def test_time_both_ways_warms_up_probes_then_times_back_to_back_and_device_only():
+    settings = bench.settings_for(device="cpu")
+    issued = []
+    result = bench.time_both_ways(issued.append, 2, settings, {}, device="cpu")
+    assert set(result) == {"time_ms", "device_ms", "host_ms", "calls"}
+    assert result["calls"] == settings["b2b_calls"]
+    assert len(issued) == settings["warmup"] + settings["probe_calls"] + \
+        result["calls"] * settings["b2b_loops"] + settings["runs"]
+    assert set(issued) == {0, 1}
+
+
+def _both(b2b, device, **extra):
+    return dict({"status": "ok", "time_ms": b2b, "device_ms": device}, **extra)
+
+
+def test_analyze_computes_ratio_and_floor_on_both_timings():
+    p = prefill()
+    # Ours: slower than torch:cudnn back to back (host cost), faster on the device.
+    results = _results(fusedattn_auto=_both(4.0, 1.8, backend="cudnn", host_ms=3.9),
+                       torch_cudnn=_both(2.0, 2.0), fa4=_both(2.5, 1.5))
+    row = bench.analyze(p, "fwd", results, DEVICE)
+    ours = row["impls"]["fusedattn:auto"]
+    assert ours["time_ms"] == 4.0 and ours["device"]["time_ms"] == 1.8
+    assert ours["tflops"] == pytest.approx(bench.flops(p) / 4e-3 / 1e12)
+    assert ours["device"]["tflops"] == pytest.approx(bench.flops(p) / 1.8e-3 / 1e12)
+    assert ours["host_ms"] == 3.9
+    assert row["best_other"] == "torch:cudnn" and row["ours_over_best"] == pytest.approx(0.5)
+    assert row["device"]["best_other"] == "fa4"
+    assert row["device"]["ours_over_best"] == pytest.approx(1.5 / 1.8)
+    floor_s = max(bench.flops(p) / 750e12, bench.bytes_moved(p) / 3e12)
+    assert row["ours_floor_fraction"] == pytest.approx(floor_s / 4e-3)
+    assert row["device"]["ours_floor_fraction"] == pytest.approx(floor_s / 1.8e-3)
+
+
+def test_markdown_tables_show_back_to_back_first_and_device_only_on_request():
+    p = prefill()
+    results = _results(fusedattn_auto=_both(4.0, 2.0, backend="cudnn"),
+                       torch_cudnn=_both(2.0, 2.5),
+                       fa4={"status": "unsupported", "error": "not importable"})
+    rows = [bench.analyze(p, "fwd", results, DEVICE)]
+    for device, ours_ms, ratio in ((False, 4.0, "0.50"), (True, 2.0, "1.25")):
+        table = bench.markdown_table(rows, "tflops", device=device)
+        cells = [c.strip() for c in table.splitlines()[2].strip("|").split("|")]
+        assert cells[2] == "%s (cudnn)" % bench.three_digits(bench.flops(p) / ours_ms / 1e12 * 1e3)
+        assert cells[4] == "n/a" and cells[5] == ratio
+        assert ("device only" in table) == device and ("back to back" in table) != device
+
+
+def test_write_markdown_has_both_tables_per_grid_and_says_why_fa4_did_not_run(tmp_path):
+    points = [prefill(), prefill(mask="causal")]
+    tasks = bench.make_tasks(points)
+    results = {}
+    for t in tasks:
+        if t.get("impl") == bench.FA4:
+            results[t["id"]] = {"id": t["id"], "status": "unsupported",
+                                "error": "FlashAttention-4 (flash_attn.cute) is not importable: "
+                                         "ModuleNotFoundError: No module named 'flash_attn'"}
+        else:
+            results[t["id"]] = {"id": t["id"], "status": "ok", "time_ms": 2.0, "device_ms": 1.0}
+    rows = bench.build_rows(points, tasks, results, DEVICE)
+    bench.write_markdown(str(tmp_path / "r.md"), [("prefill", rows, "tflops")],
+                         dict(DEVICE, fa4="not importable (...)"))
+    text = (tmp_path / "r.md").read_text()
+    headline, device_only = text.index("Back to back (the headline)"), text.index("Device only")
+    assert headline < device_only
+    assert "- fa4: FlashAttention-4 (flash_attn.cute) is not importable: " in text
+    assert "FlashAttention-4: not importable" in text
+    bench.write_json(str(tmp_path / "r.json"), [("prefill", rows, "tflops")], DEVICE, points, [])
+    data = json.loads((tmp_path / "r.json").read_text())
+    entry = data["rows"][0]["impls"]["fusedattn:auto"]
+    assert entry["time_ms"] == 2.0 and entry["device"]["time_ms"] == 1.0
+    assert {"time_ms", "device_ms", "host_ms"} <= set(data["timing"])
+
+
+def test_merged_rounds_keep_the_median_of_each_timing():
+    point = prefill()
+    tasks = bench.make_tasks([point], rounds=3)
+    same = [t for t in tasks if t["kind"] == "measure" and t["impl"] == "fa4"
+            and t["direction"] == "bwd"]
+    results = {t["id"]: {"id": t["id"], "status": "ok", "time_ms": 1.0} for t in tasks}
+    for t, (b2b, device, host) in zip(same, ((3.0, 1.0, 0.2), (5.0, 2.0, 0.1), (4.0, 9.0, 0.3))):
+        results[t["id"]] = _both(b2b, device, host_ms=host, id=t["id"])
+    _, merged = bench.merge_rounds(tasks, results)
+    result = merged[same[0]["id"]]
+    assert (result["time_ms"], result["device_ms"], result["host_ms"]) == (4.0, 2.0, 0.2)
+    assert result["round_device_ms"] == [1.0, 2.0, 9.0]
+
+
+def test_table_columns_keep_one_order_across_points():
+    assert bench.table_order({"flex", "torch:varlen", "fa4", "fusedattn:auto", "torch:cudnn"}) == [
+        "fusedattn:auto", "torch:cudnn", "torch:varlen", "fa4", "flex"]
+
+
+def test_every_grid_has_fa4_as_a_peer_and_it_counts_as_the_best_other():
+    for grid in list(bench.GRIDS.values()) + [bench.smoke_grid, bench.host_grid]:
+        for p in grid():
+            assert bench.FA4 in bench.implementations(p)
+    assert not bench.is_ours(bench.FA4)
+
+
+def test_fa4_not_importable_is_unsupported_with_the_reason(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flash_attn", None)  # makes the import fail
+    with pytest.raises(bench.Unsupported) as caught:
+        bench.import_fa4()
+    assert "(flash_attn.cute) is not importable: ModuleNotFoundError" in str(caught.value)
+    status, message = bench.classify_error(caught.value)
+    assert status == "unsupported" and message == str(caught.value)
+    assert bench.fa4_version().startswith("not importable")
+
+
+def test_fa4_refusals_by_assertion_are_unsupported_not_failures():
+    refusal = AssertionError("(head_dim, head_dim_v)=(512, 512) is not supported on SM90.")
+    assert bench.classify_error(refusal)[0] == "unsupported"
+    assert bench.classify_error(AssertionError("shape mismatch"))[0] == "failed"
+
+
+def test_host_grid_is_one_small_point_with_three_directions():
+    (p,) = bench.host_grid()
+    assert (p.batch, p.seqlen_q, p.seqlen_kv, p.heads_q, p.head_dim, p.dtype) == (
+        1, 128, 128, 4, 64, "bf16")
+    assert p.directions == ("fwd", "fwd-train", "fwd+bwd") and p.unit == "us"
+    assert bench.implementations(p) == [
+        "fusedattn:auto", "fusedattn:cudnn", "fusedattn:flash", "torch:flash", "torch:cudnn",
+        "torch:efficient", "fa4"]
+    assert "host" not in bench.GRIDS  # not part of "all"
+    assert bench.flops(p, "fwd-train") == bench.flops(p)
+    assert bench.bytes_moved(p, "fwd-train") == bench.bytes_moved(p)
+
+
+def test_host_grid_default_rounds_rotate_the_implementations():
+    (p,) = bench.host_grid()
+    tasks = bench.make_tasks([p], rounds=bench.HOST_ROUNDS)
+    firsts = [next(t["impl"] for t in tasks if t.get("round") == r) for r in range(3)]
+    assert bench.HOST_ROUNDS >= 3 and len(set(firsts)) == 3
+
+
+def test_host_table_has_a_line_per_implementation_in_microseconds():
+    (p,) = bench.host_grid()
+    times = {"fusedattn:auto": (0.241, 0.012, 1.174, 0.040), "torch:flash": (0.048, 0.010,
+                                                                             0.235, 0.030)}
+    rows = []
+    for n, direction in enumerate(p.directions):
+        results = {impl: _both(t[0] * (1 + n), t[1], backend="cudnn") for impl, t in
+                   times.items()}
+        results["fa4"] = {"status": "unsupported", "error": "not importable"}
+        rows.append(bench.analyze(p, direction, results, DEVICE))
+    table = bench.host_table(rows)
+    lines = table.splitlines()
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert header[0].startswith("µs per warm call, bf16 d64 h4 b1 sq128 skv128")
+    assert header[1:] == ["fwd", "fwd-train", "fwd+bwd", "device: fwd", "device: fwd-train",
+                          "device: fwd+bwd"]
+    ours = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert ours == ["fusedattn:auto (cudnn)", "241", "482", "723", "12.0", "12.0", "12.0"]
+    theirs = [c.strip() for c in lines[3].strip("|").split("|")]
+    assert theirs[0] == "torch:flash" and theirs[1] == "48.0"
+    assert [c.strip() for c in lines[4].strip("|").split("|")] == ["fa4"] + ["n/a"] * 6
+
+
+def test_host_grid_markdown_uses_the_host_table_and_no_plot(tmp_path):
+    points = bench.host_grid()
+    tasks = bench.make_tasks(points)
+    results = {t["id"]: _both(0.2, 0.01, id=t["id"]) for t in tasks}
+    rows = bench.build_rows(points, tasks, results, DEVICE)
+    assert [r["direction"] for r in rows] == ["fwd", "fwd-train", "fwd+bwd"]
+    bench.write_markdown(str(tmp_path / "r.md"), [("host", rows, "us")], DEVICE)
+    text = (tmp_path / "r.md").read_text()
+    assert "µs per warm call" in text and "ours/best" not in text
+    assert bench.write_plot(str(tmp_path / "r.png"), [("host", rows, "us")]) is False
+    assert not (tmp_path / "r.png").exists()
+
+
+def test_log_lines_put_the_back_to_back_time_first():
+    point = prefill()
+    tasks = [{"id": 1, "kind": "measure", "point": point.to_dict(), "impl": "fa4",
+              "direction": "fwd"}]
+    line = bench.describe_result(_both(1.5, 1.25, host_ms=0.02, id=1), tasks)
+    import log_table
+    match = log_table.LINE.match(line)
+    assert match and match["impl"] == "fa4" and match["rest"].startswith("1.5000 ms back to back")
+    assert "1.2500 ms device only" in line and "host 20.0 us" in line
+
+
+@pytest.mark.parametrize("grid", ["smoke", "host"])
+def test_cpu_dry_run_times_both_ways_and_records_fa4_as_unsupported(grid, tmp_path):
+    """bench.py --device cpu end to end (needs torch and the fusedattn package): every task
+    has both timings, FlashAttention-4 is n/a with its reason, the tables are written."""
+    pytest.importorskip("torch", reason="torch is not installed here")
+    pytest.importorskip("fusedattn", reason="the fusedattn package is not installed here")
+    import subprocess
+    only = "fusedattn:auto,torch:flash,fa4" + (",torch:math" if grid == "smoke" else "")
+    out = subprocess.run([sys.executable, os.path.join(BENCH_DIR, "bench.py"), "--grid", grid,
+                          "--quick", "--device", "cpu", "--only", only, "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    data = json.loads(next(tmp_path.glob("*.json")).read_text())
+    for row in data["rows"]:
+        fa4 = row["impls"]["fa4"]
+        assert fa4["status"] == "unsupported", fa4
+        assert "is not importable" in fa4["error"] or "CUDA only" in fa4["error"], fa4
+        ours = row["impls"]["fusedattn:auto"]
+        assert ours["status"] == "ok", ours
+        assert ours["time_ms"] > 0 and ours["device"]["time_ms"] > 0 and ours["host_ms"] > 0
+    text = next(tmp_path.glob("*.md")).read_text()
+    if grid == "host":
+        assert "µs per warm call" in text and len(data["rows"]) == 3
+        assert len([t for t in data["raw"] if t["kind"] == "measure"]) == 3 * 3 * bench.HOST_ROUNDS
+    else:
+        assert "Back to back (the headline)" in text and "Device only" in text
