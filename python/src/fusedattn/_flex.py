@@ -184,6 +184,24 @@ _INPUT_CODES = {name: i for i, name in enumerate(_INPUTS)}  # fusedattn_score_mo
 _HEADER = "fusedattn_score_mod 1"
 
 
+def _utf8_hex(text):
+    """The UTF-8 bytes of text as hex digits, in integer arithmetic alone (torch.compile traces
+    this; it does not trace bytes.hex)."""
+    out = []
+    for c in text:
+        n = ord(c)
+        if n < 0x80:
+            units = (n,)
+        elif n < 0x800:
+            units = (0xC0 | n >> 6, 0x80 | n & 0x3F)
+        elif n < 0x10000:
+            units = (0xE0 | n >> 12, 0x80 | n >> 6 & 0x3F, 0x80 | n & 0x3F)
+        else:
+            units = (0xF0 | n >> 18, 0x80 | n >> 12 & 0x3F, 0x80 | n >> 6 & 0x3F, 0x80 | n & 0x3F)
+        out.extend("%02x" % u for u in units)
+    return "".join(out)
+
+
 def _lower(score, mask, gradients):
     """(text, slots, names): the serialized graph (fusedattn_score_mod_serialize's format, see
     src/flex/serialize.h) of the outputs, the (Tensor, axes) read by each declared tensor and
@@ -220,7 +238,7 @@ def _lower(score, mask, gradients):
                     bits = sum(_AXIS_BITS[a] for a in axes)
                     lines.append("tensor %d %d %d %s" % (
                         _DTYPE_CODES[_dtype_name(tensor.array)], bits,
-                        1 if tensor.requires_grad else 0, name.encode("utf-8").hex()))
+                        1 if tensor.requires_grad else 0, _utf8_hex(name)))
                     tensor_nodes[key] = (len(lines) - 2, len(slots))
                     slots.append((tensor, axes))
                     names.append(name)
