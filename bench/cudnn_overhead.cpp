@@ -139,10 +139,11 @@ int Child() {
   Build batch5 = TimeBuild(Structure(5, 128));
   if (start.ms < 0 || first.ms < 0 || batch5.ms < 0) return 1;
   std::printf("CHILD startup_ms=%.3f build_ms=%.3f build_plans=%llu loaded=%llu dynamic=%llu "
-              "new_batch_ms=%.3f\n",
+              "saved=%llu new_batch_ms=%.3f\n",
               startup_ms, first.ms, (unsigned long long)first.delta.builds,
               (unsigned long long)first.delta.kernel_caches_loaded,
-              (unsigned long long)first.delta.dynamic, batch5.ms);
+              (unsigned long long)first.delta.dynamic,
+              (unsigned long long)first.delta.kernel_caches_saved, batch5.ms);
   return 0;
 }
 
@@ -150,15 +151,15 @@ void SecondProcess(const char* self) {
   const std::string command = std::string("'") + self + "' --child";
   FILE* p = popen(command.c_str(), "r");
   double startup = -1, build = -1, new_batch = -1;
-  unsigned long long plans = 0, loaded = 0, dynamic = 0;
+  unsigned long long plans = 0, loaded = 0, dynamic = 0, saved = 0;
   if (p != nullptr) {
     char line[1024];
     while (std::fgets(line, sizeof line, p))
       if (std::strncmp(line, "CHILD ", 6) == 0)
         std::sscanf(line,
                     "CHILD startup_ms=%lf build_ms=%lf build_plans=%llu loaded=%llu dynamic=%llu "
-                    "new_batch_ms=%lf",
-                    &startup, &build, &plans, &loaded, &dynamic, &new_batch);
+                    "saved=%llu new_batch_ms=%lf",
+                    &startup, &build, &plans, &loaded, &dynamic, &saved, &new_batch);
     pclose(p);
   }
   if (build < 0) {
@@ -168,8 +169,8 @@ void SecondProcess(const char* self) {
   std::printf("| second process: cuDNN start-up (first handle, tiny forward) | %.1f | 1 | |\n",
               startup);
   std::printf("| second process: forward + backward of the structure, b=2 | %.1f | %llu | "
-              "%llu dynamic, %llu kernel caches read from disk |\n",
-              build, plans, dynamic, loaded);
+              "%llu dynamic, %llu kernel caches read from disk, %llu written |\n",
+              build, plans, dynamic, loaded, saved);
   std::printf("| second process: then batch 5 | %.1f | 2 | |\n", new_batch);
 }
 

@@ -171,8 +171,10 @@ Status CurrentDevice(DeviceInfo* info) {
 constexpr int64_t kMinDynamicShapesCudnn = 90500;  // a kernel cache bound to an operation graph
 constexpr int64_t kMinKernelCacheJsonCudnn = 91000;  // a kernel cache to and from JSON
 // A dynamic build this slow compiled a kernel: the structure's kernel cache is written out again
-// (a build that reuses a cached kernel takes a few milliseconds and writes nothing).
+// (a build that reuses a cached kernel takes a few milliseconds and writes nothing). The first
+// dynamic build of a process does not count: it also loads cuDNN's engine libraries.
 constexpr double kSaveAfterMs = 20.0;
+std::atomic<bool> g_dynamic_built{false};
 constexpr size_t kStructureCacheSize = 128;
 
 std::string VersionText(int64_t v) {
@@ -412,8 +414,11 @@ Status BuildPlan(const SdpaGraphSpec& spec, const DeviceInfo& device, const Plan
     ++(report.route == BuildRoute::kUnified   ? count.unified
        : report.route == BuildRoute::kDynamic ? count.dynamic
                                               : count.per_shape);
-    if (report.route == BuildRoute::kDynamic && (st->save || ms >= kSaveAfterMs))
-      SaveKernelCache(*st, *settings);
+    if (report.route == BuildRoute::kDynamic) {
+      const bool compiled = ms >= kSaveAfterMs && g_dynamic_built.exchange(true);
+      g_dynamic_built = true;
+      if (st->save || compiled) SaveKernelCache(*st, *settings);
+    }
   } else {
     ++count.failed;
   }
@@ -852,6 +857,9 @@ void ReloadPlanCacheCapacity() { Cache().set_capacity(CacheCapacityFromEnv()); }
 void ClearPlanCache() {
   Cache().clear();
   Structures().clear();
+  // Selections keep the workspace sizes of the plans they were made with; a rebuilt plan may
+  // need another size, and check() should build the plans again, not the first call.
+  ClearSelectionCache();
 }
 
 void ReloadSettings() {

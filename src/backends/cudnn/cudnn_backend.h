@@ -10,7 +10,8 @@ namespace fusedattn::cudnn {
 // first use otherwise.
 void ReloadPlanCacheCapacity();
 
-// Drops every cached plan and structure (with its kernel cache); counters keep counting.
+// Drops every cached plan and structure (with its kernel cache) and the selections made with
+// them; counters keep counting.
 void ClearPlanCache();
 
 // Re-reads FUSEDATTN_CUDNN_DYNAMIC_SHAPES and the on-disk cache's variables (FUSEDATTN_CACHE_DIR,
