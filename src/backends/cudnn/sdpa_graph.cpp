@@ -764,7 +764,9 @@ int FrontendVersion() { return CUDNN_FRONTEND_VERSION; }
 Status BuildSdpaGraph(const SdpaGraphSpec& spec, cudnnHandle_t handle, const BuildOptions& options,
                       std::shared_ptr<const SdpaGraph>* out, BuildReport* report) {
   *report = BuildReport{};
-  std::string failures;  // every failed attempt's message, for the final error
+  // The earlier attempts' failures, added to the last one's message (which leads: the composite
+  // graph is what runs everything the others do not).
+  std::string failures;
   auto note = [&](const char* what, const Status& s) {
     failures += Format("%s%s: %s", failures.empty() ? "" : "; ", what, s.message().c_str());
   };
@@ -781,7 +783,7 @@ Status BuildSdpaGraph(const SdpaGraphSpec& spec, cudnnHandle_t handle, const Bui
       return s;
     }
     report->unified_refused = true;
-    note("unified node", s);
+    note("the unified node", s);
   }
   std::shared_ptr<KernelCache> kernel_cache = options.kernel_cache ? options.kernel_cache() : nullptr;
   if (kernel_cache) {
@@ -796,7 +798,7 @@ Status BuildSdpaGraph(const SdpaGraphSpec& spec, cudnnHandle_t handle, const Bui
       return s;
     }
     report->dynamic_refusal = s.message();
-    note("dynamic shapes", s);
+    note("the dynamic-shape graph", s);
   }
   Status s = Attempt(
       [&] {
@@ -809,8 +811,7 @@ Status BuildSdpaGraph(const SdpaGraphSpec& spec, cudnnHandle_t handle, const Bui
     return s;
   }
   if (failures.empty()) return s;
-  note(forward ? "composite node" : "static graph", s);
-  return Status(s.code(), failures);
+  return Status(s.code(), Format("%s (before it, %s)", s.message().c_str(), failures.c_str()));
 }
 
 int64_t GraphWorkspaceBytes(const SdpaGraph& graph) { return graph.workspace; }
