@@ -1,20 +1,33 @@
-// The cuDNN backend's plan and host costs, on a GPU:
-//   cold plan build   check() with an empty plan cache (builds the forward, or forward and
-//                      backward graphs, as fusedattn_get_backend does on a new problem)
-//   warm lookup       check() again (plan cache hit)
-//   host overhead     wall time per fusedattn_fwd / fusedattn_bwd call on a warm cache, calls
-//                      queued back to back (the GPU work is tiny and runs behind)
-// Usage: cudnn_overhead [iterations]   (prints one line per figure; exits 0 without a GPU)
+// The cuDNN backend's plan and host costs, on a GPU, as markdown tables on stdout:
+//
+//   plans      cuDNN's start-up; the cold forward + backward build of a structure; each new batch
+//              size 1..8 of it; new sequence lengths; a repeated size; the same batch sweep with
+//              per-shape plans (FUSEDATTN_CUDNN_DYNAMIC_SHAPES=0) beside it; the forward of a
+//              no-mask problem (the unified node's per-shape plans); and a second process of this
+//              program, started with the kernel caches the first one wrote to disk.
+//   device     device time of back-to-back forward + backward calls on a dynamic-shape plan and on
+//              a per-shape plan of the same problem (the kernels may differ).
+//   host       warm host time per fusedattn_fwd / fusedattn_bwd call (median of back-to-back
+//              calls, the GPU work runs behind) for dense BSHD, padded BSHD and THD problems, with
+//              the number of our own kernel launches around cuDNN's graph; and where the time of
+//              one dense forward goes, stage by stage.
+//
+// Usage: cudnn_overhead [iterations]   (default 2000; exits 0 saying so without a GPU)
+// The plan figures use a fresh on-disk cache directory (printed) so that "cold" is cold; the
+// second process is this program re-run with --child and that directory.
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "backends/cudnn/cudnn_backend.h"
+#include "backends/cudnn/plan_spec.h"
 #include "fusedattn/fusedattn.h"
 #include "problem/problem.h"
 #include "select/backend.h"
@@ -26,167 +39,303 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double Microseconds(Clock::duration d) {
-  return std::chrono::duration<double, std::micro>(d).count();
+double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+double Us(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 bool Check(fusedattn_status status, const char* what, const char* msg) {
   if (status == FUSEDATTN_SUCCESS) return true;
-  std::printf("%s failed: %s: %s\n", what, fusedattn_status_string(status), msg);
+  std::printf("\n%s failed: %s: %s\n", what, fusedattn_status_string(status), msg);
   return false;
 }
 
-fusedattn_config SmallConfig(fusedattn_mask mask) {
+// The structure of the plan figures: causal self-attention, training (forward and backward).
+fusedattn_config Structure(int64_t batch, int64_t seqlen) {
   fusedattn_config c = FUSEDATTN_CONFIG_INIT;
-  c.batch = 2, c.heads_q = 8, c.heads_kv = 8, c.max_seqlen_q = 128, c.max_seqlen_kv = 128;
-  c.head_dim_qk = 64, c.head_dim_v = 64;
+  c.batch = batch, c.heads_q = 8, c.heads_kv = 8, c.max_seqlen_q = seqlen;
+  c.max_seqlen_kv = seqlen, c.head_dim_qk = 64, c.head_dim_v = 64;
   c.qkv_dtype = c.o_dtype = FUSEDATTN_DTYPE_BFLOAT16;
-  c.mask = mask;
+  c.mask = FUSEDATTN_MASK_CAUSAL;
+  c.is_training = 1;
   c.backend = FUSEDATTN_BACKEND_CUDNN;
   c.device = FUSEDATTN_DEVICE_CUDA;
   return c;
 }
 
-// Cold and warm check() of one config.
-void PlanTimes(const char* label, fusedattn_config c) {
-  Problem p;
-  Status s = MakeProblem(&c, true, &p);
-  if (!s.ok()) {
-    std::printf("%s: %s\n", label, s.message().c_str());
-    return;
-  }
-  Backend* backend = CudnnBackend();
-  cudnn::ClearPlanCache();
-  auto t0 = Clock::now();
-  s = backend->check(p);
-  auto t1 = Clock::now();
-  if (!s.ok()) {
-    std::printf("%s: check refused: %s\n", label, s.message().c_str());
-    return;
-  }
-  const int kLookups = 10000;
-  auto t2 = Clock::now();
-  for (int i = 0; i < kLookups; ++i) (void)backend->check(p);
-  auto t3 = Clock::now();
-  std::printf("%-40s cold plan build %9.1f ms   warm check (cache hit) %6.2f us\n", label,
-              Microseconds(t1 - t0) / 1000.0, Microseconds(t3 - t2) / kLookups);
+// One plan figure: the time of fusedattn_get_backend on a new problem, whose check() builds (or
+// finds) the forward and, for training, the backward plan; and how they were built.
+struct Build {
+  double ms = -1;
+  cudnn::PlanBuildStats delta;
+  std::string how;
+};
+
+Build TimeBuild(const fusedattn_config& c) {
+  Build b;
+  char msg[8192];
+  fusedattn_backend chosen = FUSEDATTN_BACKEND_AUTO;
+  const cudnn::PlanBuildStats before = cudnn::GetPlanBuildStats();
+  const auto t0 = Clock::now();
+  fusedattn_status s = fusedattn_get_backend(&c, &chosen, msg, sizeof msg);
+  b.ms = Ms(Clock::now() - t0);
+  const cudnn::PlanBuildStats after = cudnn::GetPlanBuildStats();
+  if (!Check(s, "fusedattn_get_backend", msg)) return Build{};
+  b.delta.builds = after.builds - before.builds;
+  b.delta.dynamic = after.dynamic - before.dynamic;
+  b.delta.unified = after.unified - before.unified;
+  b.delta.per_shape = after.per_shape - before.per_shape;
+  b.delta.kernel_caches_loaded = after.kernel_caches_loaded - before.kernel_caches_loaded;
+  b.delta.kernel_caches_saved = after.kernel_caches_saved - before.kernel_caches_saved;
+  std::string how;
+  auto add = [&](uint64_t n, const char* what) {
+    if (n) how += Format("%s%llu %s", how.empty() ? "" : ", ", (unsigned long long)n, what);
+  };
+  add(b.delta.dynamic, "dynamic");
+  add(b.delta.unified, "unified");
+  add(b.delta.per_shape, "per-shape");
+  add(b.delta.kernel_caches_loaded, "kernel caches read");
+  add(b.delta.kernel_caches_saved, "kernel caches written");
+  b.how = how.empty() ? "cached plans" : how;
+  return b;
 }
 
-// Where the host time of one fusedattn_fwd goes: each stage of the entry point on its own,
-// run `iterations` times (median of per-call wall time), on a warm cache.
-void StageTimes(const fusedattn_config& c, const fusedattn_fwd_args& fa, void* workspace,
-                size_t bytes, cudaStream_t stream, int iterations) {
+void Row(const std::string& what, const Build& b) {
+  if (b.ms < 0)
+    std::printf("| %s | failed | | |\n", what.c_str());
+  else
+    std::printf("| %s | %.1f | %llu | %s |\n", what.c_str(), b.ms,
+                (unsigned long long)b.delta.builds, b.how.c_str());
+}
+
+// A plan lookup on a warm cache: check() of a built problem, many times.
+double WarmCheckUs(const fusedattn_config& c) {
   Problem p;
-  FwdTensors t;
-  Backend* backend = nullptr;
-  size_t needed = 0;
-  std::vector<double> times[5];
+  if (!MakeProblem(&c, true, &p).ok()) return -1;
+  Backend* backend = CudnnBackend();
+  const int kLookups = 2000;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < kLookups; ++i) (void)backend->check(p);
+  return Us(Clock::now() - t0) / kLookups;
+}
+
+// ------------------------------------------------------------------------------------------------
+// The second process
+// ------------------------------------------------------------------------------------------------
+// --child: cuDNN's start-up (a tiny no-mask forward, as in the parent), then the structure at
+// batch 2 and at batch 5; one line of figures for the parent.
+int Child() {
+  if (!testing::CudaDeviceAvailable()) return 1;
+  const auto t0 = Clock::now();
+  fusedattn_config warmup = Structure(1, 64);
+  warmup.mask = FUSEDATTN_MASK_NONE, warmup.is_training = 0;
+  Build start = TimeBuild(warmup);
+  const double startup_ms = Ms(Clock::now() - t0);
+  Build first = TimeBuild(Structure(2, 128));
+  Build batch5 = TimeBuild(Structure(5, 128));
+  if (start.ms < 0 || first.ms < 0 || batch5.ms < 0) return 1;
+  std::printf("CHILD startup_ms=%.3f build_ms=%.3f build_plans=%llu loaded=%llu dynamic=%llu "
+              "saved=%llu new_batch_ms=%.3f\n",
+              startup_ms, first.ms, (unsigned long long)first.delta.builds,
+              (unsigned long long)first.delta.kernel_caches_loaded,
+              (unsigned long long)first.delta.dynamic,
+              (unsigned long long)first.delta.kernel_caches_saved, batch5.ms);
+  return 0;
+}
+
+void SecondProcess(const char* self) {
+  const std::string command = std::string("'") + self + "' --child";
+  FILE* p = popen(command.c_str(), "r");
+  double startup = -1, build = -1, new_batch = -1;
+  unsigned long long plans = 0, loaded = 0, dynamic = 0, saved = 0;
+  if (p != nullptr) {
+    char line[1024];
+    while (std::fgets(line, sizeof line, p))
+      if (std::strncmp(line, "CHILD ", 6) == 0)
+        std::sscanf(line,
+                    "CHILD startup_ms=%lf build_ms=%lf build_plans=%llu loaded=%llu dynamic=%llu "
+                    "saved=%llu new_batch_ms=%lf",
+                    &startup, &build, &plans, &loaded, &dynamic, &saved, &new_batch);
+    pclose(p);
+  }
+  if (build < 0) {
+    std::printf("| second process | failed (run `%s --child` to see why) | | |\n", self);
+    return;
+  }
+  std::printf("| second process: cuDNN start-up (first handle, tiny forward) | %.1f | 1 | |\n",
+              startup);
+  std::printf("| second process: forward + backward of the structure, b=2 | %.1f | %llu | "
+              "%llu dynamic, %llu kernel caches read from disk, %llu written |\n",
+              build, plans, dynamic, loaded, saved);
+  std::printf("| second process: then batch 5 | %.1f | 2 | |\n", new_batch);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Device time
+// ------------------------------------------------------------------------------------------------
+// Device time per back-to-back forward + backward (cudaEvents around `iterations` pairs).
+double DeviceMsPerStep(const fusedattn_config& c, int iterations) {
+  testing::ProblemTensors host = testing::MakeProblemTensors(c, {});
+  testing::DeviceProblem dev;
+  std::string error;
+  if (!dev.upload(host, &error)) return -1;
+  char msg[4096];
+  size_t fb = 0, bb = 0;
+  if (!Check(fusedattn_fwd_workspace_size(&c, &fb, msg, sizeof msg), "fwd workspace", msg) ||
+      !Check(fusedattn_bwd_workspace_size(&c, &bb, msg, sizeof msg), "bwd workspace", msg))
+    return -1;
+  void* ws = nullptr;
+  const size_t bytes = std::max<size_t>(std::max(fb, bb), 1);
+  if (cudaMalloc(&ws, bytes) != cudaSuccess) return -1;
+  fusedattn_fwd_args fa = dev.fwd_args();
+  fusedattn_bwd_args ba = dev.bwd_args();
+  auto step = [&] {
+    return fusedattn_fwd(&c, &fa, ws, bytes, nullptr, msg, sizeof msg) == FUSEDATTN_SUCCESS &&
+           fusedattn_bwd(&c, &ba, ws, bytes, nullptr, msg, sizeof msg) == FUSEDATTN_SUCCESS;
+  };
+  double ms = -1;
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  bool ok = step() && step();  // warm
+  if (ok) {
+    cudaEventRecord(start);
+    for (int i = 0; i < iterations && ok; ++i) ok = step();
+    cudaEventRecord(stop);
+    cudaEventSynchronize(stop);
+    float total = 0;
+    cudaEventElapsedTime(&total, start, stop);
+    if (ok) ms = total / iterations;
+  }
+  if (!ok) std::printf("\ndevice time run failed: %s\n", msg);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaFree(ws);
+  return ms;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Host cost
+// ------------------------------------------------------------------------------------------------
+struct HostCost {
+  double fwd_us = -1, bwd_us = -1;
+  int fwd_launches = 0, bwd_launches = 0;  // ours, around cuDNN's graph
+};
+
+// Our kernel launches per call, from the call plans of these tensors.
+void CountLaunches(const fusedattn_config& c, const testing::DeviceProblem& dev, HostCost* out) {
+  Problem p;
+  if (!MakeProblem(&c, true, &p).ok()) return;
+  fusedattn_fwd_args fa = dev.fwd_args();
+  fusedattn_bwd_args ba = dev.bwd_args();
+  FwdTensors ft;
+  BwdTensors bt;
+  if (!MakeFwdTensors(p, &fa, &ft).ok() || !MakeBwdTensors(p, &ba, &bt).ok()) return;
+  const Problem& e = cudnn::EffectiveProblem(p);
+  const cudnn::CallPlan f = cudnn::ForwardCallPlan(e, ft);
+  const cudnn::CallPlan b = cudnn::BackwardCallPlan(e, bt);
+  out->fwd_launches = (f.prep ? 1 : 0) + (f.fixup ? 1 : 0);
+  out->bwd_launches = (b.prep ? 1 : 0) + ((b.fixup || b.fixup_dbias || b.dsink) ? 1 : 0);
+}
+
+HostCost MeasureHost(const fusedattn_config& c, int iterations) {
+  HostCost cost;
+  testing::ProblemTensors host = testing::MakeProblemTensors(c, {});
+  testing::DeviceProblem dev;
+  std::string error;
+  if (!dev.upload(host, &error)) {
+    std::printf("\nupload failed: %s\n", error.c_str());
+    return cost;
+  }
+  char msg[4096];
+  size_t fb = 0, bb = 0;
+  if (!Check(fusedattn_fwd_workspace_size(&c, &fb, msg, sizeof msg), "fwd workspace", msg) ||
+      !Check(fusedattn_bwd_workspace_size(&c, &bb, msg, sizeof msg), "bwd workspace", msg))
+    return cost;
+  const size_t bytes = std::max<size_t>(std::max(fb, bb), 1);
+  void* ws = nullptr;
+  if (cudaMalloc(&ws, bytes) != cudaSuccess) return cost;
+  cudaStream_t stream = nullptr;
+  cudaStreamCreate(&stream);
+  fusedattn_fwd_args fa = dev.fwd_args();
+  fusedattn_bwd_args ba = dev.bwd_args();
+  std::vector<double> fwd, bwd;
+  bool ok = true;
+  for (int i = 0; i < iterations + 10 && ok; ++i) {  // the first 10: warm-up, not counted
+    auto t0 = Clock::now();
+    ok = Check(fusedattn_fwd(&c, &fa, ws, bytes, stream, msg, sizeof msg), "fusedattn_fwd", msg);
+    auto t1 = Clock::now();
+    ok = ok && Check(fusedattn_bwd(&c, &ba, ws, bytes, stream, msg, sizeof msg), "fusedattn_bwd",
+                     msg);
+    auto t2 = Clock::now();
+    if (i >= 10) fwd.push_back(Us(t1 - t0)), bwd.push_back(Us(t2 - t1));
+    // Keep the queue short so that a full launch queue never blocks the host.
+    if (i % 64 == 63) cudaStreamSynchronize(stream);
+  }
+  cudaStreamSynchronize(stream);
+  if (ok) {
+    cost.fwd_us = Median(fwd);
+    cost.bwd_us = Median(bwd);
+    CountLaunches(c, dev, &cost);
+  }
+  cudaStreamDestroy(stream);
+  cudaFree(ws);
+  return cost;
+}
+
+// Where the host time of one dense forward goes: each stage of the entry point on its own (median
+// over `iterations` calls, warm).
+void StageTimes(const fusedattn_config& c, int iterations) {
+  testing::ProblemTensors host = testing::MakeProblemTensors(c, {});
+  testing::DeviceProblem dev;
+  std::string error;
+  if (!dev.upload(host, &error)) return;
+  char msg[4096];
+  size_t bytes = 0;
+  if (!Check(fusedattn_fwd_workspace_size(&c, &bytes, msg, sizeof msg), "fwd workspace", msg))
+    return;
+  void* ws = nullptr;
+  if (cudaMalloc(&ws, std::max<size_t>(bytes, 1)) != cudaSuccess) return;
+  const fusedattn_fwd_args fa = dev.fwd_args();
+  const char* names[4] = {"MakeProblem", "MakeFwdTensors", "SelectBackendAndWorkspace",
+                          "cuDNN backend forward (plan lookup, launches)"};
+  std::vector<double> times[4];
   for (int i = 0; i < iterations; ++i) {
+    Problem p;
+    FwdTensors t;
+    Backend* backend = nullptr;
+    size_t needed = 0;
     auto t0 = Clock::now();
     Status s = MakeProblem(&c, true, &p);
     auto t1 = Clock::now();
     if (s.ok()) s = MakeFwdTensors(p, &fa, &t);
     auto t2 = Clock::now();
-    if (s.ok()) s = SelectBackend(p, false, &backend, nullptr);
+    if (s.ok()) s = SelectBackendAndWorkspace(p, false, &backend, &needed);
     auto t3 = Clock::now();
-    if (s.ok()) s = backend->fwd_workspace_size(p, &needed);
+    if (s.ok()) s = backend->forward(p, t, ws, std::max<size_t>(bytes, 1), nullptr);
     auto t4 = Clock::now();
-    if (s.ok()) s = backend->forward(p, t, workspace, bytes, stream);
-    auto t5 = Clock::now();
     if (!s.ok()) {
-      std::printf("stage breakdown failed: %s\n", s.message().c_str());
-      return;
+      std::printf("\nstage breakdown failed: %s\n", s.message().c_str());
+      break;
     }
-    const Clock::time_point marks[6] = {t0, t1, t2, t3, t4, t5};
-    for (int k = 0; k < 5; ++k) times[k].push_back(Microseconds(marks[k + 1] - marks[k]));
-    if (i % 64 == 63) cudaStreamSynchronize(stream);
+    const Clock::time_point marks[5] = {t0, t1, t2, t3, t4};
+    for (int k = 0; k < 4; ++k) times[k].push_back(Us(marks[k + 1] - marks[k]));
+    if (i % 64 == 63) cudaDeviceSynchronize();
   }
-  cudaStreamSynchronize(stream);
-  const char* names[5] = {"MakeProblem", "MakeFwdTensors", "SelectBackend",
-                          "fwd_workspace_size", "backend forward (plan lookup + cuDNN execute)"};
-  for (int k = 0; k < 5; ++k) {
-    std::sort(times[k].begin(), times[k].end());
-    std::printf("    stage %-46s median %6.2f us\n", names[k], times[k][times[k].size() / 2]);
-  }
-}
-
-// Host wall time per call of fusedattn_fwd (and fusedattn_bwd when training) on a warm cache.
-void HostOverhead(const char* label, fusedattn_config c, int iterations, bool breakdown = false) {
-  testing::TensorOptions options;
-  options.bias_dtype = c.qkv_dtype;
-  testing::ProblemTensors host = testing::MakeProblemTensors(c, options);
-  testing::DeviceProblem dev;
-  std::string error;
-  if (!dev.upload(host, &error)) {
-    std::printf("%s: upload failed: %s\n", label, error.c_str());
-    return;
-  }
-  char msg[2048];
-  size_t fwd_bytes = 0, bwd_bytes = 0;
-  if (!Check(fusedattn_fwd_workspace_size(&c, &fwd_bytes, msg, sizeof msg), "fwd workspace", msg))
-    return;
-  if (c.is_training &&
-      !Check(fusedattn_bwd_workspace_size(&c, &bwd_bytes, msg, sizeof msg), "bwd workspace", msg))
-    return;
-  size_t bytes = std::max<size_t>(std::max(fwd_bytes, bwd_bytes), 1);
-  void* workspace = nullptr;
-  if (cudaMalloc(&workspace, bytes) != cudaSuccess) {
-    std::printf("%s: cudaMalloc of %zu bytes failed\n", label, bytes);
-    return;
-  }
-  cudaStream_t stream = nullptr;
-  cudaStreamCreate(&stream);
-  fusedattn_fwd_args fa = dev.fwd_args();
-  fusedattn_bwd_args ba = dev.bwd_args();
-
-  auto run_fwd = [&] { return fusedattn_fwd(&c, &fa, workspace, bytes, stream, msg, sizeof msg); };
-  auto run_bwd = [&] { return fusedattn_bwd(&c, &ba, workspace, bytes, stream, msg, sizeof msg); };
-  for (int i = 0; i < 10; ++i) {  // warm: selection, plans, handles, lazy module loading
-    if (!Check(run_fwd(), "fusedattn_fwd", msg)) return;
-    if (c.is_training && !Check(run_bwd(), "fusedattn_bwd", msg)) return;
-  }
-  cudaStreamSynchronize(stream);
-
-  std::vector<double> fwd_us, bwd_us;
-  for (int i = 0; i < iterations; ++i) {
-    auto t0 = Clock::now();
-    fusedattn_status st = run_fwd();
-    auto t1 = Clock::now();
-    if (!Check(st, "fusedattn_fwd", msg)) return;
-    fwd_us.push_back(Microseconds(t1 - t0));
-    if (c.is_training) {
-      t0 = Clock::now();
-      st = run_bwd();
-      t1 = Clock::now();
-      if (!Check(st, "fusedattn_bwd", msg)) return;
-      bwd_us.push_back(Microseconds(t1 - t0));
-    }
-    // Keep the launch queue short so that a full queue never blocks the host.
-    if (i % 64 == 63) cudaStreamSynchronize(stream);
-  }
-  cudaStreamSynchronize(stream);
-  auto median = [](std::vector<double> v) {
-    if (v.empty()) return 0.0;
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
-  auto minimum = [](const std::vector<double>& v) {
-    return v.empty() ? 0.0 : *std::min_element(v.begin(), v.end());
-  };
-  if (breakdown) StageTimes(c, fa, workspace, bytes, stream, iterations);
-  std::printf("%-40s host per fusedattn_fwd: median %6.2f us, min %6.2f us", label,
-              median(fwd_us), minimum(fwd_us));
-  if (c.is_training)
-    std::printf("   per fusedattn_bwd: median %6.2f us, min %6.2f us", median(bwd_us),
-                minimum(bwd_us));
-  std::printf("\n");
-  cudaStreamDestroy(stream);
-  cudaFree(workspace);
+  cudaDeviceSynchronize();
+  std::printf("\n| stage of a warm dense forward | median µs |\n|---|---|\n");
+  for (int k = 0; k < 4; ++k) std::printf("| %s | %.2f |\n", names[k], Median(times[k]));
+  cudaFree(ws);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--child") == 0) return Child();
   int iterations = argc > 1 ? std::atoi(argv[1]) : 2000;
   if (iterations < 1) iterations = 1;
   if (!testing::CudaDeviceAvailable()) {
@@ -198,42 +347,109 @@ int main(int argc, char** argv) {
     std::printf("cudnn_overhead: cuDNN backend unavailable: %s\n", msg);
     return 0;
   }
-  std::printf("cuDNN %lld, b=2 h=8 s=128 d=64 bf16\n", (long long)fusedattn_cudnn_version());
+  // A fresh on-disk cache, so that the cold figures are cold; the child inherits it.
+  char dir[] = "/tmp/fusedattn_cudnn_overhead_XXXXXX";
+  if (mkdtemp(dir) == nullptr) {
+    std::printf("cudnn_overhead: cannot make a temporary directory\n");
+    return 1;
+  }
+  setenv("FUSEDATTN_CACHE_DIR", dir, 1);
+  unsetenv("FUSEDATTN_CUDNN_DYNAMIC_SHAPES");
+  cudnn::ReloadSettings();
 
-  fusedattn_config inference = SmallConfig(FUSEDATTN_MASK_NONE);
-  fusedattn_config causal = SmallConfig(FUSEDATTN_MASK_CAUSAL);
-  fusedattn_config training = SmallConfig(FUSEDATTN_MASK_CAUSAL);
-  training.is_training = 1;
-  fusedattn_config padded = SmallConfig(FUSEDATTN_MASK_PADDING_CAUSAL);
-  padded.is_training = 1;
-  fusedattn_config thd = SmallConfig(FUSEDATTN_MASK_PADDING_CAUSAL);
-  thd.q_format = thd.kv_format = thd.o_format = thd.do_format = thd.dqkv_format =
-      FUSEDATTN_FORMAT_THD;
-  thd.is_training = 1;
+  cudaDeviceProp prop{};
+  int device = 0;
+  cudaGetDevice(&device);
+  cudaGetDeviceProperties(&prop, device);
+  std::printf("## cuDNN backend: plans and host cost\n\n");
+  std::printf("%s, cuDNN %lld, fusedattn %s, %d iterations per host figure\n\n", prop.name,
+              (long long)fusedattn_cudnn_version(), fusedattn_version_string(), iterations);
+  const std::string dynamic_off = cudnn::DynamicShapesOffReason();
+  std::printf("- dynamic shapes: %s\n", dynamic_off.empty() ? "on" : dynamic_off.c_str());
+  const std::string disk = cudnn::DiskCacheDirectory();
+  std::printf("- on-disk kernel caches: %s\n\n",
+              disk.empty() ? cudnn::DiskCacheOffReason().c_str() : disk.c_str());
 
-  // Load cuDNN's engine libraries and create a handle first, so the cold builds below time the
-  // graphs alone.
-  fusedattn_config warmup = SmallConfig(FUSEDATTN_MASK_NONE);
-  warmup.max_seqlen_q = warmup.max_seqlen_kv = 64;
-  PlanTimes("(warm-up: first build in the process)", warmup);
+  // ---- plans ----
+  std::printf("### Plan builds (structure: bf16, h=8, d=64, causal, forward + backward)\n\n");
+  std::printf("| what | ms | plans | how |\n|---|---|---|---|\n");
+  const auto process_start = Clock::now();
+  fusedattn_config warmup = Structure(1, 64);
+  warmup.mask = FUSEDATTN_MASK_NONE, warmup.is_training = 0;
+  Build start = TimeBuild(warmup);
+  start.ms = Ms(Clock::now() - process_start);
+  Row("cuDNN start-up (first handle, tiny no-mask forward)", start);
+  for (int64_t batch = 1; batch <= 8; ++batch)
+    Row(batch == 1 ? "cold: s=128, b=1 (the structure's first plans)"
+                   : Format("new batch size b=%lld", (long long)batch),
+        TimeBuild(Structure(batch, 128)));
+  Row("new sequence length s=256, b=2", TimeBuild(Structure(2, 256)));
+  Row("new sequence length s=200, b=3", TimeBuild(Structure(3, 200)));
+  Row("repeated size b=3, s=128 (selection cache)", TimeBuild(Structure(3, 128)));
+  std::printf("| repeated size b=3, s=128: the plan lookup of check() alone | %.4f | 0 | |\n",
+              WarmCheckUs(Structure(3, 128)) / 1000.0);
+  std::fflush(stdout);
+  SecondProcess(argv[0]);
 
-  PlanTimes("forward, no mask", inference);
-  PlanTimes("forward + backward, causal", training);
-  PlanTimes("forward + backward, padding causal", padded);
-  PlanTimes("forward + backward, THD causal", thd);
+  fusedattn_config unified = Structure(1, 128);
+  unified.mask = FUSEDATTN_MASK_NONE, unified.is_training = 0;
+  for (int64_t batch = 1; batch <= 3; ++batch) {
+    unified.batch = batch;
+    Row(Format("no-mask forward only, b=%lld%s", (long long)batch,
+               batch == 1 ? " (cold)" : ""),
+        TimeBuild(unified));
+  }
 
-  ClearSelectionCache();
-  HostOverhead("no mask, inference", inference, iterations, /*breakdown=*/true);
-  HostOverhead("causal, inference", causal, iterations);
-  HostOverhead("causal, training", training, iterations);
-  HostOverhead("padding causal (prep + fix-up kernels)", padded, iterations);
-  HostOverhead("THD causal (prep + fix-up kernels)", thd, iterations);
+  setenv("FUSEDATTN_CUDNN_DYNAMIC_SHAPES", "0", 1);
+  cudnn::ReloadSettings();
+  for (int64_t batch = 1; batch <= 4; ++batch)
+    Row(Format("per-shape plans (FUSEDATTN_CUDNN_DYNAMIC_SHAPES=0): b=%lld%s", (long long)batch,
+               batch == 1 ? " (cold)" : ""),
+        TimeBuild(Structure(batch, 128)));
+  unsetenv("FUSEDATTN_CUDNN_DYNAMIC_SHAPES");
+  cudnn::ReloadSettings();
 
-  fusedattn_cache_stats stats{};
-  fusedattn_get_cache_stats(FUSEDATTN_BACKEND_CUDNN, &stats);
-  std::printf("plan cache: %llu hits, %llu misses, %llu evictions, %llu entries of %llu\n",
-              (unsigned long long)stats.hits, (unsigned long long)stats.misses,
-              (unsigned long long)stats.evictions, (unsigned long long)stats.entries,
-              (unsigned long long)stats.capacity);
+  // ---- device ----
+  std::printf("\n### Device time per forward + backward, back to back (b=4, h=16, s=2048, "
+              "d=128, causal, bf16)\n\n| plans | ms |\n|---|---|\n");
+  fusedattn_config big = Structure(4, 2048);
+  big.heads_q = big.heads_kv = 16, big.head_dim_qk = big.head_dim_v = 128;
+  const double dynamic_ms = DeviceMsPerStep(big, 20);
+  setenv("FUSEDATTN_CUDNN_DYNAMIC_SHAPES", "0", 1);
+  cudnn::ReloadSettings();
+  const double static_ms = DeviceMsPerStep(big, 20);
+  unsetenv("FUSEDATTN_CUDNN_DYNAMIC_SHAPES");
+  cudnn::ReloadSettings();
+  std::printf("| dynamic shapes (kernel cache) | %.3f |\n| per shape | %.3f |\n", dynamic_ms,
+              static_ms);
+
+  // ---- host ----
+  std::printf("\n### Warm host cost per call (b=2, h=8, s=128, d=64, bf16, causal masks; median "
+              "µs of back-to-back calls)\n\n");
+  std::printf("| problem | fusedattn_fwd µs | fusedattn_bwd µs | our launches fwd / bwd |\n"
+              "|---|---|---|---|\n");
+  struct HostCase {
+    const char* name;
+    fusedattn_config config;
+  } cases[] = {{"dense BSHD, causal", Structure(2, 128)},
+               {"padded BSHD, padding_causal", Structure(2, 128)},
+               {"THD, padding_causal", Structure(2, 128)},
+               {"BSHD causal, learnable sink", Structure(2, 128)}};
+  cases[1].config.mask = FUSEDATTN_MASK_PADDING_CAUSAL;
+  cases[2].config.mask = FUSEDATTN_MASK_PADDING_CAUSAL;
+  cases[2].config.q_format = cases[2].config.kv_format = cases[2].config.o_format =
+      cases[2].config.do_format = cases[2].config.dqkv_format = FUSEDATTN_FORMAT_THD;
+  cases[3].config.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+  for (const HostCase& k : cases) {
+    const HostCost cost = MeasureHost(k.config, iterations);
+    std::printf("| %s | %.2f | %.2f | %d / %d |\n", k.name, cost.fwd_us, cost.bwd_us,
+                cost.fwd_launches, cost.bwd_launches);
+  }
+  fusedattn_config dense_inference = Structure(2, 128);
+  dense_inference.is_training = 0;
+  StageTimes(dense_inference, iterations);
+
+  const std::string remove = std::string("rm -rf '") + dir + "'";
+  if (std::system(remove.c_str()) != 0) std::printf("\n(could not remove %s)\n", dir);
   return 0;
 }

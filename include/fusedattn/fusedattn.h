@@ -107,6 +107,41 @@
  * Every entry point returns a status. A readable message naming the field and the value that is
  * wrong is written to the caller's buffer (msg, msg_len; may be NULL/0, always NUL-terminated and
  * truncated to fit). Invalid input never writes outputs.
+ *
+ * ---------------------------------------------------------------------------------------------
+ * Backend selection and run-time fallback
+ * ---------------------------------------------------------------------------------------------
+ * fusedattn_get_backend and the workspace sizes decide from the config alone. A backend that
+ * accepts a problem may still be unable to read a call's tensors (cuDNN: a misaligned pointer or
+ * stride, a head-dim stride other than 1). fusedattn_fwd / fusedattn_bwd then give the call to
+ * the next backend that accepts the problem, in the same preference order, provided the
+ * workspace given also covers that backend's own size (the workspace sizes promise only the
+ * chosen backend's); the error of a call no backend runs names every backend with its reason.
+ * A forced backend (config.backend or FUSEDATTN_BACKEND) is never replaced.
+ *
+ * ---------------------------------------------------------------------------------------------
+ * Environment variables (read once per process, at first use)
+ * ---------------------------------------------------------------------------------------------
+ *   FUSEDATTN_BACKEND=name          force a backend for configs with backend = AUTO
+ *   FUSEDATTN_PLAN_CACHE_SIZE=n     cuDNN plans kept in memory (default 256)
+ *   FUSEDATTN_CUDNN_DYNAMIC_SHAPES=0  build cuDNN plans per shape instead of as dynamic-shape
+ *                                   graphs that share compiled kernels across batch sizes and
+ *                                   sequence lengths (on by default from cuDNN 9.5)
+ *   FUSEDATTN_CACHE_DIR=dir         the on-disk cache of compiled kernels (cuDNN's kernel caches,
+ *                                   from cuDNN 9.10), so that a new process does not compile
+ *                                   again; default $XDG_CACHE_HOME/fusedattn, else
+ *                                   $HOME/.cache/fusedattn; "", "0" or "off" turns it off. The
+ *                                   directory must belong to the user and not be writable by
+ *                                   group or others (it holds code that gets loaded); entries
+ *                                   are keyed by fusedattn, cuDNN, driver and GPU (model, SM
+ *                                   count, UUID) versions, written atomically, checksummed, and a
+ *                                   damaged one is ignored and rewritten.
+ *   FUSEDATTN_CACHE_MAX_MB=n        its size bound (default 1024); the least recently used
+ *                                   entries go first
+ *   FUSEDATTN_FLASH_WGMMA=0         flash: no Hopper wgmma kernels
+ *   FUSEDATTN_CUDA_INCLUDE=dir      flash's run-time compiler: where the CUDA headers are
+ * fusedattn_get_backend's message says how the chosen backend runs the problem where it matters
+ * (cuDNN: dynamic-shape or per-shape plans and why, and where kernel caches are kept).
  */
 #ifndef FUSEDATTN_FUSEDATTN_H
 #define FUSEDATTN_FUSEDATTN_H

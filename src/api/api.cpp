@@ -1,4 +1,6 @@
-// The C entry points: argument checking, error text, dispatch to the selected backend.
+// The C entry points: argument checking, error text, dispatch to the selected backend (select.h:
+// RunForward / RunBackward, which also retry the next backend when the chosen one cannot run the
+// call's tensors).
 #include <cstring>
 #include <exception>
 #include <new>
@@ -47,17 +49,6 @@ Status Prepare(const fusedattn_config* config, bool need_backward, Problem* prob
                Backend** backend, std::string* diagnostic) {
   FUSEDATTN_RETURN_IF_ERROR(MakeProblem(config, HasCudaDevice(), problem));
   return SelectBackend(*problem, need_backward, backend, diagnostic);
-}
-
-Status CheckWorkspace(const char* direction, size_t needed, void* workspace, size_t bytes) {
-  if (needed == 0) return Status::Ok();
-  if (workspace == nullptr || bytes < needed)
-    return Status(FUSEDATTN_ERROR_WORKSPACE,
-                  Format("%s workspace: %llu bytes given at %p but %llu are needed (ask "
-                         "fusedattn_%s_workspace_size)",
-                         direction, (unsigned long long)bytes, workspace,
-                         (unsigned long long)needed, direction));
-  return Status::Ok();
 }
 
 }  // namespace
@@ -122,12 +113,7 @@ fusedattn_status fusedattn_fwd(const fusedattn_config* config, const fusedattn_f
     FUSEDATTN_RETURN_IF_ERROR(MakeProblem(config, HasCudaDevice(), &problem));
     FwdTensors tensors;
     FUSEDATTN_RETURN_IF_ERROR(MakeFwdTensors(problem, args, &tensors));
-    Backend* backend = nullptr;
-    size_t needed = 0;
-    FUSEDATTN_RETURN_IF_ERROR(
-        SelectBackendAndWorkspace(problem, false, &backend, &needed));
-    FUSEDATTN_RETURN_IF_ERROR(CheckWorkspace("fwd", needed, workspace, workspace_bytes));
-    return backend->forward(problem, tensors, workspace, workspace_bytes, stream);
+    return RunForward(problem, tensors, workspace, workspace_bytes, stream);
   });
 }
 
@@ -139,12 +125,7 @@ fusedattn_status fusedattn_bwd(const fusedattn_config* config, const fusedattn_b
     FUSEDATTN_RETURN_IF_ERROR(MakeProblem(config, HasCudaDevice(), &problem));
     BwdTensors tensors;
     FUSEDATTN_RETURN_IF_ERROR(MakeBwdTensors(problem, args, &tensors));
-    Backend* backend = nullptr;
-    size_t needed = 0;
-    FUSEDATTN_RETURN_IF_ERROR(
-        SelectBackendAndWorkspace(problem, true, &backend, &needed));
-    FUSEDATTN_RETURN_IF_ERROR(CheckWorkspace("bwd", needed, workspace, workspace_bytes));
-    return backend->backward(problem, tensors, workspace, workspace_bytes, stream);
+    return RunBackward(problem, tensors, workspace, workspace_bytes, stream);
   });
 }
 

@@ -32,6 +32,14 @@ class LruCache {
     return it->second->second;
   }
 
+  // The cached value for key, or nullptr, without counting a hit or miss or reordering (a
+  // second look under another lock, after a find() that missed).
+  std::shared_ptr<Value> peek(const Key& key) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = index_.find(key);
+    return it == index_.end() ? nullptr : it->second->second;
+  }
+
   // Inserts (or replaces) and returns the stored value; evicts the least recently used entries
   // beyond capacity. Evicted values stay alive while someone holds their shared_ptr.
   std::shared_ptr<Value> insert(const Key& key, std::shared_ptr<Value> value) {

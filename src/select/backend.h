@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "common/status.h"
 #include "problem/problem.h"
@@ -28,13 +29,22 @@ class Backend {
   virtual Status fwd_workspace_size(const Problem& problem, size_t* bytes) = 0;
   virtual Status bwd_workspace_size(const Problem& problem, size_t* bytes) = 0;
 
-  // stream is a cudaStream_t for GPU backends. Tensors have been validated against problem.
+  // stream is a cudaStream_t for GPU backends. Tensors have been validated against problem, and
+  // the workspace holds what *_workspace_size asked for. NotSupported means "not these tensors":
+  // a reason check() could not know (strides, alignment, the workspace a plan for the caller's
+  // layout needs), returned before anything is written; selection then gives the call to the
+  // next backend (select.h, RunForward). Any other error ends the call.
   virtual Status forward(const Problem& problem, const FwdTensors& tensors, void* workspace,
                          size_t workspace_bytes, void* stream) = 0;
   virtual Status backward(const Problem& problem, const BwdTensors& tensors, void* workspace,
                           size_t workspace_bytes, void* stream) = 0;
 
   virtual fusedattn_cache_stats cache_stats() const { return {}; }
+
+  // How this backend runs a problem it was chosen for (cuDNN: how its plans are built and where
+  // its kernel caches go), for the selection's diagnostic; empty for nothing to say. Called
+  // after check() accepted the problem.
+  virtual std::string note(const Problem& problem) { return {}; }
 };
 
 // A backend that is not compiled in: available() and check() return the reason.

@@ -41,8 +41,21 @@ const std::vector<Backend*>& AllBackends() {
   return backends;
 }
 
+namespace {
+
+// SetBackendsForTesting's list; null: the built-in registry.
+std::atomic<const std::vector<Backend*>*> g_test_backends{nullptr};
+
+// The backends selection asks: the test list when set, else every built-in one.
+const std::vector<Backend*>& Registry() {
+  const std::vector<Backend*>* test = g_test_backends.load(std::memory_order_acquire);
+  return test != nullptr ? *test : AllBackends();
+}
+
+}  // namespace
+
 Backend* FindBackend(fusedattn_backend id) {
-  for (Backend* b : AllBackends())
+  for (Backend* b : Registry())
     if (b->id() == id) return b;
   return nullptr;
 }
@@ -77,6 +90,11 @@ int EnvironmentState() {
 
 // The order in which backends are asked: the fastest one expected for this problem first.
 std::vector<fusedattn_backend> PreferenceOrder(const Problem& p) {
+  if (const std::vector<Backend*>* test = g_test_backends.load(std::memory_order_acquire)) {
+    std::vector<fusedattn_backend> ids;
+    for (Backend* b : *test) ids.push_back(b->id());
+    return ids;
+  }
   if (p.device == Device::kCpu) return {FUSEDATTN_BACKEND_REFERENCE};
   // small_seq refuses anything but sq = 1 against a short K/V at once; cuDNN is the fastest for
   // the problems it accepts; our flash kernels run everything else; the reference runs on CUDA
@@ -85,13 +103,25 @@ std::vector<fusedattn_backend> PreferenceOrder(const Problem& p) {
           FUSEDATTN_BACKEND_REFERENCE};
 }
 
+// A backend after the chosen one in preference order, asked only when the chosen one cannot run
+// a call's tensors (RunForward / RunBackward).
+struct Alternative {
+  Backend* backend = nullptr;
+  Status check;              // its answer for the problem (forward, and backward when training)
+  size_t workspace[2] = {};  // forward, backward bytes (when check is ok)
+};
+
 struct Choice {
   Backend* backend = nullptr;  // nullptr: none
+  bool forced = false;         // by config.backend or FUSEDATTN_BACKEND: never replaced
   Status status;
   std::string diagnostic;
   // The chosen backend's forward and backward workspace bytes, -1 until first asked. (cuDNN also
   // checks the workspace against the plan it runs, should a rebuilt plan ever need more.)
   std::atomic<int64_t> workspace[2] = {-1, -1};
+  // The backends after it, made on the first call whose tensors it cannot run.
+  std::once_flag alternatives_once;
+  std::vector<Alternative> alternatives;
 };
 
 // Workspace sizes depend on the device (cuDNN plans are built per device), so the device is part
@@ -118,6 +148,22 @@ LruCache<SelectionKey, Choice, SelectionKeyHash>& SelectionCache() {
   return cache;
 }
 
+// Whether selection may pick b for p (p.config.is_training set when the backward must run too).
+Status AutomaticCheck(Backend* b, const Problem& p) {
+  Status s = b->available();
+  if (s.ok()) s = b->check(p);
+  if (s.ok() && b->id() == FUSEDATTN_BACKEND_REFERENCE && p.device == Device::kCuda)
+    s = NotSupported("not chosen automatically for CUDA tensors (it computes on the host; "
+                     "force it with backend=reference)");
+  return s;
+}
+
+// The chosen backend's note, bracketed, or nothing.
+std::string NoteOf(Backend* b, const Problem& p) {
+  std::string note = b->note(p);
+  return note.empty() ? note : " [" + note + "]";
+}
+
 void Decide(const Problem& problem, bool need_backward, fusedattn_backend forced, Choice* out) {
   Problem p = problem;
   if (need_backward) p.config.is_training = 1;
@@ -134,21 +180,19 @@ void Decide(const Problem& problem, bool need_backward, fusedattn_backend forced
       return;
     }
     choice.backend = b;
-    choice.diagnostic = Format("%s (forced)", b->name());
+    choice.forced = true;
+    choice.diagnostic = Format("%s (forced)%s", b->name(), NoteOf(b, p).c_str());
     return;
   }
   std::string refusals;
   for (fusedattn_backend id : PreferenceOrder(p)) {
     Backend* b = FindBackend(id);
-    Status s = b->available();
-    if (s.ok()) s = b->check(p);
-    if (s.ok() && id == FUSEDATTN_BACKEND_REFERENCE && p.device == Device::kCuda)
-      s = NotSupported("not chosen automatically for CUDA tensors (it computes on the host; "
-                       "force it with backend=reference)");
+    Status s = AutomaticCheck(b, p);
     if (s.ok()) {
       choice.backend = b;
-      choice.diagnostic = refusals.empty() ? Format("%s", b->name())
-                                           : Format("%s; not chosen: %s", b->name(),
+      const std::string chosen = b->name() + NoteOf(b, p);
+      choice.diagnostic = refusals.empty() ? chosen
+                                           : Format("%s; not chosen: %s", chosen.c_str(),
                                                     refusals.c_str());
       return;
     }
@@ -156,7 +200,7 @@ void Decide(const Problem& problem, bool need_backward, fusedattn_backend forced
     refusals += Format("%s: %s", b->name(), s.message().c_str());
   }
   // Backends not asked for this device still get a line, so the user sees all of them.
-  for (Backend* b : AllBackends()) {
+  for (Backend* b : Registry()) {
     bool asked = false;
     for (fusedattn_backend id : PreferenceOrder(p)) asked |= id == b->id();
     if (!asked)
@@ -218,23 +262,155 @@ Status SelectBackend(const Problem& problem, bool need_backward, Backend** chose
   return Status::Ok();
 }
 
+namespace {
+
+// The chosen backend's workspace for one direction, asked once and kept with the choice.
+Status ChosenWorkspace(Choice& choice, const Problem& problem, bool backward, size_t* bytes) {
+  std::atomic<int64_t>& known = choice.workspace[backward ? 1 : 0];
+  int64_t cached = known.load(std::memory_order_acquire);
+  if (cached < 0) {
+    size_t asked = 0;
+    FUSEDATTN_RETURN_IF_ERROR(backward ? choice.backend->bwd_workspace_size(problem, &asked)
+                                       : choice.backend->fwd_workspace_size(problem, &asked));
+    cached = static_cast<int64_t>(asked);
+    known.store(cached, std::memory_order_release);
+  }
+  *bytes = static_cast<size_t>(cached);
+  return Status::Ok();
+}
+
+Status CheckWorkspace(const char* direction, size_t needed, void* workspace, size_t bytes) {
+  if (needed == 0) return Status::Ok();
+  if (workspace == nullptr || bytes < needed)
+    return Status(FUSEDATTN_ERROR_WORKSPACE,
+                  Format("%s workspace: %llu bytes given at %p but %llu are needed (ask "
+                         "fusedattn_%s_workspace_size)",
+                         direction, (unsigned long long)bytes, workspace,
+                         (unsigned long long)needed, direction));
+  return Status::Ok();
+}
+
+// The backends after the chosen one in preference order, with their answers for the problem.
+const std::vector<Alternative>& AlternativesOf(Choice& choice, const Problem& problem,
+                                               bool need_backward) {
+  std::call_once(choice.alternatives_once, [&] {
+    Problem p = problem;
+    if (need_backward) p.config.is_training = 1;
+    bool after = false;
+    for (fusedattn_backend id : PreferenceOrder(p)) {
+      Backend* b = FindBackend(id);
+      if (b == choice.backend) {
+        after = true;
+        continue;
+      }
+      if (!after || b == nullptr) continue;
+      Alternative alt;
+      alt.backend = b;
+      alt.check = AutomaticCheck(b, p);
+      if (alt.check.ok()) alt.check = b->fwd_workspace_size(p, &alt.workspace[0]);
+      if (alt.check.ok() && p.config.is_training)
+        alt.check = b->bwd_workspace_size(p, &alt.workspace[1]);
+      choice.alternatives.push_back(std::move(alt));
+    }
+  });
+  return choice.alternatives;
+}
+
+// Runs call(backend) on the chosen backend, then on the alternatives while each answers
+// NotSupported (see RunForward in select.h).
+template <typename Call>
+Status Run(const Problem& problem, bool backward, void* workspace, size_t workspace_bytes,
+           Call&& call) {
+  std::shared_ptr<Choice> choice;
+  FUSEDATTN_RETURN_IF_ERROR(Select(problem, backward, &choice));
+  if (!choice->backend) return choice->status;
+  size_t needed = 0;
+  FUSEDATTN_RETURN_IF_ERROR(ChosenWorkspace(*choice, problem, backward, &needed));
+  const char* direction = backward ? "bwd" : "fwd";
+  FUSEDATTN_RETURN_IF_ERROR(CheckWorkspace(direction, needed, workspace, workspace_bytes));
+  Status first = call(choice->backend);
+  if (first.code() != FUSEDATTN_ERROR_NOT_SUPPORTED) return first;
+
+  // The chosen backend cannot run these tensors.
+  const bool need_backward = backward || problem.config.is_training != 0;
+  const std::vector<Alternative>& alternatives = AlternativesOf(*choice, problem, need_backward);
+  if (choice->forced) {
+    std::string others;
+    for (const Alternative& alt : alternatives)
+      if (alt.check.ok()) others += Format("%s%s", others.empty() ? "" : ", ", alt.backend->name());
+    return NotSupported("forced backend %s cannot run these tensors: %s%s", choice->backend->name(),
+                        first.message().c_str(),
+                        others.empty() ? ""
+                                       : Format(" (with backend = auto, selection would go on to "
+                                                "%s)",
+                                                others.c_str())
+                                             .c_str());
+  }
+  std::string reasons = Format("%s: %s", choice->backend->name(), first.message().c_str());
+  for (const Alternative& alt : alternatives) {
+    const char* name = alt.backend->name();
+    if (!alt.check.ok()) {
+      reasons += Format("; %s: %s", name, alt.check.message().c_str());
+      continue;
+    }
+    const size_t alt_needed = alt.workspace[backward ? 1 : 0];
+    if (alt_needed > 0 && (workspace == nullptr || workspace_bytes < alt_needed)) {
+      reasons += Format("; %s: needs %zu bytes of %s workspace, %zu were given", name, alt_needed,
+                        direction, workspace_bytes);
+      continue;
+    }
+    Status s = call(alt.backend);
+    if (s.ok()) return s;
+    if (s.code() != FUSEDATTN_ERROR_NOT_SUPPORTED)
+      return Status(s.code(), Format("%s: %s (it ran because %s)", name, s.message().c_str(),
+                                     reasons.c_str()));
+    reasons += Format("; %s: %s", name, s.message().c_str());
+  }
+  return NotSupported("no backend runs these tensors (%s): %s", problem.describe().c_str(),
+                      reasons.c_str());
+}
+
+std::unique_ptr<const std::vector<Backend*>>& TestBackendsStorage() {
+  static std::unique_ptr<const std::vector<Backend*>> storage;
+  return storage;
+}
+
+}  // namespace
+
 Status SelectBackendAndWorkspace(const Problem& problem, bool backward, Backend** chosen,
                                  size_t* workspace_bytes) {
   std::shared_ptr<Choice> choice;
   FUSEDATTN_RETURN_IF_ERROR(Select(problem, backward, &choice));
   if (!choice->backend) return choice->status;
   *chosen = choice->backend;
-  std::atomic<int64_t>& known = choice->workspace[backward ? 1 : 0];
-  int64_t bytes = known.load(std::memory_order_acquire);
-  if (bytes < 0) {
-    size_t asked = 0;
-    FUSEDATTN_RETURN_IF_ERROR(backward ? choice->backend->bwd_workspace_size(problem, &asked)
-                                       : choice->backend->fwd_workspace_size(problem, &asked));
-    bytes = static_cast<int64_t>(asked);
-    known.store(bytes, std::memory_order_release);
-  }
-  *workspace_bytes = static_cast<size_t>(bytes);
-  return Status::Ok();
+  return ChosenWorkspace(*choice, problem, backward, workspace_bytes);
+}
+
+Status RunForward(const Problem& problem, const FwdTensors& tensors, void* workspace,
+                  size_t workspace_bytes, void* stream) {
+  return Run(problem, false, workspace, workspace_bytes, [&](Backend* b) {
+    return b->forward(problem, tensors, workspace, workspace_bytes, stream);
+  });
+}
+
+Status RunBackward(const Problem& problem, const BwdTensors& tensors, void* workspace,
+                   size_t workspace_bytes, void* stream) {
+  return Run(problem, true, workspace, workspace_bytes, [&](Backend* b) {
+    return b->backward(problem, tensors, workspace, workspace_bytes, stream);
+  });
+}
+
+void SetBackendsForTesting(std::vector<Backend*> backends) {
+  auto list = std::make_unique<const std::vector<Backend*>>(std::move(backends));
+  g_test_backends.store(list.get(), std::memory_order_release);
+  TestBackendsStorage() = std::move(list);  // tests switch lists between calls, never during
+  ClearSelectionCache();
+}
+
+void ResetBackendsForTesting() {
+  g_test_backends.store(nullptr, std::memory_order_release);
+  TestBackendsStorage().reset();
+  ClearSelectionCache();
 }
 
 }  // namespace fusedattn

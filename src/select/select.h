@@ -24,6 +24,25 @@ Status SelectBackend(const Problem& problem, bool need_backward, Backend** chose
 Status SelectBackendAndWorkspace(const Problem& problem, bool backward, Backend** chosen,
                                  size_t* workspace_bytes);
 
+// Runs the forward (RunForward) or backward (RunBackward) of a problem on the selected backend,
+// after checking that the caller's workspace holds what that backend asked for. When the backend
+// answers NotSupported for these tensors (a run-time reason check() could not know: strides,
+// alignment, a plan for the caller's layout that needs more workspace than was given), the
+// backends after it in preference order that accept the problem get the call in turn, each only
+// when the given workspace covers its own size; a forced backend (config or FUSEDATTN_BACKEND)
+// is never replaced. Errors other than NotSupported end the call as they are. The final error
+// names every backend tried with its reason.
+Status RunForward(const Problem& problem, const FwdTensors& tensors, void* workspace,
+                  size_t workspace_bytes, void* stream);
+Status RunBackward(const Problem& problem, const BwdTensors& tensors, void* workspace,
+                   size_t workspace_bytes, void* stream);
+
+// Tests: selection asks exactly these backends, in this order, for every problem (FindBackend
+// finds them by id first), until ResetBackendsForTesting. Both clear the selection cache. The
+// backends must outlive their use.
+void SetBackendsForTesting(std::vector<Backend*> backends);
+void ResetBackendsForTesting();
+
 // The backend forced by the environment (FUSEDATTN_BACKEND), read once per process.
 fusedattn_backend EnvironmentBackend();
 

@@ -375,6 +375,101 @@ TEST(CudnnKey, TheLargestSpecFitsTheKey) {
   EXPECT_LE(key.used, PlanKey::kWords);
 }
 
+// Dynamic shapes: the graphs of one structure (all shapes of a problem) share a kernel cache,
+// keyed by everything but batch and sequence lengths.
+TEST(CudnnStructureKey, SharedByShapesAndSeparatingEverythingElse) {
+  const DeviceInfo device{0, 90, 91900};
+  for (fusedattn_format f : {FUSEDATTN_FORMAT_BSHD, FUSEDATTN_FORMAT_SBHD, FUSEDATTN_FORMAT_BHSD,
+                             FUSEDATTN_FORMAT_THD}) {
+    SCOPED_TRACE(FormatName(f));
+    fusedattn_config c = BaseConfig();
+    c.q_format = c.kv_format = c.o_format = c.do_format = c.dqkv_format = f;
+    c.mask = f == FUSEDATTN_FORMAT_THD ? FUSEDATTN_MASK_PADDING_CAUSAL : FUSEDATTN_MASK_CAUSAL;
+    c.is_training = 1;
+    auto keys_of = [&](const fusedattn_config& config) {
+      Problem p = MakeCuda(config);
+      return std::make_pair(
+          MakeStructureKey(ForwardSpec(p, CanonicalFwdTensors(p)), device),
+          MakeStructureKey(BackwardSpec(p, CanonicalBwdTensors(p)), device));
+    };
+    const auto base = keys_of(c);
+    EXPECT_FALSE(base.first == base.second) << "forward and backward";
+    for (int64_t batch : {1, 2, 5, 8}) {
+      for (int64_t sq : {16, 40, 128}) {
+        fusedattn_config other = c;
+        other.batch = batch, other.max_seqlen_q = sq, other.max_seqlen_kv = sq + 8;
+        EXPECT_EQ(base, keys_of(other)) << "batch " << batch << " seqlen " << sq;
+      }
+    }
+    fusedattn_config other = c;
+    other.head_dim_qk = other.head_dim_v = 128;
+    EXPECT_FALSE(base == keys_of(other)) << "head dim";
+    other = c, other.heads_kv = 4;
+    EXPECT_FALSE(base == keys_of(other)) << "GQA groups";
+    other = c, other.qkv_dtype = other.o_dtype = FUSEDATTN_DTYPE_FLOAT16;
+    EXPECT_FALSE(base == keys_of(other)) << "dtype";
+    other = c, other.window_left = 7;
+    EXPECT_FALSE(base == keys_of(other)) << "window";
+    other = c, other.dropout = 0.25;
+    EXPECT_FALSE(base == keys_of(other)) << "dropout";
+    other = c, other.attn_scale = 0.5;
+    EXPECT_FALSE(base == keys_of(other)) << "scale";
+  }
+  fusedattn_config c = BaseConfig();
+  Problem p = MakeCuda(c);
+  const SdpaGraphSpec spec = ForwardSpec(p, CanonicalFwdTensors(p));
+  const PlanKey key = MakeStructureKey(spec, device);
+  EXPECT_FALSE(key == MakeStructureKey(spec, DeviceInfo{1, 90, 91900})) << "device";
+  EXPECT_FALSE(key == MakeStructureKey(spec, DeviceInfo{0, 90, 91400})) << "cuDNN version";
+  fusedattn_config sbhd = c;
+  sbhd.q_format = sbhd.kv_format = sbhd.o_format = FUSEDATTN_FORMAT_SBHD;
+  Problem ps = MakeCuda(sbhd);
+  EXPECT_FALSE(key == MakeStructureKey(ForwardSpec(ps, CanonicalFwdTensors(ps)), device))
+      << "layout";
+  FwdTensors padded = CanonicalFwdTensors(p);
+  padded.q.stride_s += 8, padded.q.stride_b = padded.q.stride_s * c.max_seqlen_q;
+  EXPECT_FALSE(key == MakeStructureKey(ForwardSpec(p, padded), device)) << "padded rows";
+}
+
+// The on-disk kernel cache's key: one per structure and machine; another cuDNN, GPU (model or
+// board), driver, cudnn-frontend or fusedattn never reads the file.
+TEST(CudnnDiskKey, NamesTheMachineAndTheStructure) {
+  MachineIdentity m;
+  m.gpu_name = "NVIDIA H100 80GB HBM3", m.gpu_uuid = "0a1b2c3d4e5f60718293a4b5c6d7e8f9";
+  m.sm_count = 132, m.compute_capability = 90, m.driver_version = 13000;
+  m.cudnn_version = 91900, m.frontend_version = 13200, m.fusedattn_version = "0.1.0";
+  fusedattn_config c = BaseConfig();
+  c.mask = FUSEDATTN_MASK_CAUSAL;
+  auto spec_of = [](const fusedattn_config& config) {
+    Problem p = MakeCuda(config);
+    return ForwardSpec(p, CanonicalFwdTensors(p));
+  };
+  const std::string key = KernelCacheDiskKey(spec_of(c), m);
+  EXPECT_NE(key.find("cudnn 91900"), std::string::npos) << key;
+  EXPECT_NE(key.find(m.gpu_uuid), std::string::npos) << key;
+  fusedattn_config other_shape = c;
+  other_shape.batch = 7, other_shape.max_seqlen_q = other_shape.max_seqlen_kv = 200;
+  EXPECT_EQ(key, KernelCacheDiskKey(spec_of(other_shape), m)) << "another shape, same file";
+  fusedattn_config other = c;
+  other.mask = FUSEDATTN_MASK_NONE;
+  EXPECT_NE(key, KernelCacheDiskKey(spec_of(other), m)) << "another structure";
+  auto differs = [&](MachineIdentity changed, const char* what) {
+    EXPECT_NE(key, KernelCacheDiskKey(spec_of(c), changed)) << what;
+  };
+  MachineIdentity x = m;
+  x.cudnn_version = 91400, differs(x, "cuDNN version");
+  x = m, x.gpu_uuid = "ffffffffffffffffffffffffffffffff", differs(x, "another board");
+  x = m, x.gpu_name = "NVIDIA H200", differs(x, "GPU model");
+  x = m, x.sm_count = 114, differs(x, "SM count");
+  x = m, x.compute_capability = 100, differs(x, "architecture");
+  x = m, x.driver_version = 12080, differs(x, "driver");
+  x = m, x.frontend_version = 13300, differs(x, "cudnn-frontend");
+  x = m, x.fusedattn_version = "0.2.0", differs(x, "fusedattn");
+  // The device ordinal is not part of it: CUDA_VISIBLE_DEVICES renumbers GPUs between processes.
+  Problem p = MakeCuda(c);
+  EXPECT_EQ(KernelCacheDiskKey(ForwardSpec(p, CanonicalFwdTensors(p)), m), key);
+}
+
 TEST(CudnnScratch, RegionsAreAlignedAndDisjoint) {
   fusedattn_config c = BaseConfig();
   SetThd(&c);

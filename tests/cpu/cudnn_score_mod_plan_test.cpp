@@ -76,6 +76,18 @@ TEST(CudnnScoreModPath, BandMaskModsBecomeTheNativeBandEverythingElseTheCallback
       << "not a band";
 }
 
+TEST(CudnnScoreModPath, CallbackGraphsAreBuiltPerShapeBandGraphsShareKernels) {
+  // A callback holds the sequence lengths as graph constants: no dynamic shapes for it.
+  const Problem soft = WithMod(BaseConfig(), Mod(SoftCap));
+  Status s = DynamicShapeRefusal(ForwardSpec(soft, CanonicalFwdTensors(soft)));
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("score_mod"), std::string::npos) << s.message();
+  EXPECT_FALSE(DynamicShapeRefusal(BackwardSpec(soft, CanonicalBwdTensors(soft))).ok());
+  // A band mask_mod runs as a plain problem: dynamic shapes apply.
+  const Problem band = EffectiveProblem(WithMod(BaseConfig(), Mod(CausalByIndex)));
+  EXPECT_TRUE(DynamicShapeRefusal(ForwardSpec(band, CanonicalFwdTensors(band))).ok());
+}
+
 TEST(CudnnScoreModPath, TheNativeBandIsTheIntersectionWithTheConfigsMask) {
   // A window of 4 by mask_mod, alone and with the config's causal mask.
   ScoreMod& window = Mod([](ScoreMod& m) {

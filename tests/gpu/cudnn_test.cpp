@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "backends/cudnn/cudnn_backend.h"
+#include "gpu/cudnn_run.h"
 #include "common/status.h"
 #include "gpu/device_memory.h"
 #include "gpu/skip.h"
@@ -38,161 +39,6 @@
 
 namespace fusedattn::testing {
 namespace {
-
-fusedattn_config Config(int64_t b, int64_t hq, int64_t hkv, int64_t sq, int64_t skv, int64_t d,
-                        fusedattn_dtype dtype = FUSEDATTN_DTYPE_BFLOAT16) {
-  fusedattn_config c = FUSEDATTN_CONFIG_INIT;
-  c.batch = b, c.heads_q = hq, c.heads_kv = hkv, c.max_seqlen_q = sq, c.max_seqlen_kv = skv;
-  c.head_dim_qk = c.head_dim_v = d;
-  c.qkv_dtype = c.o_dtype = dtype;
-  c.device = FUSEDATTN_DEVICE_CUDA;
-  c.backend = FUSEDATTN_BACKEND_CUDNN;
-  return c;
-}
-
-void SetFormats(fusedattn_config* c, fusedattn_format f) {
-  c->q_format = c->kv_format = c->o_format = c->do_format = c->dqkv_format = f;
-}
-
-fusedattn_config ReferenceConfig(fusedattn_config c) {
-  c.device = FUSEDATTN_DEVICE_CPU;
-  c.backend = FUSEDATTN_BACKEND_REFERENCE;
-  return c;
-}
-
-fusedattn_cache_stats CacheStats() {
-  fusedattn_cache_stats s{};
-  fusedattn_get_cache_stats(FUSEDATTN_BACKEND_CUDNN, &s);
-  return s;
-}
-
-// The same tensor with each element's row padded by `extra` elements (strides change, values
-// and poison stay): non-canonical strides for the stride-keyed plans.
-HostTensor WithPaddedRows(const HostTensor& t, int64_t extra, bool is_output) {
-  if (t.empty()) return t;
-  const auto& shape = t.shape();
-  const int n = static_cast<int>(shape.size());
-  std::vector<int64_t> strides(n, 1);
-  for (int i = n - 2; i >= 0; --i)
-    strides[i] = strides[i + 1] * shape[i + 1] + (i == n - 2 ? extra : 0);
-  int64_t storage = 1;
-  for (int i = 0; i < n; ++i) storage += (shape[i] - 1) * strides[i];
-  HostTensor out(t.dtype(), shape, strides, storage);
-  out.poison();
-  if (!is_output) {
-    std::vector<int64_t> index(n, 0);
-    for (int64_t e = 0; e < t.numel(); ++e) {
-      out.set(out.offset_of(index), t.at(index));
-      for (int d = n - 1; d >= 0; --d) {
-        if (++index[d] < shape[d]) break;
-        index[d] = 0;
-      }
-    }
-  }
-  return out;
-}
-
-void PadAllRows(ProblemTensors* t, int64_t extra) {
-  t->q = WithPaddedRows(t->q, extra, false);
-  t->k = WithPaddedRows(t->k, extra, false);
-  t->v = WithPaddedRows(t->v, extra, false);
-  t->d_o = WithPaddedRows(t->d_o, extra, false);
-  t->o = WithPaddedRows(t->o, extra, true);
-  t->dq = WithPaddedRows(t->dq, extra, true);
-  t->dk = WithPaddedRows(t->dk, extra, true);
-  t->dv = WithPaddedRows(t->dv, extra, true);
-}
-
-std::string Describe(const char* what, const Comparison& c) {
-  return std::string(what) + ": " + c.describe();
-}
-
-// Runs one problem on cuDNN and on the reference and compares everything both write.
-// Returns false (with gtest failures) when something differs.
-struct RunOptions {
-  bool backward = true;
-  bool expect_no_new_plans = true;  // the calls reuse the plans check() built
-  std::function<void(ProblemTensors*)> edit;  // change tensors (layouts) before the runs
-};
-
-void RunAndCompare(const fusedattn_config& c, TensorOptions options, const RunOptions& run) {
-  // A bias in qkv_dtype (the layout check() plans for); a float32 bias has its own test.
-  if (c.bias_type != FUSEDATTN_BIAS_NONE) options.bias_dtype = c.qkv_dtype;
-  fusedattn_config config = c;
-  if (run.backward) config.is_training = 1;
-  ProblemTensors host = MakeProblemTensors(config, options);
-  if (run.edit) run.edit(&host);
-  ProblemTensors ref = host;
-  const fusedattn_config ref_config = ReferenceConfig(config);
-  char msg[4096];
-
-  fusedattn_fwd_args ref_fa = ref.fwd_args();
-  ASSERT_EQ(fusedattn_fwd(&ref_config, &ref_fa, nullptr, 0, nullptr, msg, sizeof msg),
-            FUSEDATTN_SUCCESS)
-      << "reference forward: " << msg;
-
-  fusedattn_backend chosen = FUSEDATTN_BACKEND_AUTO;
-  ASSERT_EQ(fusedattn_get_backend(&config, &chosen, msg, sizeof msg), FUSEDATTN_SUCCESS) << msg;
-  ASSERT_EQ(chosen, FUSEDATTN_BACKEND_CUDNN) << msg;
-  size_t fwd_bytes = 0, bwd_bytes = 0;
-  ASSERT_EQ(fusedattn_fwd_workspace_size(&config, &fwd_bytes, msg, sizeof msg),
-            FUSEDATTN_SUCCESS)
-      << msg;
-  if (run.backward)
-    ASSERT_EQ(fusedattn_bwd_workspace_size(&config, &bwd_bytes, msg, sizeof msg),
-              FUSEDATTN_SUCCESS)
-        << msg;
-  DeviceBuffer workspace(std::max(fwd_bytes, bwd_bytes));
-  ASSERT_TRUE(workspace.bytes == 0 || workspace.ptr != nullptr);
-
-  DeviceProblem dev;
-  std::string error;
-  ASSERT_TRUE(dev.upload(host, &error)) << error;
-  const uint64_t misses_before = CacheStats().misses;
-  fusedattn_fwd_args fa = dev.fwd_args();
-  ASSERT_EQ(fusedattn_fwd(&config, &fa, workspace.ptr, workspace.bytes, nullptr, msg, sizeof msg),
-            FUSEDATTN_SUCCESS)
-      << msg;
-  ProblemTensors out = host;
-  ASSERT_TRUE(dev.download_outputs(&out, &error)) << error;
-  const double tol = Tolerance(config.qkv_dtype);
-  Comparison o = Compare(out.o, ref.o);
-  EXPECT_TRUE(o.ok(tol)) << Describe("O", o);
-  if (!ref.lse.empty()) {
-    Comparison lse = Compare(out.lse, ref.lse);
-    EXPECT_TRUE(lse.ok(tol)) << Describe("LSE", lse);
-  }
-  if (!run.backward) {
-    if (run.expect_no_new_plans) EXPECT_EQ(CacheStats().misses, misses_before);
-    return;
-  }
-
-  // Both backwards start from the reference's O and LSE.
-  ProblemTensors grads = host;
-  grads.o = ref.o;
-  grads.lse = ref.lse;
-  ASSERT_TRUE(dev.upload_outputs(grads, &error)) << error;
-  fusedattn_bwd_args ba = dev.bwd_args();
-  ASSERT_EQ(fusedattn_bwd(&config, &ba, workspace.ptr, workspace.bytes, nullptr, msg, sizeof msg),
-            FUSEDATTN_SUCCESS)
-      << msg;
-  ASSERT_TRUE(dev.download_outputs(&grads, &error)) << error;
-  fusedattn_bwd_args ref_ba = ref.bwd_args();
-  ASSERT_EQ(fusedattn_bwd(&ref_config, &ref_ba, nullptr, 0, nullptr, msg, sizeof msg),
-            FUSEDATTN_SUCCESS)
-      << "reference backward: " << msg;
-  const std::pair<const char*, std::pair<const HostTensor*, const HostTensor*>> outputs[] = {
-      {"dQ", {&grads.dq, &ref.dq}},       {"dK", {&grads.dk, &ref.dk}},
-      {"dV", {&grads.dv, &ref.dv}},       {"dBias", {&grads.dbias, &ref.dbias}},
-      {"dSink", {&grads.dsink, &ref.dsink}}};
-  for (const auto& [name, pair] : outputs) {
-    if (pair.second->empty()) continue;
-    Comparison cmp = Compare(*pair.first, *pair.second);
-    EXPECT_TRUE(cmp.ok(tol)) << Describe(name, cmp);
-  }
-  if (run.expect_no_new_plans)
-    EXPECT_EQ(CacheStats().misses, misses_before) << "a call built a plan check() did not";
-}
 
 // ------------------------------------------------------------------------------------------------
 // The grid: formats, masks, windows, GQA, bias, sinks, THD, head dims, dtypes.
@@ -367,7 +213,7 @@ INSTANTIATE_TEST_SUITE_P(CudnnGrid, CudnnGridTest, ::testing::ValuesIn(Grid()),
 
 // ------------------------------------------------------------------------------------------------
 // Strides: non-canonical but aligned strides build their own plan; misaligned ones cannot run on
-// cuDNN and either run on the flash fallback (when built) or are refused naming the tensor.
+// cuDNN: selection gives them to the next backend (flash), a forced cuDNN refuses them.
 // ------------------------------------------------------------------------------------------------
 TEST(CudnnStrides, PaddedRowsBuildTheirOwnPlanAndMatch) {
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
@@ -400,12 +246,51 @@ TEST(CudnnStrides, AnLseLaidOutAsBatchSeqHeadsKeepsThePlanCheckBuilt) {
   RunAndCompare(c, {}, run);
 }
 
-TEST(CudnnStrides, MisalignedRowsRunElsewhereOrAreRefusedNamingTheTensor) {
+// Selection picks cuDNN for the problem; the call's rows are 6 bytes apart, which cuDNN cannot
+// read: cuDNN answers NotSupported and selection runs the call on the next backend (flash), or,
+// when none can, the error names the tensor. Forced, cuDNN is not replaced.
+TEST(CudnnStrides, MisalignedRowsRunOnTheNextBackendThroughSelection) {
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   fusedattn_config c = Config(2, 4, 4, 64, 64, 64);
+  c.backend = FUSEDATTN_BACKEND_AUTO;
+  c.mask = FUSEDATTN_MASK_CAUSAL;
+  c.is_training = 1;
+  char msg[4096];
+  fusedattn_backend chosen = FUSEDATTN_BACKEND_AUTO;
+  ASSERT_EQ(fusedattn_get_backend(&c, &chosen, msg, sizeof msg), FUSEDATTN_SUCCESS) << msg;
+  ASSERT_EQ(chosen, FUSEDATTN_BACKEND_CUDNN) << msg;
+  char flash_reason[512];
+  const bool flash = fusedattn_backend_available(FUSEDATTN_BACKEND_FLASH, flash_reason,
+                                                 sizeof flash_reason) != 0;
+  if (flash) {
+    RunOptions run;
+    run.expect_no_new_plans = false;
+    run.edit = [](ProblemTensors* t) { PadAllRows(t, 3); };  // 6 bytes: not 16-byte aligned
+    // The workspace must also cover flash's, which the size calls (cuDNN's) do not promise.
+    run.extra_workspace = size_t{16} << 20;
+    RunAndCompare(c, {}, run);  // forward and backward, on flash, against the reference
+    return;
+  }
   ProblemTensors host = MakeProblemTensors(c, {});
-  PadAllRows(&host, 3);  // 6 bytes: not 16-byte aligned
-  ProblemTensors ref = host;
+  PadAllRows(&host, 3);
+  DeviceProblem dev;
+  std::string error;
+  ASSERT_TRUE(dev.upload(host, &error)) << error;
+  size_t bytes = 0;
+  ASSERT_EQ(fusedattn_fwd_workspace_size(&c, &bytes, msg, sizeof msg), FUSEDATTN_SUCCESS) << msg;
+  DeviceBuffer workspace(bytes + (1 << 20));
+  fusedattn_fwd_args fa = dev.fwd_args();
+  EXPECT_EQ(fusedattn_fwd(&c, &fa, workspace.ptr, workspace.bytes, nullptr, msg, sizeof msg),
+            FUSEDATTN_ERROR_NOT_SUPPORTED)
+      << msg;
+  EXPECT_NE(std::string(msg).find("cudnn: args.q"), std::string::npos) << msg;
+}
+
+TEST(CudnnStrides, MisalignedRowsOnAForcedCudnnAreRefusedNamingTheTensor) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
+  fusedattn_config c = Config(2, 4, 4, 64, 64, 64);  // forces cudnn
+  ProblemTensors host = MakeProblemTensors(c, {});
+  PadAllRows(&host, 3);
   DeviceProblem dev;
   std::string error;
   ASSERT_TRUE(dev.upload(host, &error)) << error;
@@ -414,23 +299,15 @@ TEST(CudnnStrides, MisalignedRowsRunElsewhereOrAreRefusedNamingTheTensor) {
   ASSERT_EQ(fusedattn_fwd_workspace_size(&c, &bytes, msg, sizeof msg), FUSEDATTN_SUCCESS) << msg;
   DeviceBuffer workspace(bytes + (1 << 20));
   fusedattn_fwd_args fa = dev.fwd_args();
-  fusedattn_status s =
-      fusedattn_fwd(&c, &fa, workspace.ptr, workspace.bytes, nullptr, msg, sizeof msg);
-  if (s == FUSEDATTN_SUCCESS) {  // ran on the flash fallback
-    fusedattn_config rc = ReferenceConfig(c);
-    fusedattn_fwd_args ref_fa = ref.fwd_args();
-    ASSERT_EQ(fusedattn_fwd(&rc, &ref_fa, nullptr, 0, nullptr, msg, sizeof msg),
-              FUSEDATTN_SUCCESS)
-        << msg;
-    ProblemTensors out = host;
-    ASSERT_TRUE(dev.download_outputs(&out, &error)) << error;
-    Comparison o = Compare(out.o, ref.o);
-    EXPECT_TRUE(o.ok(Tolerance(c.qkv_dtype))) << Describe("O", o);
-  } else {
-    EXPECT_EQ(s, FUSEDATTN_ERROR_NOT_SUPPORTED) << msg;
-    EXPECT_NE(std::string(msg).find("args.q"), std::string::npos) << msg;
-    EXPECT_NE(std::string(msg).find("flash"), std::string::npos) << msg;
-  }
+  EXPECT_EQ(fusedattn_fwd(&c, &fa, workspace.ptr, workspace.bytes, nullptr, msg, sizeof msg),
+            FUSEDATTN_ERROR_NOT_SUPPORTED)
+      << msg;
+  EXPECT_NE(std::string(msg).find("forced backend cudnn"), std::string::npos) << msg;
+  EXPECT_NE(std::string(msg).find("args.q"), std::string::npos) << msg;
+  ProblemTensors out = host;
+  ASSERT_TRUE(dev.download_outputs(&out, &error)) << error;
+  for (int64_t e = 0; e < out.o.storage_elements(); ++e)
+    ASSERT_TRUE(out.o.is_poison(e)) << "O was written at " << e;
 }
 
 TEST(CudnnBias, Float32BiasMatchesOrIsRefusedNamingFlash) {

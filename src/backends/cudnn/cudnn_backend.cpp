@@ -4,16 +4,26 @@
 // check() builds exactly the graphs forward()/backward() run for tensors with the canonical
 // strides of the problem's formats (plan_spec.h says how other strides are handled) and returns
 // cuDNN's own message when it cannot build them. Built plans live in a bounded LRU cache keyed by
-// the whole graph spec plus the device (ordinal, compute capability) and the cuDNN version.
+// the whole graph spec plus the device (ordinal, compute capability) and the cuDNN version. When
+// the tensors of a call cannot be read by cuDNN at all, forward()/backward() answer NotSupported
+// and selection gives the call to the next backend (select.h, RunForward).
 //
 // Score modifiers: every entry point plans from EffectiveProblem (plan_spec.h): a band mask_mod
 // is a plain problem with that band, every other graph reaches cuDNN's score-modifier callbacks
 // through the spec (sdpa_graph.cpp lowers it).
 //
-// Batch size: a graph bakes in its batch, so a new batch size builds a new graph (a cold build,
-// see bench/cudnn_overhead.cpp for its cost) and never reuses one of another size. THD problems
-// without a per-sequence bias build for a power-of-two batch capacity instead (unused entries get
-// length 0), so batch sizes within one power of two share a graph.
+// Shapes: a graph bakes in its batch and sequence lengths, so every shape has a plan of its own.
+// What makes a new shape cheap is the structure (the problem without its shape, plan_spec.h
+// MakeStructureKey): its graphs are dynamic-shape graphs sharing one cuDNN kernel cache, so the
+// plan of a new batch size or sequence length binds kernels compiled for an earlier shape instead
+// of compiling (tens to hundreds of milliseconds) again; and the kernel cache is written to the
+// on-disk cache (common/blob_cache.h), so that a new process starts with it. The forward keeps
+// cuDNN's unified SDPA node where cudnn-frontend's AUTO would pick it (it takes no dynamic shapes;
+// its plans are per shape, as before). Below cuDNN 9.5, with FUSEDATTN_CUDNN_DYNAMIC_SHAPES=0, for
+// score_mod graphs, or when cuDNN refuses a structure's dynamic graph, plans are built per shape;
+// the selection diagnostic (explain) says which way and why. THD problems without a per-sequence
+// bias build for a power-of-two batch capacity (unused entries get length 0), so batch sizes
+// within one power of two share a plan.
 //
 // Handles: cuDNN handles are not thread-safe, so each call leases one from a per-device pool for
 // its duration (created on first need, kept for the process). Plans are immutable after building
@@ -21,6 +31,7 @@
 #include "backends/cudnn/cudnn_backend.h"
 
 #include <cudnn.h>
+#include <strings.h>
 
 #include <atomic>
 #include <chrono>
@@ -32,6 +43,7 @@
 #include "backends/cudnn/kernels.h"
 #include "backends/cudnn/plan_spec.h"
 #include "backends/cudnn/sdpa_graph.h"
+#include "common/blob_cache.h"
 #include "common/cuda_util.h"
 #include "common/lru_cache.h"
 #include "select/backend.h"
@@ -154,12 +166,130 @@ Status CurrentDevice(DeviceInfo* info) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// The plan cache
+// Settings from the environment, read at first use (ReloadSettings re-reads them)
 // ------------------------------------------------------------------------------------------------
+constexpr int64_t kMinDynamicShapesCudnn = 90500;  // a kernel cache bound to an operation graph
+constexpr int64_t kMinKernelCacheJsonCudnn = 91000;  // a kernel cache to and from JSON
+// A dynamic build this slow compiled a kernel: the structure's kernel cache is written out again
+// (a build that reuses a cached kernel takes a few milliseconds and writes nothing). The first
+// dynamic build of a process does not count: it also loads cuDNN's engine libraries.
+constexpr double kSaveAfterMs = 20.0;
+std::atomic<bool> g_dynamic_built{false};
+constexpr size_t kStructureCacheSize = 128;
+
+std::string VersionText(int64_t v) {
+  return Format("%lld.%lld.%lld", (long long)(v / 10000), (long long)(v % 10000 / 100),
+                (long long)(v % 100));
+}
+
+bool EnvironmentTurnsOff(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return false;
+  for (const char* word : {"0", "off", "false", "no"})
+    if (strcasecmp(v, word) == 0) return true;
+  return false;
+}
+
+struct Settings {
+  std::string dynamic_off;  // why no structure uses dynamic shapes, or empty
+  std::unique_ptr<BlobCache> disk;  // never null; off with its reason when unusable
+  std::string disk_off;     // why kernel caches are not written to disk, or empty
+};
+
+std::shared_ptr<const Settings> MakeSettings() {
+  auto s = std::make_shared<Settings>();
+  const int64_t version = static_cast<int64_t>(cudnnGetVersion());
+  if (EnvironmentTurnsOff("FUSEDATTN_CUDNN_DYNAMIC_SHAPES"))
+    s->dynamic_off = Format("FUSEDATTN_CUDNN_DYNAMIC_SHAPES = '%s' turns dynamic shapes off",
+                            std::getenv("FUSEDATTN_CUDNN_DYNAMIC_SHAPES"));
+  else if (version < kMinDynamicShapesCudnn)
+    s->dynamic_off = Format("cuDNN %s is loaded; dynamic shapes with a kernel cache need %s",
+                            VersionText(version).c_str(),
+                            VersionText(kMinDynamicShapesCudnn).c_str());
+  if (!s->dynamic_off.empty()) {
+    s->disk_off = "no kernel caches without dynamic shapes";
+  } else if (version < kMinKernelCacheJsonCudnn) {
+    s->disk_off = Format("cuDNN %s cannot write its kernel cache out (%s can)",
+                         VersionText(version).c_str(),
+                         VersionText(kMinKernelCacheJsonCudnn).c_str());
+  } else {
+    CacheLocation where = CacheLocationFromEnvironment();
+    if (!where.enabled) {
+      s->disk_off = where.reason;
+    } else {
+      s->disk = std::make_unique<BlobCache>(where.directory + "/cudnn", where.max_bytes);
+      if (!s->disk->enabled()) s->disk_off = s->disk->status().message();
+    }
+  }
+  if (!s->disk) s->disk = std::make_unique<BlobCache>(BlobCache::Disabled(s->disk_off));
+  return s;
+}
+
+std::mutex g_settings_mutex;
+std::shared_ptr<const Settings> g_settings;  // guarded by g_settings_mutex
+
+// Read on plan builds and diagnostics only, never on a warm call.
+std::shared_ptr<const Settings> CurrentSettings() {
+  std::lock_guard<std::mutex> lock(g_settings_mutex);
+  if (!g_settings) g_settings = MakeSettings();
+  return g_settings;
+}
+
+// What the on-disk key says about the GPU a kernel was compiled for, read once per device.
+const MachineIdentity& Machine(int ordinal) {
+  static std::once_flag once[kMaxDevices];
+  static MachineIdentity identity[kMaxDevices];
+  std::call_once(once[ordinal], [ordinal] {
+    MachineIdentity& m = identity[ordinal];
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, ordinal) == cudaSuccess) {
+      m.gpu_name = prop.name;
+      for (unsigned char byte : prop.uuid.bytes) m.gpu_uuid += Format("%02x", byte);
+      m.sm_count = prop.multiProcessorCount;
+      m.compute_capability = prop.major * 10 + prop.minor;
+    } else {
+      cudaGetLastError();
+      m.gpu_uuid = "unknown";  // still a key; a later process that can read the GPU differs
+    }
+    cudaDriverGetVersion(&m.driver_version);
+    m.cudnn_version = static_cast<int64_t>(cudnnGetVersion());
+    m.frontend_version = FrontendVersion();
+    m.fusedattn_version = fusedattn_version_string();
+  });
+  return identity[ordinal];
+}
+
+// ------------------------------------------------------------------------------------------------
+// Structures and plans
+// ------------------------------------------------------------------------------------------------
+// A structure is a problem without its shape (MakeStructureKey). Its plans share one cuDNN kernel
+// cache, so that a new batch size or sequence length builds a plan from kernels already compiled;
+// the kernel cache is read from and written to the on-disk cache, so that a new process compiles
+// nothing it compiled before. Builds of one structure run one at a time under its mutex (cuDNN's
+// kernel cache and its file are shared by them); plans of other structures build in parallel.
+struct Structure {
+  std::mutex mutex;
+  std::string dynamic_off;  // why its plans are built per shape, or empty
+  bool unified_refused = false;
+  std::shared_ptr<KernelCache> kernel_cache;  // made or read at the first dynamic build
+  bool kernel_cache_from_disk = false;
+  bool save = false;  // the kernel cache has kernels its file lacks (or the file was bad)
+  std::string disk_key;
+};
+
+using StructureCache = LruCache<PlanKey, Structure, PlanKeyHash>;
+StructureCache& Structures() {
+  static StructureCache* cache = new StructureCache(kStructureCacheSize);  // outlives static dtors
+  return *cache;
+}
+
 struct PlanEntry {
   Status status;  // the build's result; failures are cached too, with cuDNN's message
   std::shared_ptr<const SdpaGraph> graph;
   int64_t workspace = 0;
+  BuildRoute route = BuildRoute::kStatic;
+  std::string per_shape_reason;  // route kStatic: why not dynamic shapes
+  bool kernels_from_disk = false;
 };
 
 using PlanCache = LruCache<PlanKey, PlanEntry, PlanKeyHash>;
@@ -169,28 +299,142 @@ PlanCache& Cache() {
   return *cache;
 }
 
-// The plan of spec on the current device: from the cache, or built (outside the cache's lock;
-// two threads may build the same plan at once, the first inserted is kept).
+// Counters for GetPlanBuildStats.
+struct Counters {
+  std::atomic<uint64_t> builds{0}, unified{0}, dynamic{0}, per_shape{0}, failed{0};
+  std::atomic<uint64_t> loaded{0}, load_failures{0}, saved{0}, save_failures{0};
+  std::atomic<uint64_t> build_us{0};
+};
+Counters& Count() {
+  static Counters* counters = new Counters();
+  return *counters;
+}
+std::mutex g_disk_error_mutex;
+std::string g_disk_error;  // the last failed write or read, for the diagnostic
+
+void NoteDiskError(const std::string& error) {
+  std::lock_guard<std::mutex> lock(g_disk_error_mutex);
+  g_disk_error = error;
+}
+
+// The structure's kernel cache: its own, else the one on disk, else a new one. Under its mutex.
+std::shared_ptr<KernelCache> KernelCacheOf(Structure& st, const SdpaGraphSpec& spec,
+                                           const DeviceInfo& device, const Settings& settings) {
+  if (st.kernel_cache) return st.kernel_cache;
+  if (settings.disk->enabled()) {
+    st.disk_key = KernelCacheDiskKey(spec, Machine(device.ordinal));
+    std::vector<uint8_t> bytes;
+    BlobCache::Lookup lookup = settings.disk->get(st.disk_key, &bytes);
+    if (lookup == BlobCache::Lookup::kHit) {
+      Status s = KernelCacheFromJson(std::string(bytes.begin(), bytes.end()), &st.kernel_cache);
+      if (s.ok()) {
+        st.kernel_cache_from_disk = true;
+        ++Count().loaded;
+        return st.kernel_cache;
+      }
+      NoteDiskError(Format("cuDNN refused the kernel cache in %s (rewritten): %s",
+                           settings.disk->path_of(st.disk_key).c_str(), s.message().c_str()));
+    }
+    if (lookup != BlobCache::Lookup::kMiss) ++Count().load_failures;
+  }
+  st.kernel_cache = NewKernelCache();
+  st.kernel_cache_from_disk = false;
+  st.save = true;  // whatever the first build compiles is new to the disk
+  return st.kernel_cache;
+}
+
+void SaveKernelCache(Structure& st, const Settings& settings) {
+  if (!settings.disk->enabled() || st.disk_key.empty() || !st.kernel_cache) return;
+  std::string json;
+  Status s = KernelCacheToJson(*st.kernel_cache, &json);
+  if (s.ok()) s = settings.disk->put(st.disk_key, json.data(), json.size());
+  if (!s.ok()) {
+    ++Count().save_failures;
+    NoteDiskError(Format("the kernel cache was not written: %s", s.message().c_str()));
+    return;
+  }
+  ++Count().saved;
+  st.save = false;
+}
+
+// Builds the plan of spec (key) under its structure's lock; cuDNN's refusals are cached like
+// plans (check() of that graph fails fast next time), a missing handle is not.
+Status BuildPlan(const SdpaGraphSpec& spec, const DeviceInfo& device, const PlanKey& key,
+                 std::shared_ptr<PlanEntry>* entry) {
+  const std::shared_ptr<const Settings> settings = CurrentSettings();
+  std::shared_ptr<Structure> st =
+      Structures().get_or_make(MakeStructureKey(spec, device), [&] {
+        auto made = std::make_shared<Structure>();
+        made->dynamic_off = settings->dynamic_off;
+        if (made->dynamic_off.empty()) {
+          Status refusal = DynamicShapeRefusal(spec);
+          if (!refusal.ok()) made->dynamic_off = refusal.message();
+        }
+        return made;
+      });
+  std::lock_guard<std::mutex> lock(st->mutex);
+  if ((*entry = Cache().peek(key))) return Status::Ok();  // another thread built it meanwhile
+
+  HandleLease handle;
+  FUSEDATTN_RETURN_IF_ERROR(handle.acquire(device.ordinal));
+  BuildOptions options;
+  options.skip_unified = st->unified_refused;
+  if (st->dynamic_off.empty())
+    options.kernel_cache = [&] { return KernelCacheOf(*st, spec, device, *settings); };
+  auto made = std::make_shared<PlanEntry>();
+  BuildReport report;
+  const auto start = std::chrono::steady_clock::now();
+  made->status = BuildSdpaGraph(spec, handle.get(), options, &made->graph, &report);
+  if (!report.dynamic_refusal.empty() && st->kernel_cache_from_disk) {
+    // The kernel cache read from disk may be what cuDNN refused: once more with an empty one,
+    // which the build then writes over the file.
+    st->kernel_cache = NewKernelCache();
+    st->kernel_cache_from_disk = false;
+    st->save = true;
+    ++Count().load_failures;
+    options.skip_unified = true;  // refused already (else the dynamic attempt was not reached)
+    options.kernel_cache = [&] { return st->kernel_cache; };
+    made->status = BuildSdpaGraph(spec, handle.get(), options, &made->graph, &report);
+  }
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  if (report.unified_refused) st->unified_refused = true;
+  if (!report.dynamic_refusal.empty()) {
+    st->dynamic_off = "cuDNN refused the dynamic-shape graph: " + report.dynamic_refusal;
+    st->kernel_cache.reset();
+  }
+  Counters& count = Count();
+  ++count.builds;
+  count.build_us += static_cast<uint64_t>(ms * 1000.0);
+  if (made->status.ok()) {
+    made->workspace = GraphWorkspaceBytes(*made->graph);
+    made->route = report.route;
+    made->kernels_from_disk = report.route == BuildRoute::kDynamic && st->kernel_cache_from_disk;
+    if (report.route == BuildRoute::kStatic) made->per_shape_reason = st->dynamic_off;
+    ++(report.route == BuildRoute::kUnified   ? count.unified
+       : report.route == BuildRoute::kDynamic ? count.dynamic
+                                              : count.per_shape);
+    if (report.route == BuildRoute::kDynamic) {
+      const bool compiled = ms >= kSaveAfterMs && g_dynamic_built.exchange(true);
+      g_dynamic_built = true;
+      if (st->save || compiled) SaveKernelCache(*st, *settings);
+    }
+  } else {
+    ++count.failed;
+  }
+  *entry = Cache().insert(key, std::move(made));
+  return Status::Ok();
+}
+
+// The plan of spec on the current device: from the cache (a warm call), or built.
 Status GetPlan(const SdpaGraphSpec& spec, const DeviceInfo& device,
                std::shared_ptr<PlanEntry>* entry) {
   PlanKey key = MakePlanKey(spec, device);
   if (key.used > PlanKey::kWords)
     return InternalError("cuDNN plan key needs %zu words, more than %zu", key.used,
                          PlanKey::kWords);
-  // cuDNN's refusals are cached like plans (check() of that graph fails fast next time); a
-  // missing handle is not about the graph and is not cached.
-  Status no_handle;
-  *entry = Cache().get_or_make(key, [&]() -> std::shared_ptr<PlanEntry> {
-    HandleLease handle;
-    no_handle = handle.acquire(device.ordinal);
-    if (!no_handle.ok()) return nullptr;
-    auto made = std::make_shared<PlanEntry>();
-    made->status = BuildSdpaGraph(spec, handle.get(), &made->graph);
-    if (made->status.ok()) made->workspace = GraphWorkspaceBytes(*made->graph);
-    return made;
-  });
-  if (*entry == nullptr) return no_handle;
-  return Status::Ok();
+  if ((*entry = Cache().find(key))) return Status::Ok();
+  return BuildPlan(spec, device, key, entry);
 }
 
 const char* DirectionName(Direction d) {
@@ -245,11 +489,12 @@ struct WorkspaceLayout {
 Status LayOut(void* workspace, size_t bytes, const Scratch& scratch, int64_t cudnn_bytes,
               WorkspaceLayout* out) {
   out->needed = WorkspaceBytes(scratch.bytes, cudnn_bytes);
+  // Only a plan for other strides than the canonical ones (which *_workspace_size sized) can
+  // need more: a run-time refusal, so that selection tries the next backend.
   if (out->needed > bytes)
-    return Status(FUSEDATTN_ERROR_WORKSPACE,
-                  Format("the cuDNN plan for these tensors needs %zu bytes of workspace but %zu "
-                         "were given",
-                         out->needed, bytes));
+    return NotSupported("the cuDNN plan for these tensors' strides needs %zu bytes of workspace "
+                        "but %zu were given",
+                        out->needed, bytes);
   if (out->needed == 0) return Status::Ok();  // nothing to lay out
   uintptr_t base = reinterpret_cast<uintptr_t>(workspace);
   base = (base + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
@@ -327,9 +572,11 @@ class CudnnBackendImpl final : public Backend {
     std::shared_ptr<PlanEntry> entry;
     FUSEDATTN_RETURN_IF_ERROR(GetPlan(ForwardSpec(p, CanonicalFwdTensors(p)), device, &entry));
     FUSEDATTN_RETURN_IF_ERROR(PlanStatus(*entry, Direction::kForward));
-    // The scratch for the largest call plan: a caller's LSE that is not packed needs staging.
+    // The scratch for the largest call plan: a caller's LSE that is not packed, or sink logits
+    // that are strided or misaligned, need staging.
     CallPlan call = ForwardCallPlan(p, CanonicalFwdTensors(p));
     if (p.needs_lse()) call.stage_stats = true;
+    if (p.config.softmax_type != FUSEDATTN_SOFTMAX_VANILLA) call.stage_sink = true;
     *bytes = WorkspaceBytes(ForwardScratch(p, call).bytes, entry->workspace);
     return Status::Ok();
   }
@@ -357,32 +604,37 @@ class CudnnBackendImpl final : public Backend {
 
   fusedattn_cache_stats cache_stats() const override { return Cache().stats(); }
 
- private:
-  // What this call's tensors need that cuDNN cannot do (reason): run it on the flash backend
-  // when it is built and the caller did not ask for cuDNN by name, else fail naming the reason.
-  template <typename Run>
-  Status Fallback(const Problem& p, const std::string& reason, Run&& run) {
-    const bool forced = p.config.backend == FUSEDATTN_BACKEND_CUDNN ||
-                        (p.config.backend == FUSEDATTN_BACKEND_AUTO &&
-                         EnvironmentBackend() == FUSEDATTN_BACKEND_CUDNN);
-    if (forced)
-      return NotSupported("cudnn (forced): %s for these tensors (the flash backend takes any "
-                          "layout)",
-                          reason.c_str());
-#ifdef FUSEDATTN_WITH_FLASH
-    Backend* flash = FlashBackend();
-    Status s = flash->available();
-    if (s.ok()) s = flash->check(p);
-    if (s.ok()) return run(flash);
-    return NotSupported("cudnn: %s, and the flash fallback cannot run it: %s", reason.c_str(),
-                        s.message().c_str());
-#else
-    (void)run;
-    return NotSupported("cudnn: %s (for these tensors; the flash backend, which takes any "
-                        "layout, is not built)",
-                        reason.c_str());
-#endif
+  // How check()'s plans were built, and where kernel caches go.
+  std::string note(const Problem& problem) override {
+    Problem storage;
+    const Problem& p = EffectiveProblem(problem, &storage);
+    DeviceInfo device;
+    if (!CurrentDevice(&device).ok()) return {};
+    std::string text;
+    bool dynamic = false;
+    auto describe = [&](const char* direction, const SdpaGraphSpec& spec) {
+      std::shared_ptr<PlanEntry> e = Cache().peek(MakePlanKey(spec, device));
+      if (!e || !e->status.ok()) return;
+      text += Format("%s%s: %s", text.empty() ? "plans: " : "; ", direction, RouteName(e->route));
+      if (e->kernels_from_disk) text += " (kernels read from disk)";
+      if (e->route == BuildRoute::kStatic && !e->per_shape_reason.empty())
+        text += " (" + e->per_shape_reason + ")";
+      dynamic = dynamic || e->route == BuildRoute::kDynamic;
+    };
+    describe("forward", ForwardSpec(p, CanonicalFwdTensors(p)));
+    if (p.config.is_training) describe("backward", BackwardSpec(p, CanonicalBwdTensors(p)));
+    if (dynamic) {
+      std::shared_ptr<const Settings> settings = CurrentSettings();
+      if (settings->disk->enabled())
+        text += "; kernel caches on disk in " + settings->disk->directory();
+      else
+        text += "; kernel caches in memory only (" + settings->disk_off + ")";
+      std::lock_guard<std::mutex> lock(g_disk_error_mutex);
+      if (!g_disk_error.empty()) text += "; " + g_disk_error;
+    }
+    return text;
   }
+
 };
 
 Status CudnnBackendImpl::forward(const Problem& problem, const FwdTensors& t, void* workspace,
@@ -390,23 +642,6 @@ Status CudnnBackendImpl::forward(const Problem& problem, const FwdTensors& t, vo
   Problem storage;
   const Problem& p = EffectiveProblem(problem, &storage);
   const auto& c = p.config;
-  auto fallback = [&](const std::string& reason) {
-    return Fallback(p, reason, [&](Backend* other) {
-      size_t needed = 0;
-      FUSEDATTN_RETURN_IF_ERROR(other->fwd_workspace_size(p, &needed));
-      // Without a score_mod, flash's forward workspace is only its THD tile schedule, which it
-      // skips (plain grid) when not given: a smaller cuDNN workspace still runs.
-      if (needed > workspace_bytes && !p.score_mod)
-        return other->forward(p, t, nullptr, 0, stream);
-      if (needed > workspace_bytes)
-        return Status(FUSEDATTN_ERROR_WORKSPACE,
-                      Format("cudnn: %s; the flash fallback needs %zu bytes of workspace but %zu "
-                             "were given",
-                             reason.c_str(), needed, workspace_bytes));
-      return other->forward(p, t, workspace, workspace_bytes, stream);
-    });
-  };
-
   const struct {
     const char* name;
     const TensorView& view;
@@ -416,8 +651,8 @@ Status CudnnBackendImpl::forward(const Problem& problem, const FwdTensors& t, vo
                   {"args.v", t.v, c.heads_kv, c.max_seqlen_kv, c.head_dim_v},
                   {"args.o", t.o, c.heads_q, c.max_seqlen_q, c.head_dim_v}};
   for (const auto& op : operands) {
-    Status s = CheckRuntimeLayout(op.name, op.view, c.batch, op.heads, op.seqlen, op.dim, p.thd);
-    if (!s.ok()) return fallback(s.message());
+    FUSEDATTN_RETURN_IF_ERROR(
+        CheckRuntimeLayout(op.name, op.view, c.batch, op.heads, op.seqlen, op.dim, p.thd));
   }
 
   DeviceInfo device;
@@ -425,13 +660,12 @@ Status CudnnBackendImpl::forward(const Problem& problem, const FwdTensors& t, vo
   const SdpaGraphSpec spec = ForwardSpec(p, t);
   std::shared_ptr<PlanEntry> entry;
   FUSEDATTN_RETURN_IF_ERROR(GetPlan(spec, device, &entry));
-  if (!entry->status.ok()) return fallback(PlanStatus(*entry, Direction::kForward).message());
+  FUSEDATTN_RETURN_IF_ERROR(PlanStatus(*entry, Direction::kForward));
 
   const CallPlan call = ForwardCallPlan(p, t);
   const Scratch scratch = ForwardScratch(p, call);
   WorkspaceLayout ws;
-  Status laid = LayOut(workspace, workspace_bytes, scratch, entry->workspace, &ws);
-  if (!laid.ok()) return fallback(laid.message());
+  FUSEDATTN_RETURN_IF_ERROR(LayOut(workspace, workspace_bytes, scratch, entry->workspace, &ws));
 
   const Sequences seq = SequencesOf(p, t, call.const_lengths);
   const cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
@@ -467,7 +701,8 @@ Status CudnnBackendImpl::forward(const Problem& problem, const FwdTensors& t, vo
   ptrs.at[kUidSeqLenKv] = At<int32_t>(ws, scratch.seq_len_kv);
   ptrs.at[kUidSeed] = &seed;
   ptrs.at[kUidOffset] = &offset;
-  ptrs.at[kUidSink] = At<float>(ws, scratch.sink);
+  ptrs.at[kUidSink] = call.stage_sink ? At<float>(ws, scratch.sink)
+                                      : const_cast<float*>(t.sink_logits);
   ptrs.at[kUidRaggedQ] = At<int32_t>(ws, scratch.ragged[kRaggedQ]);
   ptrs.at[kUidRaggedK] = At<int32_t>(ws, scratch.ragged[kRaggedK]);
   ptrs.at[kUidRaggedV] = At<int32_t>(ws, scratch.ragged[kRaggedV]);
@@ -496,19 +731,6 @@ Status CudnnBackendImpl::backward(const Problem& problem, const BwdTensors& t, v
   Problem storage;
   const Problem& p = EffectiveProblem(problem, &storage);
   const auto& c = p.config;
-  auto fallback = [&](const std::string& reason) {
-    return Fallback(p, reason, [&](Backend* other) {
-      size_t needed = 0;
-      FUSEDATTN_RETURN_IF_ERROR(other->bwd_workspace_size(p, &needed));
-      if (needed > workspace_bytes)
-        return Status(FUSEDATTN_ERROR_WORKSPACE,
-                      Format("cudnn: %s; the flash fallback needs %zu bytes of workspace but %zu "
-                             "were given",
-                             reason.c_str(), needed, workspace_bytes));
-      return other->backward(p, t, workspace, workspace_bytes, stream);
-    });
-  };
-
   const struct {
     const char* name;
     const TensorView& view;
@@ -522,8 +744,8 @@ Status CudnnBackendImpl::backward(const Problem& problem, const BwdTensors& t, v
                   {"args.dk", t.dk, c.heads_kv, c.max_seqlen_kv, c.head_dim_qk},
                   {"args.dv", t.dv, c.heads_kv, c.max_seqlen_kv, c.head_dim_v}};
   for (const auto& op : operands) {
-    Status s = CheckRuntimeLayout(op.name, op.view, c.batch, op.heads, op.seqlen, op.dim, p.thd);
-    if (!s.ok()) return fallback(s.message());
+    FUSEDATTN_RETURN_IF_ERROR(
+        CheckRuntimeLayout(op.name, op.view, c.batch, op.heads, op.seqlen, op.dim, p.thd));
   }
 
   DeviceInfo device;
@@ -531,13 +753,12 @@ Status CudnnBackendImpl::backward(const Problem& problem, const BwdTensors& t, v
   const SdpaGraphSpec spec = BackwardSpec(p, t);
   std::shared_ptr<PlanEntry> entry;
   FUSEDATTN_RETURN_IF_ERROR(GetPlan(spec, device, &entry));
-  if (!entry->status.ok()) return fallback(PlanStatus(*entry, Direction::kBackward).message());
+  FUSEDATTN_RETURN_IF_ERROR(PlanStatus(*entry, Direction::kBackward));
 
   const CallPlan call = BackwardCallPlan(p, t);
   const Scratch scratch = BackwardScratch(p, call);
   WorkspaceLayout ws;
-  Status laid = LayOut(workspace, workspace_bytes, scratch, entry->workspace, &ws);
-  if (!laid.ok()) return fallback(laid.message());
+  FUSEDATTN_RETURN_IF_ERROR(LayOut(workspace, workspace_bytes, scratch, entry->workspace, &ws));
 
   const Sequences seq = SequencesOf(p, t, call.const_lengths);
   const Band band = BandOf(p);
@@ -561,6 +782,7 @@ Status CudnnBackendImpl::backward(const Problem& problem, const BwdTensors& t, v
     prep.lse = ViewOf(t.lse);
     prep.lse_packed = t.lse_packed;
     prep.band = band;
+    prep.zero_counter = At<unsigned int>(ws, scratch.dsink_done);
     FUSEDATTN_CUDA_CHECK(LaunchPrepare(prep, cuda_stream));
   }
 
@@ -589,17 +811,19 @@ Status CudnnBackendImpl::backward(const Problem& problem, const BwdTensors& t, v
   SetScoreModPointers(t, scratch, ws, &ptrs);
   FUSEDATTN_RETURN_IF_ERROR(Execute(*entry->graph, device.ordinal, stream, ptrs, ws.cudnn));
 
+  BackwardEpilogueParams after;
+  after.do_fixup = call.fixup;
   if (call.fixup) {
-    BackwardFixupParams fix;
+    BackwardFixupParams& fix = after.fixup;
     fix.seq = seq;
     fix.band = band;
     fix.heads_q = c.heads_q, fix.heads_kv = c.heads_kv;
     fix.head_dim_qk = c.head_dim_qk, fix.head_dim_v = c.head_dim_v;
     fix.dq = ViewOf(t.dq), fix.dk = ViewOf(t.dk), fix.dv = ViewOf(t.dv);
-    FUSEDATTN_CUDA_CHECK(LaunchBackwardFixup(fix, cuda_stream));
   }
+  after.do_dbias = call.fixup_dbias;
   if (call.fixup_dbias) {
-    DbiasFixupParams fix;
+    DbiasFixupParams& fix = after.dbias_fixup;
     fix.seq = seq;
     fix.band = band;
     fix.bias_batch = c.bias_batch, fix.bias_heads = c.bias_heads;
@@ -607,10 +831,10 @@ Status CudnnBackendImpl::backward(const Problem& problem, const BwdTensors& t, v
     fix.element_bytes = static_cast<int>(DtypeSize(t.dbias.dtype));
     fix.stride_b = t.dbias.stride_b, fix.stride_h = t.dbias.stride_h;
     fix.stride_q = t.dbias.stride_q, fix.stride_kv = t.dbias.stride_kv;
-    FUSEDATTN_CUDA_CHECK(LaunchDbiasFixup(fix, cuda_stream));
   }
+  after.do_dsink = call.dsink;
   if (call.dsink) {
-    DsinkParams ds;
+    DsinkParams& ds = after.dsink;
     ds.seq = seq;
     ds.band = band;
     ds.heads_q = c.heads_q, ds.head_dim_v = c.head_dim_v;
@@ -619,9 +843,10 @@ Status CudnnBackendImpl::backward(const Problem& problem, const BwdTensors& t, v
     ds.lse_packed = t.lse_packed;
     ds.sink = t.sink_logits, ds.sink_stride = t.sink_stride;
     ds.partials = At<float>(ws, scratch.dsink_partials);
+    ds.done = At<unsigned int>(ws, scratch.dsink_done);
     ds.dsink = t.dsink, ds.dsink_stride = t.dsink_stride;
-    FUSEDATTN_CUDA_CHECK(LaunchDsink(ds, cuda_stream));
   }
+  FUSEDATTN_CUDA_CHECK(LaunchBackwardEpilogue(after, cuda_stream));
   return Status::Ok();
 }
 
@@ -629,7 +854,45 @@ Status CudnnBackendImpl::backward(const Problem& problem, const BwdTensors& t, v
 
 void ReloadPlanCacheCapacity() { Cache().set_capacity(CacheCapacityFromEnv()); }
 
-void ClearPlanCache() { Cache().clear(); }
+void ClearPlanCache() {
+  Cache().clear();
+  Structures().clear();
+  // Selections keep the workspace sizes of the plans they were made with; a rebuilt plan may
+  // need another size, and check() should build the plans again, not the first call.
+  ClearSelectionCache();
+}
+
+void ReloadSettings() {
+  {
+    std::lock_guard<std::mutex> lock(g_settings_mutex);
+    g_settings.reset();
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_disk_error_mutex);
+    g_disk_error.clear();
+  }
+  ClearPlanCache();
+}
+
+PlanBuildStats GetPlanBuildStats() {
+  const Counters& c = Count();
+  PlanBuildStats s;
+  s.builds = c.builds.load(), s.unified = c.unified.load(), s.dynamic = c.dynamic.load();
+  s.per_shape = c.per_shape.load(), s.failed = c.failed.load();
+  s.kernel_caches_loaded = c.loaded.load(), s.kernel_cache_load_failures = c.load_failures.load();
+  s.kernel_caches_saved = c.saved.load(), s.kernel_cache_save_failures = c.save_failures.load();
+  s.build_ms = static_cast<double>(c.build_us.load()) / 1000.0;
+  return s;
+}
+
+std::string DiskCacheDirectory() {
+  std::shared_ptr<const Settings> settings = CurrentSettings();
+  return settings->disk->enabled() ? settings->disk->directory() : std::string();
+}
+
+std::string DiskCacheOffReason() { return CurrentSettings()->disk_off; }
+
+std::string DynamicShapesOffReason() { return CurrentSettings()->dynamic_off; }
 
 }  // namespace cudnn
 

@@ -1,13 +1,45 @@
 // Internals of the cuDNN backend that tests and the overhead benchmark reach.
 #pragma once
 
+#include <cstdint>
+#include <string>
+
 namespace fusedattn::cudnn {
 
 // Re-reads FUSEDATTN_PLAN_CACHE_SIZE (default 256) and resizes the plan cache; read once at
 // first use otherwise.
 void ReloadPlanCacheCapacity();
 
-// Drops every cached plan (counters keep counting).
+// Drops every cached plan and structure (with its kernel cache) and the selections made with
+// them; counters keep counting.
 void ClearPlanCache();
+
+// Re-reads FUSEDATTN_CUDNN_DYNAMIC_SHAPES and the on-disk cache's variables (FUSEDATTN_CACHE_DIR,
+// FUSEDATTN_CACHE_MAX_MB, XDG_CACHE_HOME, HOME), then clears the plan cache; read once at first
+// use otherwise.
+void ReloadSettings();
+
+// How plans were built since the process started (or since the counters were last read by a
+// test, which compares differences).
+struct PlanBuildStats {
+  uint64_t builds = 0;     // plans built (every attempt that reached cuDNN, failures included)
+  uint64_t unified = 0;    // ... by the unified SDPA node, per shape
+  uint64_t dynamic = 0;    // ... as dynamic-shape graphs from a structure's kernel cache
+  uint64_t per_shape = 0;  // ... as per-shape composite graphs
+  uint64_t failed = 0;     // ... refused by cuDNN
+  uint64_t kernel_caches_loaded = 0;  // structures whose kernel cache came from disk
+  uint64_t kernel_cache_load_failures = 0;  // damaged files, or kernel caches cuDNN refused
+  uint64_t kernel_caches_saved = 0;   // files written
+  uint64_t kernel_cache_save_failures = 0;
+  double build_ms = 0;     // total time of the builds
+};
+PlanBuildStats GetPlanBuildStats();
+
+// Where kernel caches are written ("" when they are not) and, when not, why.
+std::string DiskCacheDirectory();
+std::string DiskCacheOffReason();
+// Why no structure uses dynamic shapes ("" when they are on: cuDNN >= 9.5 and
+// FUSEDATTN_CUDNN_DYNAMIC_SHAPES not 0).
+std::string DynamicShapesOffReason();
 
 }  // namespace fusedattn::cudnn

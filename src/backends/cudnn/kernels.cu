@@ -96,6 +96,7 @@ __global__ void PrepareKernel(PrepareParams p) {
   if (p.sink != nullptr)
     for (int64_t h = start; h < p.heads_q; h += stride)
       p.sink[h] = p.sink_src != nullptr ? p.sink_src[h * p.sink_stride] : 0.0f;
+  if (p.zero_counter != nullptr && start == 0) *p.zero_counter = 0;
   if (p.stats != nullptr) {
     const int64_t sq = p.seq.max_seqlen_q;
     const int64_t rows = p.graph_batch * p.heads_q * sq;
@@ -134,11 +135,14 @@ __global__ void ForwardFixupKernel(ForwardFixupParams p) {
   }
 }
 
-__global__ void BackwardFixupKernel(BackwardFixupParams p) {
+// The epilogue's parts below run on a range of the grid's blocks: `block` of `blocks`, each a
+// grid-stride loop over its own work.
+__device__ void BackwardFixupPart(const BackwardFixupParams& p, int64_t block, int64_t blocks) {
   const int64_t sq = p.seq.max_seqlen_q, skv = p.seq.max_seqlen_kv;
   const int64_t rows_q = p.seq.batch * p.heads_q * sq;
   const int64_t rows_kv = p.seq.batch * p.heads_kv * skv;
-  for (int64_t r = GridStart(); r < rows_q + rows_kv; r += GridStride()) {
+  const int64_t stride = blocks * blockDim.x;
+  for (int64_t r = block * blockDim.x + threadIdx.x; r < rows_q + rows_kv; r += stride) {
     if (r < rows_q) {
       const int64_t i = r % sq, h = (r / sq) % p.heads_q, b = r / (sq * p.heads_q);
       Seq s = SequenceOf(p.seq, b);
@@ -157,10 +161,11 @@ __global__ void BackwardFixupKernel(BackwardFixupParams p) {
   }
 }
 
-__global__ void DbiasFixupKernel(DbiasFixupParams p) {
+__device__ void DbiasFixupPart(const DbiasFixupParams& p, int64_t block, int64_t blocks) {
   const int64_t sq = p.seq.max_seqlen_q, skv = p.seq.max_seqlen_kv;
   const int64_t count = p.bias_batch * p.bias_heads * sq * skv;
-  for (int64_t e = GridStart(); e < count; e += GridStride()) {
+  const int64_t stride = blocks * blockDim.x;
+  for (int64_t e = block * blockDim.x + threadIdx.x; e < count; e += stride) {
     const int64_t j = e % skv, i = (e / skv) % sq, bh = (e / (skv * sq)) % p.bias_heads,
                   bb = e / (skv * sq * p.bias_heads);
     // The sequences whose scores this entry adds to: its own, or all when broadcast over batch.
@@ -188,10 +193,11 @@ __device__ float Load16(const void* data, int64_t index, bool bf16) {
   return __half2float(__ushort_as_half(bits));
 }
 
-// Block (chunk c, head h) sums the rows r = c, c + chunks, ... of head h; warps take rows in turn.
-__global__ void DsinkPartialKernel(DsinkParams p) {
-  const int64_t h = blockIdx.y;
-  const int chunk = blockIdx.x;
+// Block (chunk, h) sums the rows r = chunk, chunk + chunks, ... of head h (warps take rows in
+// turn) into partials[chunk][h]. The block that finishes last (counted in p.done, which the
+// prepare kernel zeroed) adds the partials of every head in chunk order: the result does not
+// depend on which block that is, so dsink is the same bit for bit run to run.
+__device__ void DsinkPart(const DsinkParams& p, int chunk, int64_t h) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   constexpr int kWarps = kThreads / 32;
   const int64_t sq = p.seq.max_seqlen_q;
@@ -213,21 +219,45 @@ __global__ void DsinkPartialKernel(DsinkParams p) {
     if (lane == 0) warp_sum += expf(sink - lse) * dot;
   }
   __shared__ float sums[kWarps];
+  __shared__ bool last_block;
   if (lane == 0) sums[warp] = warp_sum;
   __syncthreads();
   if (threadIdx.x == 0) {
     float total = 0.0f;
     for (int w = 0; w < kWarps; ++w) total += sums[w];
     p.partials[int64_t{chunk} * p.heads_q + h] = total;
+    __threadfence();  // the partial is visible to every block before this one is counted
+    const unsigned int blocks = static_cast<unsigned int>(kDsinkChunks * p.heads_q);
+    last_block = atomicAdd(p.done, 1u) == blocks - 1;
+  }
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();
+  const volatile float* partials = p.partials;  // written by other blocks: read past L1
+  for (int64_t head = threadIdx.x; head < p.heads_q; head += blockDim.x) {
+    float total = 0.0f;
+    for (int c = 0; c < kDsinkChunks; ++c) total += partials[int64_t{c} * p.heads_q + head];
+    p.dsink[head * p.dsink_stride] = -total;
   }
 }
 
-__global__ void DsinkFinalKernel(DsinkParams p) {
-  for (int64_t h = GridStart(); h < p.heads_q; h += GridStride()) {
-    float total = 0.0f;
-    for (int c = 0; c < kDsinkChunks; ++c) total += p.partials[int64_t{c} * p.heads_q + h];
-    p.dsink[h * p.dsink_stride] = -total;
+// The backward's one launch after the graph: blocks [0, fixup_blocks) zero dQ / dK / dV where
+// our semantics say so, the next dbias_blocks zero dbias outside every band, the rest compute
+// dsink (kDsinkChunks blocks per head).
+__global__ void BackwardEpilogueKernel(BackwardEpilogueParams p, int fixup_blocks,
+                                       int dbias_blocks) {
+  int64_t block = blockIdx.x;
+  if (block < fixup_blocks) {
+    BackwardFixupPart(p.fixup, block, fixup_blocks);
+    return;
   }
+  block -= fixup_blocks;
+  if (block < dbias_blocks) {
+    DbiasFixupPart(p.dbias_fixup, block, dbias_blocks);
+    return;
+  }
+  block -= dbias_blocks;
+  DsinkPart(p.dsink, static_cast<int>(block % kDsinkChunks), block / kDsinkChunks);
 }
 
 }  // namespace
@@ -247,25 +277,26 @@ cudaError_t LaunchForwardFixup(const ForwardFixupParams& p, cudaStream_t stream)
   return cudaGetLastError();
 }
 
-cudaError_t LaunchBackwardFixup(const BackwardFixupParams& p, cudaStream_t stream) {
-  int64_t work = p.seq.batch * (p.heads_q * p.seq.max_seqlen_q + p.heads_kv * p.seq.max_seqlen_kv);
-  BackwardFixupKernel<<<Blocks(work), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchDbiasFixup(const DbiasFixupParams& p, cudaStream_t stream) {
-  int64_t work = p.bias_batch * p.bias_heads * p.seq.max_seqlen_q * p.seq.max_seqlen_kv;
-  DbiasFixupKernel<<<Blocks(work), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchDsink(const DsinkParams& p, cudaStream_t stream) {
-  if (p.heads_q > 65535) return cudaErrorInvalidConfiguration;
-  DsinkPartialKernel<<<dim3(kDsinkChunks, static_cast<unsigned>(p.heads_q)), kThreads, 0,
-                       stream>>>(p);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  DsinkFinalKernel<<<Blocks(p.heads_q), kThreads, 0, stream>>>(p);
+cudaError_t LaunchBackwardEpilogue(const BackwardEpilogueParams& p, cudaStream_t stream) {
+  int fixup_blocks = 0, dbias_blocks = 0;
+  int64_t dsink_blocks = 0;
+  if (p.do_fixup) {
+    const auto& f = p.fixup;
+    fixup_blocks = Blocks(f.seq.batch * (f.heads_q * f.seq.max_seqlen_q +
+                                         f.heads_kv * f.seq.max_seqlen_kv));
+  }
+  if (p.do_dbias) {
+    const auto& d = p.dbias_fixup;
+    dbias_blocks = Blocks(d.bias_batch * d.bias_heads * d.seq.max_seqlen_q * d.seq.max_seqlen_kv);
+  }
+  if (p.do_dsink) {
+    if (p.dsink.heads_q > 65535 || p.dsink.done == nullptr) return cudaErrorInvalidConfiguration;
+    dsink_blocks = int64_t{kDsinkChunks} * p.dsink.heads_q;
+  }
+  const int64_t blocks = fixup_blocks + dbias_blocks + dsink_blocks;
+  if (blocks == 0) return cudaSuccess;
+  BackwardEpilogueKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, fixup_blocks,
+                                                                                 dbias_blocks);
   return cudaGetLastError();
 }
 

@@ -1,8 +1,11 @@
 // Small kernels around the cuDNN graphs: they prepare what cuDNN reads (sequence lengths and
 // ragged offsets from cu_seqlens, LSE staging, a zero sink) and write what our semantics say where
 // cuDNN's differ or are unspecified (rows that see no key: O = 0, LSE = -inf, dQ = 0; keys no row
-// sees: dK = dV = 0; dbias outside every sequence's band = 0), and compute dsink. Each is one
-// launch over rows, O(rows) work, no O(sq * skv) memory.
+// sees: dK = dV = 0; dbias outside every sequence's band = 0), and compute dsink. A call launches
+// at most one kernel before its graph (LaunchPrepare) and one after it (the forward's fix-up, or
+// the backward's epilogue, which does all of the backward's work in one launch): a launch costs
+// microseconds of host time, more than these kernels' device time. O(rows) work, no O(sq * skv)
+// memory (dbias aside, which is that size).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -53,6 +56,7 @@ struct PrepareParams {
   DeviceView lse;                 // float32; stride_d unused
   bool lse_packed = false;        // THD [tokens, heads]
   Band band;
+  unsigned int* zero_counter = nullptr;  // set to 0 (the backward epilogue's dsink count), or null
 };
 cudaError_t LaunchPrepare(const PrepareParams& params, cudaStream_t stream);
 
@@ -76,7 +80,6 @@ struct BackwardFixupParams {
   int64_t heads_q = 0, heads_kv = 0, head_dim_qk = 0, head_dim_v = 0;
   DeviceView dq, dk, dv;          // 16-bit elements
 };
-cudaError_t LaunchBackwardFixup(const BackwardFixupParams& params, cudaStream_t stream);
 
 struct DbiasFixupParams {
   Sequences seq;
@@ -86,7 +89,6 @@ struct DbiasFixupParams {
   int element_bytes = 4;          // 4 (float32) or 2
   int64_t stride_b = 0, stride_h = 0, stride_q = 0, stride_kv = 0;
 };
-cudaError_t LaunchDbiasFixup(const DbiasFixupParams& params, cudaStream_t stream);
 
 // dsink[h] = -sum over rows that see a key of exp(sink[h] - lse) * (dO . O), in a fixed order
 // (bit-identical run to run).
@@ -101,9 +103,21 @@ struct DsinkParams {
   const float* sink = nullptr;
   int64_t sink_stride = 1;
   float* partials = nullptr;      // [kDsinkChunks, heads_q] scratch
+  unsigned int* done = nullptr;   // scratch, 0 at launch (the prepare kernel zeroes it)
   float* dsink = nullptr;
   int64_t dsink_stride = 1;
 };
-cudaError_t LaunchDsink(const DsinkParams& params, cudaStream_t stream);
+
+// What the backward does after its graph, in one launch: the fix-up of dQ / dK / dV, the dbias
+// fix-up and dsink, each when its flag is set (nothing is launched when none is).
+struct BackwardEpilogueParams {
+  bool do_fixup = false;
+  BackwardFixupParams fixup;
+  bool do_dbias = false;
+  DbiasFixupParams dbias_fixup;
+  bool do_dsink = false;
+  DsinkParams dsink;
+};
+cudaError_t LaunchBackwardEpilogue(const BackwardEpilogueParams& params, cudaStream_t stream);
 
 }  // namespace fusedattn::cudnn

@@ -463,7 +463,13 @@ CallPlan ForwardCallPlan(const Problem& p, const FwdTensors& t) {
   call.stage_stats = p.needs_lse() && (p.padding || empty_rows ||
                                        !LsePackedBhsd(p, t.lse, t.lse_packed));
   call.fixup = p.padding || empty_rows || call.stage_stats;
-  call.stage_sink = c.softmax_type != FUSEDATTN_SOFTMAX_VANILLA;
+  // cuDNN reads a learnable sink straight from the caller when it is contiguous float32 [heads]
+  // and 16-byte aligned; another one is copied, and the off-by-one softmax's zero logits are
+  // written (fwd_workspace_size reserves the copy's scratch whatever the tensor).
+  const bool sink_as_is = (t.sink_stride == 1 || c.heads_q == 1) &&
+                          reinterpret_cast<uintptr_t>(t.sink_logits) % 16 == 0;
+  call.stage_sink = c.softmax_type == FUSEDATTN_SOFTMAX_OFF_BY_ONE ||
+                    (c.softmax_type == FUSEDATTN_SOFTMAX_LEARNABLE_SINK && !sink_as_is);
   if (p.has_score_mod()) {
     // The callback decides visibility per element, so only cuDNN's stats tell which rows saw
     // no key: they are always staged and the fix-up reads them. Lengths stay the real ones
@@ -499,7 +505,8 @@ CallPlan BackwardCallPlan(const Problem& p, const BwdTensors& t) {
     call.const_lengths = false;
     call.stage_stats = true;
   }
-  call.prep = call.padding || call.const_lengths || call.stage_stats;
+  // The prepare kernel also zeroes the epilogue's dsink counter.
+  call.prep = call.padding || call.const_lengths || call.stage_stats || call.dsink;
   return call;
 }
 
@@ -588,6 +595,90 @@ SdpaGraphSpec BackwardSpec(const Problem& p, const BwdTensors& t) {
   return s;
 }
 
+namespace {
+
+// The hash of a key's used words and its score_mod.
+void FinishKey(PlanKey* key) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < key->Used(); ++i) {
+    h ^= static_cast<uint64_t>(key->words[i]);
+    h *= 1099511628211ull;
+    h ^= h >> 29;
+  }
+  h ^= static_cast<uint64_t>(key->used);
+  h *= 1099511628211ull;
+  h ^= flex::ScoreModKeyHash()(key->score_mod);
+  h *= 1099511628211ull;
+  key->hash = static_cast<size_t>(h);
+}
+
+// A tensor's layout without its shape: the axes from the smallest stride up and, per axis,
+// whether its stride is exactly the previous axis' stride times that axis' extent (dense) or 1
+// for the innermost. Equal strides come from an axis of extent 1 (batch 1, sequence length 1):
+// that axis goes first, so that SBHD at batch 1 orders its axes as at batch 2; otherwise the later
+// axis first, as in a contiguous tensor.
+void AddLayout(const TensorDesc& d, KeyWriter* w) {
+  int order[4] = {3, 2, 1, 0};
+  std::sort(order, order + 4, [&](int a, int b) {
+    if (d.stride[a] != d.stride[b]) return d.stride[a] < d.stride[b];
+    if ((d.dim[a] == 1) != (d.dim[b] == 1)) return d.dim[a] == 1;
+    return a > b;
+  });
+  int64_t code = 0;
+  for (int k = 0; k < 4; ++k) {
+    const int axis = order[k];
+    const bool dense = k == 0 ? d.stride[axis] == 1
+                              : d.stride[axis] == d.stride[order[k - 1]] * d.dim[order[k - 1]];
+    code = code * 16 + axis * 2 + (dense ? 1 : 0);
+  }
+  w->add(code);
+}
+
+// A q/k/v-like tensor: heads and head dim, and its layout.
+void AddStructure(const TensorDesc& d, KeyWriter* w) {
+  w->add(d.dim[1]), w->add(d.dim[3]);
+  AddLayout(d, w);
+}
+
+// Every word of MakePlanKey that does not follow from batch and sequence lengths.
+void WriteStructure(const SdpaGraphSpec& s, KeyWriter* w) {
+  const bool bwd = s.direction == Direction::kBackward;
+  w->add(static_cast<int64_t>(s.direction));
+  w->add(s.io_dtype);
+  w->add(s.heads_q), w->add(s.heads_kv), w->add(s.head_dim_qk), w->add(s.head_dim_v);
+  w->add(s.ragged);
+  AddStructure(s.q, w), AddStructure(s.k, w), AddStructure(s.v, w), AddStructure(s.o, w);
+  if (bwd) AddStructure(s.d_o, w), AddStructure(s.dq, w), AddStructure(s.dk, w), AddStructure(s.dv, w);
+  w->add(s.stats);
+  w->add(s.padding);
+  w->add(s.has_left_bound), w->add(s.left_bound), w->add(s.has_right_bound), w->add(s.right_bound);
+  w->add(s.bottom_right);
+  w->add(s.bias);
+  if (s.bias) {
+    w->add(s.bias_dtype), w->add(s.bias_desc.dim[0] == 1), w->add(s.bias_desc.dim[1]);
+    AddLayout(s.bias_desc, w);
+  }
+  w->add(s.dbias);
+  if (s.dbias) w->add(s.dbias_desc.dim[0] == 1), w->add(s.dbias_desc.dim[1]), AddLayout(s.dbias_desc, w);
+  w->add(s.sink);
+  w->add_float(s.attn_scale);
+  w->add_float(s.dropout);
+  w->add(s.deterministic);
+  w->add(s.score_mod != nullptr);
+  if (s.score_mod) {
+    w->add(s.mod_band.left), w->add(s.mod_band.right), w->add(s.mod_band.bottom_right);
+    w->add(s.mod_seq_lens);
+    w->add(static_cast<int64_t>(s.aux.size()));
+    for (const auto& a : s.aux) {
+      w->add(a.dtype);
+      for (int i = 0; i < 4; ++i) w->add(a.desc.dim[i] == 1);
+      AddLayout(a.desc, w);
+    }
+  }
+}
+
+}  // namespace
+
 PlanKey MakePlanKey(const SdpaGraphSpec& s, const DeviceInfo& device) {
   PlanKey key;
   KeyWriter w(&key);
@@ -623,15 +714,43 @@ PlanKey MakePlanKey(const SdpaGraphSpec& s, const DeviceInfo& device) {
   key.score_mod.score_mod = s.score_mod;
   w.add(device.ordinal), w.add(device.compute_capability), w.add(device.cudnn_version);
   key.used = w.count();
-  uint64_t h = 1469598103934665603ull;
-  for (int64_t word : key.words) {
-    h ^= static_cast<uint64_t>(word);
-    h *= 1099511628211ull;
-    h ^= h >> 29;
+  FinishKey(&key);
+  return key;
+}
+
+PlanKey MakeStructureKey(const SdpaGraphSpec& s, const DeviceInfo& device) {
+  PlanKey key;
+  KeyWriter w(&key);
+  WriteStructure(s, &w);
+  key.score_mod.score_mod = s.score_mod;
+  w.add(device.ordinal), w.add(device.compute_capability), w.add(device.cudnn_version);
+  key.used = w.count();
+  FinishKey(&key);
+  return key;
+}
+
+Status DynamicShapeRefusal(const SdpaGraphSpec& s) {
+  if (s.score_mod)
+    return NotSupported("a score_mod's callbacks hold the sequence lengths as graph constants, so "
+                        "its graphs are built per shape");
+  return Status::Ok();
+}
+
+std::string KernelCacheDiskKey(const SdpaGraphSpec& s, const MachineIdentity& m) {
+  PlanKey structure;
+  KeyWriter w(&structure);
+  WriteStructure(s, &w);
+  std::string key = Format(
+      "fusedattn cudnn kernel cache v1\nfusedattn %s\ncudnn %lld\ncudnn-frontend %d\n"
+      "gpu %s | sm_%d | %d SMs | uuid %s\ndriver %d\nstructure",
+      m.fusedattn_version.c_str(), (long long)m.cudnn_version, m.frontend_version,
+      m.gpu_name.c_str(), m.compute_capability, m.sm_count, m.gpu_uuid.c_str(), m.driver_version);
+  for (size_t i = 0; i < w.count() && i < PlanKey::kWords; ++i)
+    key += Format(" %llx", (unsigned long long)structure.words[i]);
+  if (s.score_mod) {  // never reached today (DynamicShapeRefusal), kept exact should that change
+    key += "\nscore_mod";
+    for (uint64_t word : s.score_mod->words()) key += Format(" %llx", (unsigned long long)word);
   }
-  h ^= flex::ScoreModKeyHash()(key.score_mod);
-  h *= 1099511628211ull;
-  key.hash = static_cast<size_t>(h);
   return key;
 }
 
@@ -676,7 +795,10 @@ Scratch BackwardScratch(const Problem& p, const CallPlan& call) {
     for (int slot = 0; slot < kRaggedSlots; ++slot)
       s.ragged[slot] = take(sizeof(int32_t) * (batch + 1));
   if (call.stage_stats) s.stats = take(sizeof(float) * batch * c.heads_q * c.max_seqlen_q);
-  if (call.dsink) s.dsink_partials = take(sizeof(float) * kDsinkChunks * c.heads_q);
+  if (call.dsink) {
+    s.dsink_partials = take(sizeof(float) * kDsinkChunks * c.heads_q);
+    s.dsink_done = take(sizeof(uint32_t));
+  }
   s.bytes = at;
   return s;
 }

@@ -18,15 +18,18 @@
 //     (interleaved QKV, padded rows, a float32 bias, ...) build and cache their own graph on
 //     first use;
 //   * what cuDNN cannot take at all for a particular call (a misaligned pointer or stride, a
-//     head-dim stride != 1, THD offsets beyond int32) is known only at run time; the backend then
-//     runs the call on the flash backend when it is built (the workspace it reports covers that),
-//     and otherwise fails with a message naming the tensor (see cudnn_backend.cpp).
+//     head-dim stride != 1, THD offsets beyond int32, a plan for the caller's strides that needs
+//     more workspace than was given) is known only at run time: forward()/backward() answer
+//     NotSupported naming the tensor, and selection gives the call to the next backend that
+//     accepts the problem (select.h, RunForward), or reports every reason.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backends/cudnn/band.h"
@@ -139,14 +142,49 @@ struct PlanKey {
   size_t used = 0;  // words written (at most kWords; a test checks the largest key fits)
   size_t hash = 0;
   flex::ScoreModKey score_mod;
+  // Words past `used` are zero, so comparing the used ones is comparing all (a warm call's
+  // lookup compares ~100 words, not 256).
   bool operator==(const PlanKey& other) const {
-    return words == other.words && score_mod == other.score_mod;
+    return used == other.used &&
+           std::equal(words.begin(), words.begin() + static_cast<std::ptrdiff_t>(Used()),
+                      other.words.begin()) &&
+           score_mod == other.score_mod;
   }
+  size_t Used() const { return used < kWords ? used : kWords; }
 };
 struct PlanKeyHash {
   size_t operator()(const PlanKey& key) const { return key.hash; }
 };
 PlanKey MakePlanKey(const SdpaGraphSpec& spec, const DeviceInfo& device);
+
+// The structure of a spec: everything but its shape (batch, sequence lengths, and the tensor
+// extents and strides that follow from them), plus the device. The graphs of one structure share
+// a cuDNN kernel cache (cudnn_backend.cpp): cuDNN itself decides which compiled kernel a graph of
+// a new shape can reuse, so this key only groups the graphs whose kernels are worth sharing.
+// Tensor layouts enter as the order of their strides and which axes are dense over the next one
+// (so padded rows are another structure), extents as heads and head dims.
+PlanKey MakeStructureKey(const SdpaGraphSpec& spec, const DeviceInfo& device);
+
+// Why a spec is built per shape even when dynamic shapes are on, or OK. (A score_mod's callbacks
+// write the sequence lengths into the graph as constants, which a kernel compiled for another
+// shape would keep.)
+Status DynamicShapeRefusal(const SdpaGraphSpec& spec);
+
+// What a compiled kernel depends on besides its structure: the on-disk cache's key holds all of
+// it, so a file written for another GPU, driver, cuDNN or fusedattn is never read.
+struct MachineIdentity {
+  std::string gpu_name;
+  std::string gpu_uuid;        // hex, distinguishes boards of one model
+  int sm_count = 0;
+  int compute_capability = 0;  // major * 10 + minor
+  int driver_version = 0;      // cudaDriverGetVersion
+  int64_t cudnn_version = 0;   // cudnnGetVersion at run time
+  int frontend_version = 0;    // cudnn-frontend, compiled in
+  std::string fusedattn_version;
+};
+// The on-disk cache key of a structure's kernel cache (readable text: the identity, then the
+// structure's words in hex). Specs of one structure on one machine share it.
+std::string KernelCacheDiskKey(const SdpaGraphSpec& spec, const MachineIdentity& machine);
 
 // The graph batch (see SdpaGraphSpec::batch).
 int64_t GraphBatch(const Problem& problem);
@@ -165,8 +203,8 @@ struct CallPlan {
                                // the graph always has packed [batch, heads, seqlen_q] stats
   bool fixup = false;          // a kernel writes our semantics for empty rows / unseen keys
   bool fixup_dbias = false;    // zero dbias where no sequence sees (i, j)
-  bool stage_sink = false;     // the forward's sink: the caller's logits copied contiguous, or
-                               // zeros for the off-by-one softmax
+  bool stage_sink = false;     // the forward's sink: the caller's logits copied contiguous (when
+                               // strided), or zeros for the off-by-one softmax
   bool dsink = false;          // learnable sink: our kernel computes dsink
   bool empty_by_stats = false; // forward: rows whose staged stats show no visible key (a
                                // score_mod hid them all) are written as empty rows
@@ -188,6 +226,7 @@ struct Scratch {
   size_t stats = kNone;           // float32 [graph batch, heads_q, seqlen_q]
   size_t sink = kNone;            // float32 [heads_q]
   size_t dsink_partials = kNone;  // float32 [kDsinkChunks, heads_q]
+  size_t dsink_done = kNone;      // uint32: dsink blocks finished (zeroed by the prepare kernel)
   size_t bytes = 0;
 };
 constexpr int kDsinkChunks = 64;

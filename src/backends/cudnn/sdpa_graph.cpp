@@ -1,6 +1,9 @@
 // The one translation unit that includes cudnn-frontend: an SdpaGraphSpec becomes an sdpa or
 // sdpa_backward graph (samples/cpp/sdpa in cudnn-frontend show the same calls), built with
-// heuristics A then the fallback list, and executed from a pointer table in the graph's uid order.
+// heuristics A then the fallback list (as the unified node, a dynamic-shape graph with a kernel
+// cache, or a per-shape graph: BuildSdpaGraph), and executed from a pointer table in the graph's
+// uid order. Kernel caches go to and from cuDNN's own JSON form (a backend attribute, so the
+// frontend's JSON library stays compiled out).
 // A score_mod becomes the pointwise nodes of cudnn-frontend's score-modifier callbacks
 // (ScoreModLowering below).
 #include "backends/cudnn/sdpa_graph.h"
@@ -26,6 +29,11 @@ class SdpaGraph {
   std::shared_ptr<fe::graph::Graph> graph;
   std::vector<int> user_uids;  // the graph's user tensors, in the order execute() takes them
   int64_t workspace = 0;
+};
+
+class KernelCache {
+ public:
+  std::shared_ptr<fe::KernelCache> cache = std::make_shared<fe::KernelCache>();
 };
 
 namespace {
@@ -502,11 +510,15 @@ class ScoreModLowering {
 // Builds the nodes of one graph; one instance per attempt.
 class GraphMaker {
  public:
-  explicit GraphMaker(const SdpaGraphSpec& spec) : s_(spec) {
+  // With a kernel cache: a dynamic-shape graph using it. cudnn-frontend reads the flag while
+  // it adds the SDPA node (the unified node takes no dynamic shapes), so it is set first.
+  GraphMaker(const SdpaGraphSpec& spec, const std::shared_ptr<KernelCache>& dynamic)
+      : s_(spec) {
     graph_ = std::make_shared<fe::graph::Graph>();
     graph_->set_io_data_type(DataTypeOf(s_.io_dtype))
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
         .set_compute_data_type(fe::DataType_t::FLOAT);
+    if (dynamic) graph_->set_dynamic_shape_enabled(true).set_kernel_cache(dynamic->cache);
   }
 
   std::shared_ptr<fe::graph::Graph> forward(fe::AttentionImplementation_t implementation) {
@@ -717,20 +729,89 @@ Status Attempt(Make&& make, cudnnHandle_t handle, std::shared_ptr<const SdpaGrap
 
 }  // namespace
 
-Status BuildSdpaGraph(const SdpaGraphSpec& spec, cudnnHandle_t handle,
-                      std::shared_ptr<const SdpaGraph>* out) {
-  if (spec.direction == Direction::kBackward)
-    return Attempt([&] { return GraphMaker(spec).backward(); }, handle, out);
-  // AUTO picks cuDNN's unified or composite SDPA node from the attributes alone; when the unified
-  // one then finds no engine, the composite one may still have one.
-  Status first = Attempt(
-      [&] { return GraphMaker(spec).forward(fe::AttentionImplementation_t::AUTO); }, handle, out);
-  if (first.ok()) return first;
-  Status second = Attempt(
-      [&] { return GraphMaker(spec).forward(fe::AttentionImplementation_t::COMPOSITE); }, handle,
-      out);
-  if (second.ok() || first.message() == second.message()) return second;
-  return Status(first.code(), first.message() + "; with the composite node: " + second.message());
+const char* RouteName(BuildRoute route) {
+  switch (route) {
+    case BuildRoute::kUnified: return "unified SDPA node, per shape";
+    case BuildRoute::kDynamic: return "dynamic shapes with a kernel cache";
+    case BuildRoute::kStatic: return "per-shape plan";
+  }
+  return "unknown";
+}
+
+std::shared_ptr<KernelCache> NewKernelCache() { return std::make_shared<KernelCache>(); }
+
+Status KernelCacheToJson(const KernelCache& cache, std::string* json) {
+  try {
+    return FromFrontend(cache.cache->to_json(*json));
+  } catch (const std::exception& e) {
+    return Status(FUSEDATTN_ERROR_CUDNN, Format("cudnn-frontend: %s", e.what()));
+  }
+}
+
+Status KernelCacheFromJson(const std::string& json, std::shared_ptr<KernelCache>* out) {
+  auto made = std::make_shared<KernelCache>();
+  try {
+    FUSEDATTN_RETURN_IF_ERROR(FromFrontend(made->cache->from_json(json)));
+  } catch (const std::exception& e) {
+    return Status(FUSEDATTN_ERROR_CUDNN, Format("cudnn-frontend: %s", e.what()));
+  }
+  *out = std::move(made);
+  return Status::Ok();
+}
+
+int FrontendVersion() { return CUDNN_FRONTEND_VERSION; }
+
+Status BuildSdpaGraph(const SdpaGraphSpec& spec, cudnnHandle_t handle, const BuildOptions& options,
+                      std::shared_ptr<const SdpaGraph>* out, BuildReport* report) {
+  *report = BuildReport{};
+  // The earlier attempts' failures, added to the last one's message (which leads: the composite
+  // graph is what runs everything the others do not).
+  std::string failures;
+  auto note = [&](const char* what, const Status& s) {
+    failures += Format("%s%s: %s", failures.empty() ? "" : "; ", what, s.message().c_str());
+  };
+  const bool forward = spec.direction == Direction::kForward;
+  const auto composite = fe::AttentionImplementation_t::COMPOSITE;
+  // The unified node first, as cudnn-frontend's AUTO would pick it: plans stay what they were
+  // before dynamic shapes (which the unified node does not take).
+  if (forward && !options.skip_unified) {
+    Status s = Attempt(
+        [&] { return GraphMaker(spec, nullptr).forward(fe::AttentionImplementation_t::UNIFIED); },
+        handle, out);
+    if (s.ok()) {
+      report->route = BuildRoute::kUnified;
+      return s;
+    }
+    report->unified_refused = true;
+    note("the unified node", s);
+  }
+  std::shared_ptr<KernelCache> kernel_cache = options.kernel_cache ? options.kernel_cache() : nullptr;
+  if (kernel_cache) {
+    Status s = Attempt(
+        [&] {
+          GraphMaker maker(spec, kernel_cache);
+          return forward ? maker.forward(composite) : maker.backward();
+        },
+        handle, out);
+    if (s.ok()) {
+      report->route = BuildRoute::kDynamic;
+      return s;
+    }
+    report->dynamic_refusal = s.message();
+    note("the dynamic-shape graph", s);
+  }
+  Status s = Attempt(
+      [&] {
+        GraphMaker maker(spec, nullptr);
+        return forward ? maker.forward(composite) : maker.backward();
+      },
+      handle, out);
+  if (s.ok()) {
+    report->route = BuildRoute::kStatic;
+    return s;
+  }
+  if (failures.empty()) return s;
+  return Status(s.code(), Format("%s (before it, %s)", s.message().c_str(), failures.c_str()));
 }
 
 int64_t GraphWorkspaceBytes(const SdpaGraph& graph) { return graph.workspace; }

@@ -6,7 +6,9 @@
 #include <cudnn.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "backends/cudnn/plan_spec.h"
 #include "common/status.h"
@@ -37,9 +39,49 @@ struct GraphPointers {
 // any thread at once, each with its own handle.
 class SdpaGraph;
 
-// Builds the graph of spec on handle's device. On failure the status carries cuDNN's message.
-Status BuildSdpaGraph(const SdpaGraphSpec& spec, cudnnHandle_t handle,
-                      std::shared_ptr<const SdpaGraph>* graph);
+// How a graph's plan was built.
+enum class BuildRoute {
+  kUnified,  // cuDNN's unified SDPA node (what cudnn-frontend's AUTO picks when it can), per shape
+  kDynamic,  // the composite node as a dynamic-shape graph: kernels come from the structure's
+             // kernel cache, so a new batch size or sequence length compiles nothing
+  kStatic,   // the composite node for this one shape, compiled afresh
+};
+const char* RouteName(BuildRoute route);
+
+// cuDNN's kernel cache (cudnn-frontend's KernelCache): the compiled kernels of one structure's
+// dynamic-shape graphs. cuDNN binds it to the first graph built with it and reuses its kernels
+// for graphs of the same topology; graphs keep it alive. Builds that use one cache must not run
+// at once (cudnn_backend.cpp serializes them per structure).
+class KernelCache;
+std::shared_ptr<KernelCache> NewKernelCache();
+// cuDNN's JSON form of a cache (cuDNN >= 9.10): its compiled kernels, for the on-disk cache.
+Status KernelCacheToJson(const KernelCache& cache, std::string* json);
+Status KernelCacheFromJson(const std::string& json, std::shared_ptr<KernelCache>* cache);
+
+struct BuildOptions {
+  // Set: asked for the kernel cache when the dynamic-shape attempt is reached (after the unified
+  // node, for the forward); a null answer skips that attempt. (Lazy, so that a structure the
+  // unified node builds never reads a kernel cache from disk.)
+  std::function<std::shared_ptr<KernelCache>()> kernel_cache;
+  // The unified node refused this structure before: do not ask again.
+  bool skip_unified = false;
+};
+struct BuildReport {
+  BuildRoute route = BuildRoute::kStatic;
+  bool unified_refused = false;  // the unified node was tried and refused
+  std::string dynamic_refusal;   // a dynamic-shape attempt failed: cuDNN's message
+};
+
+// Builds the graph of spec on handle's device: the forward tries the unified node, then (with a
+// kernel cache) the composite node with dynamic shapes, then the composite node for this shape;
+// the backward the dynamic then the static composite graph. On failure the status carries
+// cuDNN's message of every attempt.
+Status BuildSdpaGraph(const SdpaGraphSpec& spec, cudnnHandle_t handle, const BuildOptions& options,
+                      std::shared_ptr<const SdpaGraph>* graph, BuildReport* report);
+
+// The cudnn-frontend version the backend is compiled with (major * 10000 + minor * 100 + patch);
+// part of the on-disk cache's key.
+int FrontendVersion();
 
 // Bytes of workspace the graph needs.
 int64_t GraphWorkspaceBytes(const SdpaGraph& graph);

@@ -1,0 +1,435 @@
+// The cuDNN backend's plans across shapes and processes, and its host path, on a GPU (each test
+// skips, saying why, without a device or the cuDNN backend):
+//   * shapes: a structure run at several batch sizes and sequence lengths matches the reference
+//     at every one, and (dynamic shapes on) every plan after the first comes from the
+//     structure's kernel cache; with FUSEDATTN_CUDNN_DYNAMIC_SHAPES=0 plans are per shape and
+//     match too; the build times are printed (the benchmark measures them properly);
+//   * disk: a structure built in this process is read from the on-disk kernel cache by a child
+//     process of this binary, whose results match the reference; a truncated file is ignored,
+//     rebuilt and rewritten;
+//   * host path: strided sink logits staged for cuDNN, and dsink from the one-launch backward
+//     epilogue, bit-identical run to run.
+// Run them all: build/tests/fusedattn_gpu_tests --gtest_filter='*CudnnShapes*:CudnnDiskCache*:CudnnSink*'
+#ifdef FUSEDATTN_WITH_CUDNN
+
+#include <gtest/gtest.h>
+
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backends/cudnn/cudnn_backend.h"
+#include "gpu/cudnn_run.h"
+#include "gpu/skip.h"
+
+extern char** environ;
+
+namespace fusedattn::testing {
+namespace {
+
+using cudnn::GetPlanBuildStats;
+using cudnn::PlanBuildStats;
+
+PlanBuildStats Delta(const PlanBuildStats& after, const PlanBuildStats& before) {
+  PlanBuildStats d;
+  d.builds = after.builds - before.builds;
+  d.unified = after.unified - before.unified;
+  d.dynamic = after.dynamic - before.dynamic;
+  d.per_shape = after.per_shape - before.per_shape;
+  d.failed = after.failed - before.failed;
+  d.kernel_caches_loaded = after.kernel_caches_loaded - before.kernel_caches_loaded;
+  d.kernel_cache_load_failures = after.kernel_cache_load_failures - before.kernel_cache_load_failures;
+  d.kernel_caches_saved = after.kernel_caches_saved - before.kernel_caches_saved;
+  d.kernel_cache_save_failures = after.kernel_cache_save_failures - before.kernel_cache_save_failures;
+  d.build_ms = after.build_ms - before.build_ms;
+  return d;
+}
+
+std::string Diagnostic(const fusedattn_config& c) {
+  char msg[8192];
+  fusedattn_backend chosen = FUSEDATTN_BACKEND_AUTO;
+  if (fusedattn_get_backend(&c, &chosen, msg, sizeof msg) != FUSEDATTN_SUCCESS) return msg;
+  return msg;
+}
+
+// Sets environment variables for one test, restores them and the backend's settings after.
+class ScopedEnv {
+ public:
+  void set(const char* name, const char* value) {
+    const char* old = std::getenv(name);
+    saved_.emplace_back(name, old != nullptr ? std::optional<std::string>(old) : std::nullopt);
+    if (value != nullptr)
+      setenv(name, value, 1);
+    else
+      unsetenv(name);
+    cudnn::ReloadSettings();
+  }
+  ~ScopedEnv() {
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
+      if (it->second)
+        setenv(it->first.c_str(), it->second->c_str(), 1);
+      else
+        unsetenv(it->first.c_str());
+    }
+    cudnn::ReloadSettings();
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+// ------------------------------------------------------------------------------------------------
+// Shapes
+// ------------------------------------------------------------------------------------------------
+struct Shape {
+  int64_t batch, seqlen_q, seqlen_kv;
+};
+
+struct ShapeCase {
+  std::string name;
+  fusedattn_config config;  // its batch and lengths are replaced by each shape's
+  TensorOptions options;
+  std::vector<Shape> shapes;
+  // What the plans after the first shape's must be (dynamic shapes on).
+  enum Expect {
+    kDynamic,           // all from the structure's kernel cache
+    kDynamicOrRefused,  // that, or per shape with cuDNN's refusal of the dynamic graph named in
+                        // the diagnostic (cuDNN decides which graphs take dynamic shapes)
+    kAny,               // a forward cuDNN's unified node may build (per shape, by design)
+  } expect = kDynamicOrRefused;
+};
+
+std::vector<ShapeCase> ShapeCases() {
+  std::vector<ShapeCase> cases;
+  const auto bf16 = FUSEDATTN_DTYPE_BFLOAT16, fp16 = FUSEDATTN_DTYPE_FLOAT16;
+  fusedattn_config c = Config(2, 4, 4, 128, 128, 64, bf16);
+  c.mask = FUSEDATTN_MASK_CAUSAL, c.is_training = 1;
+  cases.push_back({"bshd_causal_bf16_d64", c, {},
+                   {{2, 128, 128}, {1, 128, 128}, {3, 128, 128}, {8, 128, 128}, {2, 256, 256},
+                    {2, 96, 96}},
+                   ShapeCase::kDynamic});
+  c = Config(4, 4, 2, 96, 96, 128, fp16);
+  c.mask = FUSEDATTN_MASK_PADDING_CAUSAL, c.is_training = 1;
+  cases.push_back({"bshd_padding_causal_gqa_fp16_d128", c, {},
+                   {{4, 96, 96}, {1, 96, 96}, {6, 96, 96}, {4, 160, 160}}});
+  c = Config(3, 4, 4, 64, 64, 64, bf16);
+  SetFormats(&c, FUSEDATTN_FORMAT_THD);
+  c.mask = FUSEDATTN_MASK_PADDING_CAUSAL, c.is_training = 1;
+  {
+    TensorOptions o;
+    o.lse_packed = true;
+    // Graph batches 4, 8, 16 (THD rounds up to a power of two), then longer sequences.
+    cases.push_back({"thd_padding_causal_packed_lse", c, o,
+                     {{3, 64, 64}, {5, 64, 64}, {9, 64, 64}, {3, 128, 128}}});
+  }
+  c = Config(2, 4, 4, 64, 192, 64, bf16);
+  SetFormats(&c, FUSEDATTN_FORMAT_SBHD);
+  c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT, c.is_training = 1;
+  cases.push_back({"sbhd_causal_bottom_right_sq_lt_skv", c, {},
+                   {{2, 64, 192}, {3, 64, 192}, {2, 96, 256}}});
+  c = Config(2, 4, 4, 64, 96, 64, fp16);
+  c.bias_type = FUSEDATTN_BIAS_POST_SCALE, c.bias_heads = 4, c.bias_requires_grad = 1;
+  c.mask = FUSEDATTN_MASK_CAUSAL, c.is_training = 1;
+  cases.push_back({"bshd_post_bias_dbias_causal_fp16", c, {},
+                   {{2, 64, 96}, {3, 64, 96}, {2, 80, 112}}});
+  c = Config(2, 4, 4, 96, 96, 64, bf16);
+  c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK, c.mask = FUSEDATTN_MASK_CAUSAL;
+  c.is_training = 1;
+  cases.push_back({"bshd_learnable_sink_causal", c, {}, {{2, 96, 96}, {3, 96, 96}, {2, 64, 64}}});
+  c = Config(2, 4, 4, 128, 128, 64, bf16);  // no mask, inference: the unified node where it runs
+  cases.push_back({"bshd_nomask_forward", c, {}, {{2, 128, 128}, {4, 128, 128}, {2, 64, 64}},
+                   ShapeCase::kAny});
+  return cases;
+}
+
+void PrintTo(const ShapeCase& c, std::ostream* os) { *os << c.name; }
+
+class CudnnShapes : public ::testing::TestWithParam<ShapeCase> {};
+
+// Runs every shape of the case; returns the build statistics of each shape's calls.
+std::vector<PlanBuildStats> RunShapes(const ShapeCase& k) {
+  std::vector<PlanBuildStats> per_shape;
+  RunOptions run;
+  run.backward = k.config.is_training != 0;
+  for (const Shape& shape : k.shapes) {
+    fusedattn_config c = k.config;
+    c.batch = shape.batch, c.max_seqlen_q = shape.seqlen_q, c.max_seqlen_kv = shape.seqlen_kv;
+    SCOPED_TRACE(Format("%s at batch %lld, seqlen %lld / %lld", k.name.c_str(),
+                        (long long)shape.batch, (long long)shape.seqlen_q,
+                        (long long)shape.seqlen_kv));
+    const PlanBuildStats before = GetPlanBuildStats();
+    RunAndCompare(c, k.options, run);  // check() builds the plans, the calls reuse them
+    per_shape.push_back(Delta(GetPlanBuildStats(), before));
+    const PlanBuildStats& d = per_shape.back();
+    std::printf("[ shapes   ] %-36s b=%lld sq=%lld skv=%lld: %llu plans (%llu dynamic, %llu "
+                "unified, %llu per shape) in %.1f ms\n",
+                k.name.c_str(), (long long)shape.batch, (long long)shape.seqlen_q,
+                (long long)shape.seqlen_kv, (unsigned long long)d.builds,
+                (unsigned long long)d.dynamic, (unsigned long long)d.unified,
+                (unsigned long long)d.per_shape, d.build_ms);
+  }
+  return per_shape;
+}
+
+TEST_P(CudnnShapes, EveryShapeOfAStructureMatchesAndReusesItsKernels) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
+  const ShapeCase& k = GetParam();
+  cudnn::ClearPlanCache();  // the first shape starts the structure afresh
+  const std::vector<PlanBuildStats> stats = RunShapes(k);
+  if (::testing::Test::HasFailure()) return;
+  const std::string off = cudnn::DynamicShapesOffReason();
+  if (!off.empty()) {
+    std::printf("[ shapes   ] dynamic shapes are off: %s\n", off.c_str());
+    for (const PlanBuildStats& d : stats) EXPECT_EQ(d.dynamic, 0u);
+    return;
+  }
+  const int directions = k.config.is_training ? 2 : 1;
+  EXPECT_EQ(stats[0].builds, static_cast<uint64_t>(directions)) << "the first shape builds";
+  const std::string diagnostic = Diagnostic(k.config);
+  std::printf("[ shapes   ] %s: %s\n", k.name.c_str(), diagnostic.c_str());
+  const bool refused = diagnostic.find("cuDNN refused the dynamic-shape graph") != std::string::npos;
+  if (k.expect == ShapeCase::kDynamic)
+    EXPECT_FALSE(refused) << "cuDNN refused this structure's dynamic graph: " << diagnostic;
+  for (size_t i = 1; i < stats.size(); ++i) {
+    SCOPED_TRACE(Format("shape %zu", i));
+    EXPECT_EQ(stats[i].builds, static_cast<uint64_t>(directions)) << "a new shape, new plans";
+    EXPECT_EQ(stats[i].failed, 0u);
+    if (k.expect == ShapeCase::kAny) continue;
+    if (refused) {  // per shape, for the direction(s) cuDNN refused, with the reason above
+      EXPECT_EQ(stats[i].dynamic + stats[i].per_shape, stats[i].builds);
+      continue;
+    }
+    EXPECT_EQ(stats[i].dynamic, stats[i].builds)
+        << "every plan of a new shape from the structure's kernel cache";
+  }
+  if (k.expect != ShapeCase::kAny && !refused)
+    EXPECT_NE(diagnostic.find("dynamic shapes with a kernel cache"), std::string::npos)
+        << diagnostic;
+}
+
+INSTANTIATE_TEST_SUITE_P(Structures, CudnnShapes, ::testing::ValuesIn(ShapeCases()),
+                         [](const ::testing::TestParamInfo<ShapeCase>& info) {
+                           return info.param.name;
+                         });
+
+TEST(CudnnShapesOff, PerShapePlansWhenTheEnvironmentSaysSoAndTheyMatch) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
+  ScopedEnv env;
+  env.set("FUSEDATTN_CUDNN_DYNAMIC_SHAPES", "0");
+  EXPECT_NE(cudnn::DynamicShapesOffReason().find("FUSEDATTN_CUDNN_DYNAMIC_SHAPES"),
+            std::string::npos);
+  ShapeCase k = ShapeCases()[0];
+  k.shapes.resize(2);
+  const std::vector<PlanBuildStats> stats = RunShapes(k);
+  for (const PlanBuildStats& d : stats) {
+    EXPECT_EQ(d.dynamic, 0u);
+    EXPECT_EQ(d.kernel_caches_saved, 0u);
+  }
+  const std::string diagnostic = Diagnostic(k.config);
+  EXPECT_NE(diagnostic.find("FUSEDATTN_CUDNN_DYNAMIC_SHAPES"), std::string::npos) << diagnostic;
+}
+
+// ------------------------------------------------------------------------------------------------
+// The on-disk cache across processes
+// ------------------------------------------------------------------------------------------------
+constexpr const char* kChildVariable = "FUSEDATTN_TEST_DISK_CACHE_CHILD";
+
+fusedattn_config DiskConfig(int64_t batch) {
+  fusedattn_config c = Config(batch, 4, 4, 128, 128, 64, FUSEDATTN_DTYPE_BFLOAT16);
+  c.mask = FUSEDATTN_MASK_CAUSAL, c.is_training = 1;
+  return c;
+}
+
+// Runs this test binary with a gtest filter and extra environment variables; its exit status.
+int RunSelf(const std::string& filter, const std::vector<std::string>& extra_env) {
+  char exe[4096];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) return -1;
+  exe[n] = '\0';
+  std::vector<std::string> env_strings = extra_env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    bool replaced = false;
+    for (const std::string& x : extra_env)
+      replaced = replaced || std::strncmp(*e, x.c_str(), x.find('=') + 1) == 0;
+    if (!replaced) env_strings.push_back(*e);
+  }
+  std::vector<char*> envp;
+  for (std::string& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::string filter_arg = "--gtest_filter=" + filter;
+  char* argv[] = {exe, filter_arg.data(), nullptr};
+  pid_t pid = 0;
+  // posix_spawn, not fork: this process has CUDA and cuDNN threads.
+  if (posix_spawn(&pid, exe, nullptr, nullptr, argv, envp.data()) != 0) return -1;
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::vector<std::string> CacheFiles(const std::string& dir) {
+  std::vector<std::string> files;
+  const std::string command = "ls '" + dir + "'/cudnn/*.fab 2>/dev/null";
+  if (FILE* p = popen(command.c_str(), "r")) {
+    char line[4096];
+    while (std::fgets(line, sizeof line, p)) {
+      std::string f = line;
+      if (!f.empty() && f.back() == '\n') f.pop_back();
+      files.push_back(f);
+    }
+    pclose(p);
+  }
+  return files;
+}
+
+TEST(CudnnDiskCache, ASecondProcessStartsFromTheKernelCacheAndRepairsADamagedOne) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
+  char pattern[] = "/tmp/fusedattn_disk_cache_XXXXXX";
+  ASSERT_NE(mkdtemp(pattern), nullptr);
+  const std::string dir = pattern;
+  ScopedEnv env;
+  env.set("FUSEDATTN_CACHE_DIR", dir.c_str());
+  if (cudnn::DiskCacheDirectory().empty())
+    GTEST_SKIP() << "kernel caches are not written here: " << cudnn::DiskCacheOffReason();
+
+  const PlanBuildStats before = GetPlanBuildStats();
+  RunAndCompare(DiskConfig(2), {}, RunOptions{});
+  const PlanBuildStats built = Delta(GetPlanBuildStats(), before);
+  std::printf("[ disk     ] this process: %llu plans (%llu dynamic) in %.1f ms, %llu kernel "
+              "caches written\n",
+              (unsigned long long)built.builds, (unsigned long long)built.dynamic, built.build_ms,
+              (unsigned long long)built.kernel_caches_saved);
+  ASSERT_GE(built.dynamic, 1u) << "no dynamic-shape plan: " << Diagnostic(DiskConfig(2));
+  EXPECT_EQ(built.kernel_caches_saved, built.dynamic) << "each new structure's cache is written";
+  const std::vector<std::string> files = CacheFiles(dir);
+  ASSERT_FALSE(files.empty()) << "no kernel cache in " << dir << "/cudnn";
+  const std::string dir_env = "FUSEDATTN_CACHE_DIR=" + dir;
+  const std::string filter = "CudnnDiskCacheChild.*";
+
+  EXPECT_EQ(RunSelf(filter, {dir_env, std::string(kChildVariable) + "=hit"}), 0)
+      << "the child that reads the kernel caches failed (its output is above)";
+
+  for (const std::string& f : files) {
+    struct stat st;
+    ASSERT_EQ(stat(f.c_str(), &st), 0);
+    ASSERT_EQ(truncate(f.c_str(), st.st_size / 2), 0);
+  }
+  EXPECT_EQ(RunSelf(filter, {dir_env, std::string(kChildVariable) + "=damaged"}), 0)
+      << "the child that finds truncated kernel caches failed (its output is above)";
+  EXPECT_EQ(RunSelf(filter, {dir_env, std::string(kChildVariable) + "=hit"}), 0)
+      << "the repaired kernel caches were not read (the child's output is above)";
+  const std::string remove = "rm -rf '" + dir + "'";
+  EXPECT_EQ(std::system(remove.c_str()), 0);
+}
+
+// The child process of the test above (skipped when run on its own).
+TEST(CudnnDiskCacheChild, RunsTheStructureFromTheDiskCache) {
+  const char* mode = std::getenv(kChildVariable);
+  if (mode == nullptr)
+    GTEST_SKIP() << "runs only as the child process of CudnnDiskCache.ASecondProcess...";
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
+  const bool expect_hit = std::strcmp(mode, "hit") == 0;
+  const auto start = std::chrono::steady_clock::now();
+  const PlanBuildStats before = GetPlanBuildStats();
+  RunAndCompare(DiskConfig(2), {}, RunOptions{});
+  const PlanBuildStats first = Delta(GetPlanBuildStats(), before);
+  const double first_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  std::printf("[ disk     ] child (%s): %llu plans in %.1f ms (%.1f ms with the first call's "
+              "cuDNN start-up and the reference); kernel caches: %llu read, %llu bad, %llu "
+              "written\n",
+              mode, (unsigned long long)first.builds, first.build_ms, first_ms,
+              (unsigned long long)first.kernel_caches_loaded,
+              (unsigned long long)first.kernel_cache_load_failures,
+              (unsigned long long)first.kernel_caches_saved);
+  EXPECT_EQ(first.per_shape, 0u);
+  EXPECT_EQ(first.failed, 0u);
+  if (expect_hit) {
+    EXPECT_GE(first.kernel_caches_loaded, 1u) << "nothing read from " << cudnn::DiskCacheDirectory();
+    EXPECT_EQ(first.kernel_cache_load_failures, 0u);
+    // (A build slower than 20 ms after the process's first may write the cache again: cuDNN may
+    // have compiled something. The figures above show whether it did.)
+  } else {
+    EXPECT_GE(first.kernel_cache_load_failures, 1u) << "the truncated files were not noticed";
+    EXPECT_GE(first.kernel_caches_saved, 1u) << "the truncated files were not rewritten";
+  }
+  // A new batch size in the child: kernels from the (read or rebuilt) cache.
+  const PlanBuildStats before_new = GetPlanBuildStats();
+  RunAndCompare(DiskConfig(5), {}, RunOptions{});
+  const PlanBuildStats second = Delta(GetPlanBuildStats(), before_new);
+  std::printf("[ disk     ] child (%s): batch 5: %llu plans (%llu dynamic) in %.1f ms\n", mode,
+              (unsigned long long)second.builds, (unsigned long long)second.dynamic,
+              second.build_ms);
+  EXPECT_EQ(second.dynamic, second.builds);
+}
+
+// ------------------------------------------------------------------------------------------------
+// The host path: sink logits read in place or staged; dsink from the one-launch epilogue.
+// ------------------------------------------------------------------------------------------------
+// sink_logits with a stride of 2: the prepare kernel stages them contiguous for cuDNN (the
+// contiguous ones, which cuDNN reads in place, are in cudnn_test.cpp's grid).
+TEST(CudnnSink, StridedSinkLogitsAreStagedAndMatch) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
+  fusedattn_config c = Config(2, 4, 4, 96, 96, 64);
+  c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK, c.mask = FUSEDATTN_MASK_CAUSAL;
+  c.is_training = 1;
+  RunOptions run;
+  run.edit = [](ProblemTensors* t) {
+    const HostTensor& dense = t->sink_logits;
+    const int64_t heads = dense.shape()[0];
+    HostTensor strided(dense.dtype(), dense.shape(), {2}, 2 * heads);
+    strided.poison();  // the gaps: read by nobody
+    for (int64_t h = 0; h < heads; ++h) strided.set(2 * h, dense.get(h));
+    t->sink_logits = strided;
+  };
+  RunAndCompare(c, {}, run);
+}
+
+TEST(CudnnSink, DsinkIsBitIdenticalRunToRun) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
+  fusedattn_config c = Config(4, 8, 8, 256, 256, 64);
+  c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK, c.mask = FUSEDATTN_MASK_PADDING_CAUSAL;
+  c.is_training = 1;
+  ProblemTensors host = MakeProblemTensors(c, {});
+  DeviceProblem dev;
+  std::string error;
+  ASSERT_TRUE(dev.upload(host, &error)) << error;
+  char msg[4096];
+  size_t fb = 0, bb = 0;
+  ASSERT_EQ(fusedattn_fwd_workspace_size(&c, &fb, msg, sizeof msg), FUSEDATTN_SUCCESS) << msg;
+  ASSERT_EQ(fusedattn_bwd_workspace_size(&c, &bb, msg, sizeof msg), FUSEDATTN_SUCCESS) << msg;
+  DeviceBuffer workspace(std::max(fb, bb));
+  fusedattn_fwd_args fa = dev.fwd_args();
+  ASSERT_EQ(fusedattn_fwd(&c, &fa, workspace.ptr, workspace.bytes, nullptr, msg, sizeof msg),
+            FUSEDATTN_SUCCESS)
+      << msg;
+  std::vector<ProblemTensors> runs(3, host);
+  for (auto& r : runs) {
+    fusedattn_bwd_args ba = dev.bwd_args();
+    ASSERT_EQ(fusedattn_bwd(&c, &ba, workspace.ptr, workspace.bytes, nullptr, msg, sizeof msg),
+              FUSEDATTN_SUCCESS)
+        << msg;
+    ASSERT_TRUE(dev.download_outputs(&r, &error)) << error;
+  }
+  for (size_t i = 1; i < runs.size(); ++i) {
+    ASSERT_EQ(runs[i].dsink.storage_bytes(), runs[0].dsink.storage_bytes());
+    EXPECT_EQ(std::memcmp(runs[i].dsink.data(), runs[0].dsink.data(),
+                          runs[0].dsink.storage_bytes()),
+              0)
+        << "run " << i;
+  }
+}
+
+}  // namespace
+}  // namespace fusedattn::testing
+
+#endif  // FUSEDATTN_WITH_CUDNN
