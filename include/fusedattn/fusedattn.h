@@ -566,7 +566,7 @@ FUSEDATTN_API fusedattn_status fusedattn_score_mod_serialize(const fusedattn_sco
                                                              char* text, size_t text_len,
                                                              size_t* needed);
 /* A new finalized graph from fusedattn_score_mod_serialize's text (*graph is NULL on failure;
- * the message names the malformed line). Free it with fusedattn_score_mod_destroy. */
+ * the message names the malformed item). Free it with fusedattn_score_mod_destroy. */
 FUSEDATTN_API fusedattn_status fusedattn_score_mod_deserialize(const char* text,
                                                                fusedattn_score_mod** graph,
                                                                char* msg, size_t msg_len);

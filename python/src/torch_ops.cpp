@@ -402,12 +402,12 @@ std::tuple<Tensor, Tensor> Forward(const Tensor& q, const Tensor& k, const Tenso
 
 // Whether the graph declares tensor k with requires_grad: the backward writes its gradient.
 std::vector<bool> TensorsRequiringGrad(std::string_view score_mod) {
-  // The serialized text declares tensors as "tensor <dtype> <axes> <requires_grad> <name>" lines
-  // in order (flex/serialize.h).
+  // The serialized text declares tensors as "tensor <dtype> <axes> <requires_grad> <name>"
+  // items, in order, each ended by ';' (flex/serialize.h).
   std::vector<bool> out;
   size_t start = 0;
   while (start < score_mod.size()) {
-    size_t end = score_mod.find('\n', start);
+    size_t end = score_mod.find(';', start);
     if (end == std::string_view::npos) end = score_mod.size();
     std::string_view line = score_mod.substr(start, end - start);
     if (line.substr(0, 7) == "tensor ") {

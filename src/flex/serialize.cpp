@@ -15,7 +15,7 @@ namespace {
 
 constexpr const char* kHeader = "fusedattn_score_mod 1";
 
-// Names may hold any byte; hex keeps each line a list of plain words.
+// Names may hold any byte; hex keeps each item a list of plain words.
 std::string Hex(const std::string& bytes) {
   static const char* digits = "0123456789abcdef";
   std::string out;
@@ -88,11 +88,11 @@ int ApiOpcode(Op op) {
 
 std::string Serialize(const Builder& builder) {
   std::ostringstream out;
-  out << kHeader << "\n";
+  out << kHeader << ";";
   const std::vector<Node>& nodes = builder.graph().nodes();
   for (const Node& n : nodes) {
     switch (n.op) {
-      case Op::kInput: out << "input " << n.slot << "\n"; break;
+      case Op::kInput: out << "input " << n.slot << ";"; break;
       case Op::kConstant: {
         char value[64];
         if (!std::isnan(n.value)) {
@@ -102,42 +102,46 @@ std::string Serialize(const Builder& builder) {
         } else {
           std::snprintf(value, sizeof value, "nan:%016" PRIx64, DoubleBits(n.value));
         }
-        out << "const " << value << "\n";
+        out << "const " << value << ";";
         break;
       }
       case Op::kTensor: {
         const TensorDecl& t = builder.tensors()[static_cast<size_t>(n.slot)];
         out << "tensor " << static_cast<int>(t.dtype) << " " << t.axes << " "
-            << (t.requires_grad ? 1 : 0) << " " << Hex(t.name) << "\n";
+            << (t.requires_grad ? 1 : 0) << " " << Hex(t.name) << ";";
         break;
       }
       default:
         out << "op " << OpName(n.op);
         for (int a = 0; a < Arity(n.op); ++a) out << " " << n.args[static_cast<size_t>(a)];
-        out << "\n";
+        out << ";";
     }
   }
   const Roots& roots = builder.roots();
-  if (roots.score >= 0) out << "score " << roots.score << "\n";
-  if (roots.mask >= 0) out << "mask " << roots.mask << "\n";
-  if (roots.grad_score >= 0) out << "grad_score " << roots.grad_score << "\n";
+  if (roots.score >= 0) out << "score " << roots.score << ";";
+  if (roots.mask >= 0) out << "mask " << roots.mask << ";";
+  if (roots.grad_score >= 0) out << "grad_score " << roots.grad_score << ";";
   for (size_t k = 0; k < roots.grad_tensor.size(); ++k)
-    if (roots.grad_tensor[k] >= 0) out << "grad_tensor " << k << " " << roots.grad_tensor[k] << "\n";
+    if (roots.grad_tensor[k] >= 0) out << "grad_tensor " << k << " " << roots.grad_tensor[k] << ";";
   return out.str();
 }
 
 Status Deserialize(const std::string& text, Builder* builder) {
-  std::istringstream in(text);
-  std::string line;
-  int line_number = 0;
+  // Items end with ';' (newlines are accepted too, for texts written by hand).
+  std::string items = text;
+  for (char& c : items)
+    if (c == '\n') c = ';';
+  std::istringstream in(items);
+  std::string item;
+  int item_number = 0;
   auto bad = [&](const char* why) {
-    return InvalidArgument("score_mod text, line %d ('%s'): %s", line_number, line.c_str(), why);
+    return InvalidArgument("score_mod text, item %d ('%s'): %s", item_number, item.c_str(), why);
   };
-  if (!std::getline(in, line) || line != kHeader) {
-    line_number = 1;
+  if (!std::getline(in, item, ';') || item != kHeader) {
+    item_number = 1;
     return bad("expected the header 'fusedattn_score_mod 1' (not a serialized score_mod)");
   }
-  line_number = 1;
+  item_number = 1;
   std::vector<int32_t> ids;  // text node -> builder node (equal when replayed in order)
   std::vector<int32_t> tensor_nodes;
   auto node_of = [&](int64_t text_id, int32_t* out) {
@@ -145,10 +149,10 @@ Status Deserialize(const std::string& text, Builder* builder) {
     *out = ids[static_cast<size_t>(text_id)];
     return true;
   };
-  while (std::getline(in, line)) {
-    ++line_number;
-    if (line.empty()) continue;
-    std::istringstream words(line);
+  while (std::getline(in, item, ';')) {
+    ++item_number;
+    if (item.empty()) continue;
+    std::istringstream words(item);
     std::string kind;
     words >> kind;
     int32_t node = -1;
@@ -206,10 +210,10 @@ Status Deserialize(const std::string& text, Builder* builder) {
         return bad("expected 'grad_tensor <tensor> <node>'");
       FUSEDATTN_RETURN_IF_ERROR(builder->SetGradient(tensor_nodes[static_cast<size_t>(k)], node));
     } else {
-      return bad("unknown line kind");
+      return bad("unknown item kind");
     }
     std::string extra;
-    if (words >> extra) return bad("unexpected words at the end of the line");
+    if (words >> extra) return bad("unexpected words at the end of the item");
   }
   return Status::Ok();
 }

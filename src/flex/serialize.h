@@ -8,8 +8,10 @@
 // floats (C's %a; Python's float.hex writes the same), exact; a NaN other than the canonical
 // quiet one keeps its bits ("nan:<hex>").
 //
-// The format, one item per line after the header "fusedattn_score_mod 1"; node lines are
-// numbered from 0 in order, and operands name earlier node lines:
+// The format: items ended by ';' (one line: a compiler that prints a torch op's string argument
+// into generated code or a comment cannot be thrown off by a newline), the header
+// "fusedattn_score_mod 1" first; node items are numbered from 0 in order, and operands name
+// earlier node items:
 //   input <fusedattn_score_mod_variable>      const <number>
 //   tensor <dtype> <axes> <requires_grad> <name as hex bytes>   (declares the next tensor)
 //   op <name> <operand>...                    (names as in describe(): add, mul, select, ...)
@@ -29,7 +31,7 @@ namespace fusedattn::flex {
 std::string Serialize(const Builder& builder);
 
 // Rebuilds a graph from Serialize's text into an empty builder; a malformed text is an
-// InvalidArgument naming the line.
+// InvalidArgument naming the item.
 Status Deserialize(const std::string& text, Builder* builder);
 
 }  // namespace fusedattn::flex

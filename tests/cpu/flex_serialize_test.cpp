@@ -86,7 +86,7 @@ TEST(FlexSerialize, MalformedTextNamesTheLine) {
   } cases[] = {
       {"", "header"},
       {"something else\n", "header"},
-      {"fusedattn_score_mod 1\ninput 0\nop mul 0 7\nscore 1\n", "line 3"},
+      {"fusedattn_score_mod 1\ninput 0\nop mul 0 7\nscore 1\n", "item 3"},
       {"fusedattn_score_mod 1\ninput 0\nop frobnicate 0 0\n", "unknown operation"},
       {"fusedattn_score_mod 1\ninput 99\n", "input"},
       {"fusedattn_score_mod 1\nconst 1x2\n", "const"},

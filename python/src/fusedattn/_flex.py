@@ -271,7 +271,7 @@ def _lower(score, mask, gradients):
         else:
             raise InvalidArgumentError("gradients: %r is neither flex.score nor a tensor read; "
                                        "derivatives are taken with respect to those" % (wrt,))
-    return "\n".join(lines + roots) + "\n", slots, names
+    return ";".join(lines + roots) + ";", slots, names
 
 
 def _compiling():

@@ -321,9 +321,9 @@ def _layout_name(problem):
 
 def _tensors_requiring_grad(score_mod):
     """Per declared score_mod tensor, whether the graph asks for its gradient (the text's
-    "tensor <dtype> <axes> <requires_grad> <name>" lines; see src/flex/serialize.h)."""
-    return [line.split(" ")[3] == "1" for line in score_mod.split("\n")
-            if line.startswith("tensor ")]
+    "tensor <dtype> <axes> <requires_grad> <name>" items; see src/flex/serialize.h)."""
+    return [item.split(" ")[3] == "1" for item in score_mod.split(";")
+            if item.startswith("tensor ")]
 
 
 @torch.library.register_fake("fusedattn::bwd")
