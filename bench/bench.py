@@ -987,8 +987,10 @@ def _sdpa_mask(point):
 
 
 def _chosen(explain_line):
-    """'forward: cudnn; not chosen: ...' -> 'cudnn'."""
-    return explain_line.split(":", 1)[1].split(";")[0].strip()
+    """'forward: cudnn [plans: ...]; not chosen: ...' -> 'cudnn': the backend's name alone
+    (the diagnostic may add a note in brackets after it)."""
+    chosen = explain_line.split(":", 1)[1].split(";")[0].strip()
+    return chosen.split(" ", 1)[0].split("[", 1)[0]
 
 
 def make_forward(impl, point, inputs):

@@ -604,3 +604,10 @@ def test_cpu_dry_run_times_both_ways_and_records_fa4_as_unsupported(grid, tmp_pa
         assert len([t for t in data["raw"] if t["kind"] == "measure"]) == 3 * 3 * bench.HOST_ROUNDS
     else:
         assert "Back to back (the headline)" in text and "Device only" in text
+
+
+def test_the_chosen_backend_is_read_from_explain_with_or_without_a_note():
+    assert bench._chosen("forward: cudnn; not chosen: small_seq: sq > 1") == "cudnn"
+    assert bench._chosen("forward+backward: cudnn [plans: forward: unified SDPA node, per "
+                         "shape]; not chosen: small_seq: ...") == "cudnn"
+    assert bench._chosen("forward: flash (forced)") == "flash"

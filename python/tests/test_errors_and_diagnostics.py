@@ -30,8 +30,8 @@ def test_invalid_config_raises_with_the_c_message():
     q, k, v = _qkv(hkv=3)
     with pytest.raises(fusedattn.InvalidArgumentError) as error:
         fusedattn.attention(q, k, v)
-    assert str(error.value) == ("config.heads_kv = 3 does not divide config.heads_q = 4 (GQA/MQA "
-                                "need heads_q to be a multiple of heads_kv)")
+    assert str(error.value).startswith("config.heads_kv = 3 does not divide config.heads_q = 4 "
+                                       "(GQA/MQA need heads_q to be a multiple of heads_kv)")
     assert error.value.status == 1 and error.value.status_name == "invalid argument"
 
 
@@ -95,7 +95,7 @@ def test_read_only_output_is_refused():
     q, k, v = _qkv()
     o = np.empty_like(q)
     o.flags.writeable = False
-    with pytest.raises(fusedattn.InvalidArgumentError, match=r"args\.o is read-only"):
+    with pytest.raises(fusedattn.InvalidArgumentError, match=r"o is a read-only NumPy array"):
         fusedattn.forward(dict(batch=2, heads_q=4, heads_kv=4, max_seqlen_q=8, max_seqlen_kv=8,
                                head_dim_qk=16, head_dim_v=16, qkv_dtype="float32",
                                o_dtype="float32"), q=q, k=k, v=v, o=o)
@@ -197,3 +197,70 @@ def test_workspace_size_of_the_reference_backend_is_zero():
                   head_dim_v=16, qkv_dtype="float32", o_dtype="float32", device="cpu")
     assert fusedattn.workspace_size(config) == 0
     assert fusedattn.workspace_size(config, backward=True) == 0
+
+
+def _thd(tokens=10):
+    x = np.random.default_rng(0).standard_normal((tokens, 2, 16)).astype(np.float32)
+    return x, x, x
+
+
+@pytest.mark.parametrize("cu", [[0, 4, 10], (0, 4, 10), np.array([0, 4, 10], dtype=np.int64)],
+                         ids=["list", "tuple", "int64"])
+def test_cu_seqlens_as_a_list_or_int64_are_converted(cu):
+    q, k, v = _thd()
+    expected = fusedattn.attention(q, k, v, layout="thd",
+                                   cu_seqlens_q=np.array([0, 4, 10], np.int32),
+                                   cu_seqlens_kv=np.array([0, 4, 10], np.int32))
+    o = fusedattn.attention(q, k, v, layout="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu)
+    assert np.array_equal(o, expected)
+
+
+def test_decreasing_cu_seqlens_are_named_as_such():
+    q, k, v = _thd()
+    with pytest.raises(fusedattn.InvalidArgumentError,
+                       match=r"cu_seqlens_kv decreases at sequence 1 \(7 then 3\)"):
+        fusedattn.attention(q, k, v, layout="thd", cu_seqlens_q=[0, 4, 10],
+                            cu_seqlens_kv=[0, 7, 3, 10][:3] + [10])
+
+
+def test_float_cu_seqlens_are_refused_naming_the_argument():
+    q, k, v = _thd()
+    with pytest.raises(fusedattn.InvalidArgumentError, match="cu_seqlens_q has dtype float"):
+        fusedattn.attention(q, k, v, layout="thd", cu_seqlens_q=np.array([0.0, 4.0, 10.0]),
+                            cu_seqlens_kv=[0, 4, 10])
+
+
+def test_window_is_an_int_or_a_pair():
+    q, k, v = _qkv()
+    symmetric = fusedattn.attention(q, k, v, window=3)
+    assert np.array_equal(symmetric, fusedattn.attention(q, k, v, window=(3, 3)))
+    with pytest.raises(fusedattn.InvalidArgumentError, match="window = 'x' must be an int or a pair"):
+        fusedattn.attention(q, k, v, window="x")
+
+
+def test_the_sink_softmax_without_sinks_names_the_argument():
+    q, k, v = _qkv()
+    with pytest.raises(fusedattn.InvalidArgumentError, match="needs sinks="):
+        fusedattn.attention(q, k, v, softmax="sink")
+
+
+def test_sdpa_shaped_tensors_get_a_layout_hint_when_bshd_refuses_them():
+    """[batch, heads, seq, dim] tensors (torch's SDPA layout) read with the default layout bshd:
+    here k's 3 'heads' (its seq axis) do not divide q's 4, and the message says what to do."""
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((2, 8, 4, 16)).astype(np.float32)   # bhsd: 8 heads, seq 4
+    k = rng.standard_normal((2, 2, 3, 16)).astype(np.float32)   # bhsd: 2 heads, seq 3
+    with pytest.raises(fusedattn.InvalidArgumentError, match="pass layout='bhsd'"):
+        fusedattn.attention(q, k, k)
+    assert fusedattn.attention(q, k, k, layout="bhsd").shape == q.shape
+
+
+def test_an_immutable_jax_array_is_refused_as_an_output_and_left_alone():
+    jnp = pytest.importorskip("jax.numpy", reason="JAX is not installed")
+    q, k, v = _qkv()
+    o = jnp.full(q.shape, 7.0, dtype=jnp.float32)
+    with pytest.raises(fusedattn.InvalidArgumentError, match="o is a JAX array, which is immutable"):
+        fusedattn.forward(dict(batch=2, heads_q=4, heads_kv=4, max_seqlen_q=8, max_seqlen_kv=8,
+                               head_dim_qk=16, head_dim_v=16, qkv_dtype="float32",
+                               o_dtype="float32"), q=q, k=k, v=v, o=o)
+    assert bool((o == 7.0).all())

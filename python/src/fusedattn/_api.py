@@ -10,9 +10,10 @@ import sys
 from . import _C
 from . import _flex
 from ._errors import InvalidArgumentError, NotSupportedError
-from ._problem import (build_config, config_dict, make_config, normalize_options,  # noqa: F401
-                       problem_dims)
-from ._run import Gradients, Inputs, NumpyArrays, exported, run_backward, run_forward
+from ._problem import (add_layout_hint, build_config, config_dict, make_config,  # noqa: F401
+                       normalize_options, problem_dims)
+from ._run import (Gradients, Inputs, NumpyArrays, check_writable, exported, numpy_inputs,
+                   run_backward, run_forward)
 
 # fusedattn._torch, once a torch tensor has been seen (or torch was imported before fusedattn).
 _torch_path = [None]
@@ -92,7 +93,12 @@ def attention(q, k, v, *, layout="bshd", mask=None, window=(-1, -1), bias=None,
         max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv, deterministic=deterministic,
         backend=backend))
     mod = _flex.as_score_mod(score_mod, mask_mod)
-    o, lse = run_forward(arrays, q, k, v, options, inputs, return_lse=return_lse, score_mod=mod)
+    try:
+        o, lse = run_forward(arrays, q, k, v, options, numpy_inputs(inputs),
+                             return_lse=return_lse, score_mod=mod)
+    except InvalidArgumentError as error:
+        add_layout_hint(error, layout, q, k)
+        raise
     return (o, lse) if return_lse else o
 
 
@@ -118,8 +124,8 @@ def attention_backward(d_o, q, k, v, o, lse, *, bias_requires_grad=None, score_m
         return torch_path.attention_backward(d_o, q, k, v, o, lse, options, inputs,
                                              bias_requires_grad, mod)
     arrays = _numpy_or_refuse(q, "attention_backward")
-    return run_backward(arrays, d_o, q, k, v, o, lse, options, inputs, bias_requires_grad,
-                        score_mod=mod)
+    return run_backward(arrays, d_o, q, k, v, o, lse, options, numpy_inputs(inputs),
+                        bias_requires_grad, score_mod=mod)
 
 
 _PROBLEM_ARGS = ("layout", "mask", "window", "bias", "bias_type", "alibi_slopes", "softcap",
@@ -161,6 +167,8 @@ def forward(config, *, q, k, v, o, lse=None, max_logit=None, bias=None, alibi_sl
     framework of q, when None and needed). stream: a cudaStream_t as an int (torch's current
     stream for torch tensors when None, else the default stream)."""
     config = make_config(**config) if isinstance(config, dict) else config
+    for name, out in (("o", o), ("lse", lse), ("max_logit", max_logit)):
+        check_writable(name, out)
     tensors = dict(q=q, k=k, v=v, o=o, lse=lse, max_logit=max_logit, bias=bias,
                    alibi_slopes=alibi_slopes, sink_logits=sink_logits, cu_seqlens_q=cu_seqlens_q,
                    cu_seqlens_kv=cu_seqlens_kv, seq_offsets_q=seq_offsets_q,
@@ -176,6 +184,8 @@ def backward(config, *, q, k, v, o, lse, d_o, dq, dk, dv, dbias=None, dsink=None
              workspace=None, stream=None):
     """The C API's fusedattn_bwd on preallocated DLPack tensors; see forward()."""
     config = make_config(**config) if isinstance(config, dict) else config
+    for name, out in (("dq", dq), ("dk", dk), ("dv", dv), ("dbias", dbias), ("dsink", dsink)):
+        check_writable(name, out)
     tensors = dict(q=q, k=k, v=v, o=o, lse=lse, d_o=d_o, dq=dq, dk=dk, dv=dv, dbias=dbias,
                    dsink=dsink, bias=bias, alibi_slopes=alibi_slopes, sink_logits=sink_logits,
                    cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,

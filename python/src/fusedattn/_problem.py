@@ -223,3 +223,19 @@ def build_config(dims, options, dtype, device="auto", is_training=False, return_
         attn_scale=options.scale, softcap=options.softcap, dropout=options.dropout_p,
         deterministic=options.deterministic, return_lse=return_lse, backend=options.backend,
         device=device)
+
+
+def add_layout_hint(error, layout, q, k):
+    """Adds a hint to an InvalidArgumentError raised for layout "bshd" (the default) when the
+    tensors would make sense as [batch, heads, seq, dim], the layout of torch's
+    scaled_dot_product_attention, which fusedattn calls "bhsd"."""
+    q_shape, k_shape = tuple(getattr(q, "shape", ())), tuple(getattr(k, "shape", ()))
+    if layout != "bshd" or len(q_shape) != 4 or len(k_shape) != 4:
+        return
+    # Read as bhsd: batch [0], heads [1], head_dim [3]; GQA needs heads_kv to divide heads_q.
+    if q_shape[0] == k_shape[0] and q_shape[3] == k_shape[3] and k_shape[1] and \
+            q_shape[1] % k_shape[1] == 0:
+        error.args = (str(error) + " (layout is 'bshd', [batch, seq, heads, dim], by default; if "
+                      "these are [batch, heads, seq, dim] tensors as torch's "
+                      "scaled_dot_product_attention takes them, pass layout='bhsd')",
+                      ) + error.args[1:]

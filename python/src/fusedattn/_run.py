@@ -56,6 +56,60 @@ class NumpyArrays:
         return int(np.max(cu[1:] - cu[:-1])) if cu.shape[0] > 1 else 0
 
 
+def index_array(x, name):
+    """A NumPy index tensor (cu_seqlens_*, seq_offsets_*) as the library reads it: int32. Lists
+    and tuples of ints, and int64 arrays (NumPy's default integer), are converted; lengths are
+    checked to be non-decreasing here, where the values are on the host."""
+    import numpy as np
+    if x is None:
+        return None
+    if isinstance(x, (list, tuple)):
+        x = np.asarray(x)
+    if not isinstance(x, np.ndarray):
+        raise InvalidArgumentError("%s must be an int32 array [batch + 1] (or a list of ints), "
+                                   "got %s" % (name, type(x).__name__))
+    if x.dtype.kind not in "iu":
+        raise InvalidArgumentError("%s has dtype %s: lengths and offsets are integers (int32)"
+                                   % (name, x.dtype))
+    if x.ndim != 1 or x.shape[0] < 1:
+        raise InvalidArgumentError("%s has shape %s but [batch + 1] is expected"
+                                   % (name, list(x.shape)))
+    if x.dtype != np.int32:
+        if x.size and (x.min() < np.iinfo(np.int32).min or x.max() > np.iinfo(np.int32).max):
+            raise InvalidArgumentError("%s holds values outside int32" % name)
+        x = x.astype(np.int32)
+    if name.startswith("cu_seqlens") and x.shape[0] > 1:
+        steps = np.diff(x.astype(np.int64))
+        if (steps < 0).any():
+            b = int(np.argmax(steps < 0))
+            raise InvalidArgumentError(
+                "%s decreases at sequence %d (%d then %d): cumulative lengths are "
+                "non-decreasing, [0, len_0, len_0 + len_1, ...]" % (name, b, x[b], x[b + 1]))
+    return x
+
+
+def numpy_inputs(inputs):
+    """Inputs with their NumPy index tensors converted and checked (see index_array)."""
+    return inputs._replace(**{name: index_array(getattr(inputs, name), name)
+                              for name in ("cu_seqlens_q", "cu_seqlens_kv", "seq_offsets_q",
+                                           "seq_offsets_kv")})
+
+
+def check_writable(name, x):
+    """Refuses an output the caller cannot expect to be written: a read-only NumPy array or an
+    immutable JAX array (JAX arrays export DLPack without saying they are read-only)."""
+    if x is None:
+        return
+    module = type(x).__module__
+    if module.startswith("jax") or module.startswith("jaxlib"):
+        raise InvalidArgumentError(
+            "%s is a JAX array, which is immutable: fusedattn writes outputs in place, so pass a "
+            "writable tensor (NumPy, PyTorch, CuPy); fusedattn.jax is the JAX interface" % name)
+    flags = getattr(x, "flags", None)
+    if module == "numpy" and flags is not None and not flags.writeable:
+        raise InvalidArgumentError("%s is a read-only NumPy array but it is an output" % name)
+
+
 def dims_of(arrays, q, k, v, options, inputs):
     batch = None
     if inputs.cu_seqlens_q is not None:
@@ -66,6 +120,11 @@ def dims_of(arrays, q, k, v, options, inputs):
             max_q = arrays.max_length(inputs.cu_seqlens_q)
         if not max_kv and inputs.cu_seqlens_kv is not None:
             max_kv = arrays.max_length(inputs.cu_seqlens_kv)
+        for name, value in (("cu_seqlens_q", max_q), ("cu_seqlens_kv", max_kv)):
+            if value < 0:
+                raise InvalidArgumentError("%s decreases somewhere: cumulative lengths are "
+                                           "non-decreasing, [0, len_0, len_0 + len_1, ...]"
+                                           % name)
     return problem_dims(options.layout, q.shape, k.shape, v.shape, batch, max_q, max_kv)
 
 

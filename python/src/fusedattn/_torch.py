@@ -259,8 +259,13 @@ def attention(q, k, v, layout, mask, window, bias, bias_type, alibi_slopes, soft
     fwd = _FWD
     if not (compiling or _has_torch_function((q, k, v, bias, sinks, alibi_slopes, *mod_tensors))):
         fwd = _FAST_FWD
-    o, lse = fwd(q, k, v, bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_kv, seq_offsets_q,
-                 seq_offsets_kv, mod_tensors, problem, text, [max_q, max_kv, seed])
+    try:
+        o, lse = fwd(q, k, v, bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_kv,
+                     seq_offsets_q, seq_offsets_kv, mod_tensors, problem, text,
+                     [max_q, max_kv, seed])
+    except InvalidArgumentError as error:
+        _problem.add_layout_hint(error, layout, q, k)
+        raise
     return (o, lse) if return_lse else o
 
 
