@@ -19,6 +19,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
@@ -575,6 +576,10 @@ class Attention : public torch::autograd::Function<Attention> {
     // Autograd may hand over an expanded gradient (o.sum() gives stride 0 everywhere); the GPU
     // backends read dO like O, so give them a dense one.
     if (!d_o.is_contiguous()) d_o = d_o.contiguous();
+    // The backward has no derivative of its own: unless the caller asked for one (create_graph,
+    // which keeps grad mode on and meets the autograd fallback's error), skip the autograd key.
+    std::optional<at::AutoDispatchBelowADInplaceOrView> below_autograd;
+    if (!torch::autograd::GradMode::is_enabled()) below_autograd.emplace();
     auto [dq, dk, dv, dbias, dsink, d_mods] = BackwardOp().call(
         d_o, saved[0], saved[1], saved[2], saved[3], saved[4], Optional(saved[5]),
         Optional(saved[6]), Optional(saved[7]), Optional(saved[8]), Optional(saved[9]),
@@ -669,4 +674,9 @@ TORCH_LIBRARY_IMPL(fusedattn, CUDA, m) {
   m.impl("bwd", &Backward);
 }
 
-TORCH_LIBRARY_IMPL(fusedattn, Autograd, m) { m.impl("fwd", &ForwardAutograd); }
+// The backward itself has no derivative: a double backward (create_graph=True, then another
+// backward through its outputs) raises instead of PyTorch's default of a warning and zeros.
+TORCH_LIBRARY_IMPL(fusedattn, Autograd, m) {
+  m.impl("fwd", &ForwardAutograd);
+  m.impl("bwd", torch::autograd::autogradNotImplementedFallback());
+}

@@ -433,3 +433,14 @@ def test_bench_smoke_grid_runs_end_to_end(device, tmp_path):
         assert statuses["fusedattn:auto"] in ("ok", "unsupported"), row
         if device == "cpu":
             assert statuses["fusedattn:auto"] == "ok", row  # the reference backend
+
+
+def test_a_double_backward_raises_instead_of_giving_zeros():
+    """The backward is not differentiable: create_graph=True still gives the first-order
+    gradients, and differentiating those raises (PyTorch's default would warn and give 0)."""
+    q, k, v = (torch.randn(1, 8, 2, 16, requires_grad=True) for _ in range(3))
+    o = fusedattn.attention(q, k, v, mask="causal")
+    (dq,) = torch.autograd.grad(o, (q,), torch.randn_like(o), create_graph=True)
+    with pytest.raises(RuntimeError, match="derivative for fusedattn::bwd is not implemented"):
+        dq.sum().backward()
+
