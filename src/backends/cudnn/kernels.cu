@@ -232,6 +232,13 @@ __global__ void DsinkFinalKernel(DsinkParams p) {
 
 }  // namespace
 
+cudaError_t ProbeKernels() {
+  cudaFuncAttributes attributes;
+  cudaError_t err = cudaFuncGetAttributes(&attributes, PrepareKernel);
+  if (err != cudaSuccess) cudaGetLastError();  // not sticky: clear it
+  return err;
+}
+
 cudaError_t LaunchPrepare(const PrepareParams& p, cudaStream_t stream) {
   int64_t work = p.graph_batch + 1;
   if (p.heads_q > work) work = p.heads_q;

@@ -54,6 +54,9 @@ struct PrepareParams {
   bool lse_packed = false;        // THD [tokens, heads]
   Band band;
 };
+// cudaSuccess when this build has an image of these kernels for the current device.
+cudaError_t ProbeKernels();
+
 cudaError_t LaunchPrepare(const PrepareParams& params, cudaStream_t stream);
 
 struct ForwardFixupParams {
