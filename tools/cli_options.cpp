@@ -33,6 +33,15 @@ bool ParseReal(const std::string& text, double* value) {
   return true;
 }
 
+const char* DtypeText(fusedattn_dtype dtype) {
+  switch (dtype) {
+    case FUSEDATTN_DTYPE_FLOAT32: return "float32";
+    case FUSEDATTN_DTYPE_FLOAT16: return "float16";
+    case FUSEDATTN_DTYPE_BFLOAT16: return "bfloat16";
+    default: return "another dtype";
+  }
+}
+
 std::vector<std::string> Split(const std::string& text, char separator) {
   std::vector<std::string> parts;
   size_t begin = 0;
@@ -145,11 +154,13 @@ std::vector<Option> BuildOptions() {
   add("--d", "N", "64", "head dim of q/k and of v", Int(&S::head_dim, 1));
   add("--dqk", "N", "--d", "head dim of q and k", Int(&S::head_dim_qk, 1));
   add("--dv", "N", "--d", "head dim of v and o", Int(&S::head_dim_v, 1));
-  add("--dtype", "fp32|fp16|bf16", "bf16", "dtype of q, k, v, o and their gradients",
-      Choice(&S::dtype, std::vector<std::pair<const char*, fusedattn_dtype>>{
-                            {"fp32", FUSEDATTN_DTYPE_FLOAT32},
-                            {"fp16", FUSEDATTN_DTYPE_FLOAT16},
-                            {"bf16", FUSEDATTN_DTYPE_BFLOAT16}}));
+  add("--dtype", "DTYPE", "bf16",
+      "dtype of q, k, v, o and their gradients: bf16|bfloat16, fp16|float16|half, fp32|float32",
+      [](Settings& s, const std::string& text) -> std::string {
+        if (!ParseDtype(text, &s.dtype))
+          return "'" + text + "' is not one of " + kDtypeSpellings;
+        return "";
+      });
   add("--layout", "bshd|sbhd|bhsd|thd", "bshd",
       "format of every tensor (thd: packed variable length)", Choice(&S::layout, kLayouts));
   add("--q-layout", "FORMAT", "--layout", "format of q", Choice(&S::q_layout, kLayouts));
@@ -195,10 +206,21 @@ std::vector<Option> BuildOptions() {
         s.bias_full_batch = parts[0] == "b", s.bias_full_heads = parts[1] == "h";
         return "";
       });
-  add("--bias-dtype", "fp32|same", "fp32", "bias dtype: float32 or the same as --dtype",
+  add("--bias-dtype", "fp32|same", "fp32",
+      "bias dtype: float32 (fp32|float32) or the same as --dtype (same, or that dtype's name)",
       [](Settings& s, const std::string& text) -> std::string {
-        if (text != "fp32" && text != "same") return "'" + text + "' is not one of fp32|same";
-        s.bias_fp32 = text == "fp32";
+        fusedattn_dtype dtype = FUSEDATTN_DTYPE_FLOAT32;
+        if (text == "same") {
+          s.bias_fp32 = false;
+          s.bias_dtype_named = FUSEDATTN_DTYPE_FLOAT32;  // no dtype named
+          return "";
+        }
+        if (!ParseDtype(text, &dtype))
+          return "'" + text + "' is not one of same|" + kDtypeSpellings;
+        // A dtype by name: float32 is fp32, any other must be --dtype's (checked in
+        // CheckCombination, which sees the final --dtype).
+        s.bias_fp32 = dtype == FUSEDATTN_DTYPE_FLOAT32;
+        s.bias_dtype_named = dtype;
         return "";
       });
   add("--bias-grad", "", "off", "the backward also computes dbias", Flag(&S::bias_grad));
@@ -270,6 +292,16 @@ std::vector<Option> BuildOptions() {
       true);
   add("--iters", "N", "3", "timed repetitions after the checked run (0: no timing)",
       Int(&S::iters, 0, 1000000), true);
+  // Output.
+  add("--json", "", "off",
+      "print one JSON object on stdout instead of text (keys in the README's CLI section)",
+      Flag(&S::json));
+  add("--quiet", "", "off",
+      "-q: print only the result (run: the result line; explain: the chosen backend)",
+      Flag(&S::quiet));
+  add("--verbose", "", "off",
+      "-v: also print the version, the build's GPU architectures and every timed call",
+      Flag(&S::verbose));
   add("--help", "", "", "this help", Flag(&S::help));
   return o;
 }
@@ -290,6 +322,8 @@ bool ParseOptions(int argc, char** argv, int first, Settings* settings, std::str
       name = arg.substr(0, eq), value = arg.substr(eq + 1), inline_value = true;
     }
     if (name == "-h") name = "--help";
+    if (name == "-q") name = "--quiet";
+    if (name == "-v") name = "--verbose";
     const Option* option = nullptr;
     for (const Option& o : Options())
       if (o.name == name) option = &o;
@@ -319,7 +353,26 @@ bool ParseOptions(int argc, char** argv, int first, Settings* settings, std::str
   return true;
 }
 
+const char* const kDtypeSpellings = "bf16|bfloat16|fp16|float16|half|fp32|float32";
+
+bool ParseDtype(const std::string& text, fusedattn_dtype* dtype) {
+  static const std::pair<const char*, fusedattn_dtype> kNames[] = {
+      {"bf16", FUSEDATTN_DTYPE_BFLOAT16}, {"bfloat16", FUSEDATTN_DTYPE_BFLOAT16},
+      {"fp16", FUSEDATTN_DTYPE_FLOAT16},  {"float16", FUSEDATTN_DTYPE_FLOAT16},
+      {"half", FUSEDATTN_DTYPE_FLOAT16},  {"fp32", FUSEDATTN_DTYPE_FLOAT32},
+      {"float32", FUSEDATTN_DTYPE_FLOAT32}};
+  for (const auto& name : kNames)
+    if (text == name.first) {
+      *dtype = name.second;
+      return true;
+    }
+  return false;
+}
+
 std::string CheckCombination(const Settings& s) {
+  if (s.bias_dtype_named != FUSEDATTN_DTYPE_FLOAT32 && s.bias_dtype_named != s.dtype)
+    return std::string("--bias-dtype: ") + DtypeText(s.bias_dtype_named) +
+           " is neither float32 nor --dtype (" + DtypeText(s.dtype) + ")";
   if (s.lengths_q.empty()) return "";
   const bool thd = s.layout == FUSEDATTN_FORMAT_THD;
   const bool padding = s.mask == FUSEDATTN_MASK_PADDING ||

@@ -38,6 +38,7 @@ struct Settings {
   bool bias_full_batch = false, bias_full_heads = false;
   bool bias_grad = false;
   bool bias_fp32 = true;
+  fusedattn_dtype bias_dtype_named = FUSEDATTN_DTYPE_FLOAT32;  // --bias-dtype given as a dtype
   fusedattn_softmax softmax = FUSEDATTN_SOFTMAX_VANILLA;
   double softcap = 0;
   double dropout = 0;
@@ -56,6 +57,10 @@ struct Settings {
   bool max_logit = false;
   bool lse = false;
   bool help = false;
+  // Output: --json (one JSON object on stdout, documented keys), --quiet, --verbose.
+  bool json = false;
+  bool quiet = false;
+  bool verbose = false;
 };
 
 // One command line option. `set` parses the value (empty for flags) into the settings and returns
@@ -81,6 +86,11 @@ std::string CheckCombination(const Settings& settings);
 
 // The config the settings describe. is_training follows --bwd.
 fusedattn_config MakeConfig(const Settings& settings);
+
+// Every spelling the program takes for a dtype (--dtype, --bias-dtype): bf16|bfloat16,
+// fp16|float16|half, fp32|float32. Returns false for another text.
+bool ParseDtype(const std::string& text, fusedattn_dtype* dtype);
+extern const char* const kDtypeSpellings;  // "bf16|bfloat16|fp16|float16|half|fp32|float32"
 
 // The option list of --help, generated from the table.
 std::string OptionsHelp();

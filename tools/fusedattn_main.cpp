@@ -12,7 +12,9 @@
 #include <vector>
 
 #include "cli_options.h"
+#include "common/cuda_util.h"
 #include "fusedattn/fusedattn.h"
+#include "json.h"
 #include "problem/problem.h"
 #include "testing/tensors.h"
 
@@ -74,41 +76,92 @@ std::string Describe(const fusedattn_config& config) {
   return problem.describe();
 }
 
-// What one backend says about the problem when asked alone (forced).
-std::string Verdict(const fusedattn_config& config, fusedattn_backend id) {
+// What one backend says about the problem when asked alone (forced): state is "accepts",
+// "refuses", "unavailable" or "not_asked" (the JSON spelling; the text prints "not asked").
+struct Verdict {
+  std::string state;
+  std::string reason;  // empty for "accepts"
+  std::string text() const {
+    std::string name = state == "not_asked" ? "not asked" : state;
+    return reason.empty() ? name : name + ": " + reason;
+  }
+};
+
+Verdict VerdictOf(const fusedattn_config& config, fusedattn_backend id) {
   char msg[kMessageBytes];
-  if (!fusedattn_backend_available(id, msg, sizeof msg)) return std::string("unavailable: ") + msg;
+  if (!fusedattn_backend_available(id, msg, sizeof msg)) return {"unavailable", msg};
   if (DeviceIsCpu(config) && id != FUSEDATTN_BACKEND_REFERENCE)
-    return "not asked: runs on CUDA tensors only, and the device is cpu";
+    return {"not_asked", "runs on CUDA tensors only, and the device is cpu"};
   fusedattn_config forced = config;
   forced.backend = id;
   Selection s = Select(forced);
-  if (s.status == FUSEDATTN_SUCCESS) return "accepts";
+  if (s.status == FUSEDATTN_SUCCESS) return {"accepts", ""};
   // "forced backend X cannot run this problem (<problem>): <reason>": keep the reason.
   std::string prefix = std::string("forced backend ") + fusedattn_backend_name(id) +
                        " cannot run this problem (" + Describe(forced) + "): ";
-  if (s.message.rfind(prefix, 0) == 0) return "refuses: " + s.message.substr(prefix.size());
-  return "refuses: " + s.message;
+  if (s.message.rfind(prefix, 0) == 0) return {"refuses", s.message.substr(prefix.size())};
+  return {"refuses", s.message};
 }
 
-// Prints the selection diagnostic and every backend's own verdict. Returns the selection.
-Selection PrintSelection(const fusedattn_config& config) {
+// The selection diagnostic and every backend's own verdict: printed as text (unless --quiet),
+// or, with --json, set into `json` under the keys "problem", "device", "backend", "selection"
+// and "backends". Returns the selection.
+Selection ReportSelection(const fusedattn_config& config, const Settings& settings, Json* json) {
   Selection s = Select(config);
-  if (std::string problem = Describe(config); !problem.empty())
-    std::printf("problem:    %s\n", problem.c_str());
-  std::printf("device:     %s\n", DeviceIsCpu(config) ? "cpu" : "cuda");
-  std::printf("backend:    %s\n",
-              s.status == FUSEDATTN_SUCCESS ? fusedattn_backend_name(s.backend) : "none");
+  const std::string problem = Describe(config);
+  const bool chosen_any = s.status == FUSEDATTN_SUCCESS;
+  const char* device = DeviceIsCpu(config) ? "cpu" : "cuda";
+  if (settings.json) {
+    json->set("problem", problem.empty() ? Json() : Json(problem));
+    json->set("device", device);
+    json->set("backend", chosen_any ? Json(fusedattn_backend_name(s.backend)) : Json());
+    json->set("selection", s.message);
+    Json backends = Json::Array();
+    for (fusedattn_backend id : kBackendOrder) {
+      Verdict v = VerdictOf(config, id);
+      backends.push(Json::Object()
+                        .set("name", fusedattn_backend_name(id))
+                        .set("verdict", v.state)
+                        .set("reason", v.reason.empty() ? Json() : Json(v.reason))
+                        .set("chosen", chosen_any && s.backend == id));
+    }
+    json->set("backends", std::move(backends));
+    return s;
+  }
+  if (settings.quiet) return s;
+  if (settings.verbose)
+    std::printf("fusedattn:  %s (GPU code for %s)\n", fusedattn_version_string(),
+                *BuiltCudaArchitectures() ? BuiltCudaArchitectures() : "none: built without CUDA");
+  if (!problem.empty()) std::printf("problem:    %s\n", problem.c_str());
+  std::printf("device:     %s\n", device);
+  std::printf("backend:    %s\n", chosen_any ? fusedattn_backend_name(s.backend) : "none");
   std::printf("selection:  %s\n", s.message.c_str());
   std::printf("backends:\n");
   for (fusedattn_backend id : kBackendOrder) {
-    std::string verdict = Verdict(config, id);
-    bool chosen = s.status == FUSEDATTN_SUCCESS && s.backend == id;
+    std::string verdict = VerdictOf(config, id).text();
+    bool chosen = chosen_any && s.backend == id;
     std::printf("  %-10s %s%s\n", fusedattn_backend_name(id), verdict.c_str(),
                 chosen ? " (chosen)" : "");
   }
   std::fflush(stdout);
   return s;
+}
+
+// Prints a JSON object on one line (the whole output of --json).
+void PrintJson(const Json& json) {
+  std::printf("%s\n", json.Dump().c_str());
+  std::fflush(stdout);
+}
+
+// A failure after the options were accepted: with --json the object so far with "error" set (and
+// "result": "error" for run), on stdout; else the message on stderr.
+int JsonOrFailure(const Settings& settings, Json* json, const std::string& message,
+                  bool run) {
+  if (!settings.json) return Failure(message);
+  json->set("error", message);
+  if (run) json->set("result", "error");
+  PrintJson(*json);
+  return kExitFailure;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -292,6 +345,7 @@ const char* kCommandsHelp =
     "  explain    print only which backend runs the problem and why each other one refuses\n"
     "             (exit 0 when a backend is chosen, 1 when none)\n"
     "  backends   list every backend, whether it is available and why not\n"
+    "             (options: --json, --quiet/-q, --verbose/-v)\n"
     "  options    print the option names, one per line (for scripts and completion)\n"
     "  --version  print the version\n"
     "  --help     this help; 'fusedattn <command> --help' for one command\n"
@@ -320,16 +374,47 @@ void PrintHelp(const char* command) {
   std::printf("options:\n%s", OptionsHelp().c_str());
 }
 
-int CmdBackends() {
-  std::printf("backends (in the order the library asks them on CUDA):\n");
+// fusedattn backends [--json] [--quiet] [--verbose]. JSON keys: "version", "cuda_device",
+// "cuda_architectures", "backends": [{"name", "available", "reason"}].
+int CmdBackends(const Settings& settings) {
+  if (settings.json) {
+    Json json = Json::Object();
+    json.set("version", fusedattn_version_string());
+    json.set("cuda_device", testing::CudaDeviceAvailable());
+    json.set("cuda_architectures", BuiltCudaArchitectures());
+    Json list = Json::Array();
+    for (fusedattn_backend id : kBackendOrder) {
+      char msg[kMessageBytes];
+      int available = fusedattn_backend_available(id, msg, sizeof msg);
+      list.push(Json::Object()
+                    .set("name", fusedattn_backend_name(id))
+                    .set("available", available != 0)
+                    .set("reason", available ? Json() : Json(msg)));
+    }
+    json.set("backends", std::move(list));
+    PrintJson(json);
+    return kExitOk;
+  }
+  if (!settings.quiet) {
+    if (settings.verbose)
+      std::printf("fusedattn %s, GPU code for %s\n", fusedattn_version_string(),
+                  *BuiltCudaArchitectures() ? BuiltCudaArchitectures()
+                                            : "none (built without CUDA)");
+    std::printf("backends (in the order the library asks them on CUDA):\n");
+  }
   for (fusedattn_backend id : kBackendOrder) {
     char msg[kMessageBytes];
     int available = fusedattn_backend_available(id, msg, sizeof msg);
+    if (settings.quiet) {
+      std::printf("%s %s\n", fusedattn_backend_name(id), available ? "available" : "unavailable");
+      continue;
+    }
     std::printf("  %-10s %s%s%s\n", fusedattn_backend_name(id),
                 available ? "available" : "unavailable", available ? "" : ": ",
                 available ? "" : msg);
   }
-  std::printf("cuda device: %s\n", testing::CudaDeviceAvailable() ? "yes" : "no");
+  if (!settings.quiet)
+    std::printf("cuda device: %s\n", testing::CudaDeviceAvailable() ? "yes" : "no");
   return kExitOk;
 }
 
@@ -351,22 +436,39 @@ int CmdVersion() {
   return kExitOk;
 }
 
+// JSON keys: "problem", "device", "backend", "selection", "backends": [{"name", "verdict",
+// "reason", "chosen"}], "error".
 int CmdExplain(const Settings& settings) {
   fusedattn_config config = MakeConfig(settings);
+  Json json = Json::Object();
   Selection probe = Select(config);
   if (probe.status == FUSEDATTN_ERROR_INVALID_ARGUMENT)
-    return Failure("invalid problem: " + probe.message);
-  Selection s = PrintSelection(config);
+    return JsonOrFailure(settings, &json, "invalid problem: " + probe.message, false);
+  Selection s = ReportSelection(config, settings, &json);
+  if (settings.json) {
+    json.set("error", Json());
+    PrintJson(json);
+  } else if (settings.quiet) {
+    std::printf("%s\n", s.status == FUSEDATTN_SUCCESS ? fusedattn_backend_name(s.backend) : "none");
+  }
   return s.status == FUSEDATTN_SUCCESS ? kExitOk : kExitFailure;
 }
 
+// JSON keys: those of explain, then "lengths" ({"q": [...], "kv": [...]} or null), "check"
+// ({"performed", "reason", "tolerance", "outputs": [{"name", "rel_error", "max_abs_error",
+// "passed"}]}), "flops" ({"visible_pairs", "dense_pairs", "fwd_gflop", "bwd_gflop"}), "time"
+// ({"clock", "iters", "fwd_ms", "fwd_tflops", "bwd_ms", "bwd_tflops"} or null with --iters 0),
+// "result" ("PASS", "FAIL", "not checked" or "error") and "error" (null or the message).
 int CmdRun(const Settings& settings) {
   const fusedattn_config config = MakeConfig(settings);
+  const bool text = !settings.json && !settings.quiet;
+  Json json = Json::Object();
   Selection probe = Select(config);
   if (probe.status == FUSEDATTN_ERROR_INVALID_ARGUMENT)
-    return Failure("invalid problem: " + probe.message);
-  Selection selection = PrintSelection(config);
-  if (selection.status != FUSEDATTN_SUCCESS) return Failure("no backend runs this problem");
+    return JsonOrFailure(settings, &json, "invalid problem: " + probe.message, true);
+  Selection selection = ReportSelection(config, settings, &json);
+  if (selection.status != FUSEDATTN_SUCCESS)
+    return JsonOrFailure(settings, &json, "no backend runs this problem", true);
 
   testing::TensorOptions options;
   options.seed = static_cast<uint64_t>(settings.seed);
@@ -377,9 +479,17 @@ int CmdRun(const Settings& settings) {
   options.padded_strides = settings.padded_strides;
   options.bias_dtype = settings.bias_fp32 ? FUSEDATTN_DTYPE_FLOAT32 : config.qkv_dtype;
   ProblemTensors tensors = testing::MakeProblemTensors(config, options);
-  if (!tensors.cu_seqlens_q.empty())
-    std::printf("lengths:    q %s  kv %s\n", JoinLengths(tensors.len_q).c_str(),
-                JoinLengths(tensors.len_kv).c_str());
+  if (tensors.cu_seqlens_q.empty()) {
+    json.set("lengths", Json());
+  } else {
+    if (text)
+      std::printf("lengths:    q %s  kv %s\n", JoinLengths(tensors.len_q).c_str(),
+                  JoinLengths(tensors.len_kv).c_str());
+    Json q = Json::Array(), kv = Json::Array();
+    for (int32_t len : tensors.len_q) q.push(static_cast<int64_t>(len));
+    for (int32_t len : tensors.len_kv) kv.push(static_cast<int64_t>(len));
+    json.set("lengths", Json::Object().set("q", std::move(q)).set("kv", std::move(kv)));
+  }
 
   const double size = static_cast<double>(config.batch) * config.heads_q * config.max_seqlen_q *
                       config.max_seqlen_kv * std::max(config.head_dim_qk, config.head_dim_v);
@@ -393,13 +503,17 @@ int CmdRun(const Settings& settings) {
   Runner runner(config, &tensors);
   if (!runner.Prepare(&error) || !runner.Forward(&error) ||
       (settings.backward && !runner.Backward(&error)) || !runner.Fetch(&error))
-    return Failure(error);
+    return JsonOrFailure(settings, &json, error, true);
 
   bool passed = true;
+  Json check_json = Json::Object();
   if (!check) {
-    std::printf("check:      skipped (%s)\n", settings.check == CheckMode::kNever
-                                                  ? "--no-check"
-                                                  : "b*h*sq*skv*d > 2^26; --check forces it");
+    const char* reason = settings.check == CheckMode::kNever
+                             ? "--no-check"
+                             : "b*h*sq*skv*d > 2^26; --check forces it";
+    if (text) std::printf("check:      skipped (%s)\n", reason);
+    check_json.set("performed", false).set("reason", reason).set("tolerance", Json());
+    check_json.set("outputs", Json::Array());
   } else {
     fusedattn_config reference = config;
     reference.backend = FUSEDATTN_BACKEND_REFERENCE;
@@ -411,15 +525,19 @@ int CmdRun(const Settings& settings) {
       fusedattn_bwd_args bwd = expected.bwd_args();
       st = fusedattn_bwd(&reference, &bwd, nullptr, 0, nullptr, msg, sizeof msg);
     }
-    if (st != FUSEDATTN_SUCCESS) return Failure("reference run: " + StatusText(st, msg));
+    if (st != FUSEDATTN_SUCCESS)
+      return JsonOrFailure(settings, &json, "reference run: " + StatusText(st, msg), true);
 
     const double tolerance = testing::Tolerance(config.qkv_dtype);
-    std::printf("check:      against the reference backend on host copies%s; tolerance %g (%s)\n",
-                selection.backend == FUSEDATTN_BACKEND_REFERENCE && DeviceIsCpu(config)
-                    ? " (the run itself was the reference: this checks that it wrote every "
-                      "output and repeats exactly)"
-                    : "",
-                tolerance, DtypeName(config.qkv_dtype));
+    if (text)
+      std::printf(
+          "check:      against the reference backend on host copies%s; tolerance %g (%s)\n",
+          selection.backend == FUSEDATTN_BACKEND_REFERENCE && DeviceIsCpu(config)
+              ? " (the run itself was the reference: this checks that it wrote every "
+                "output and repeats exactly)"
+              : "",
+          tolerance, DtypeName(config.qkv_dtype));
+    check_json.set("performed", true).set("reason", Json()).set("tolerance", tolerance);
     struct Output {
       const char* name;
       const testing::HostTensor& out;
@@ -435,17 +553,26 @@ int CmdRun(const Settings& settings) {
       outputs.push_back({"dbias", tensors.dbias, expected.dbias});
       outputs.push_back({"dsink", tensors.dsink, expected.dsink});
     }
+    Json outputs_json = Json::Array();
     for (const Output& output : outputs) {
       if (output.ref.empty()) continue;
       testing::Comparison c = testing::Compare(output.out, output.ref);
       bool ok = c.ok(tolerance);
       passed &= ok;
+      outputs_json.push(Json::Object()
+                            .set("name", output.name)
+                            .set("rel_error", c.rel_error)
+                            .set("max_abs_error", c.max_abs_error)
+                            .set("passed", ok));
+      if (!text) continue;
       std::printf("  %-10s rel_error %-10.3g max_abs %-10.3g %s", output.name, c.rel_error,
                   c.max_abs_error, ok ? "PASS" : "FAIL");
       if (!ok) std::printf("  (%s)", c.describe().c_str());
       std::printf("\n");
     }
+    check_json.set("outputs", std::move(outputs_json));
   }
+  json.set("check", std::move(check_json));
 
   // Timing: further calls on the same tensors (the backward reuses the forward's O and LSE).
   const int64_t pairs = VisiblePairs(config, tensors);
@@ -454,27 +581,56 @@ int CmdRun(const Settings& settings) {
   const double fwd_flops = 2.0 * static_cast<double>(config.heads_q) *
                            static_cast<double>(config.head_dim_qk + config.head_dim_v) *
                            static_cast<double>(pairs);
-  std::printf("flops:      %lld visible (query, key) pairs per head (%.1f%% of dense b*sq*skv = "
-              "%.0f); fwd 2*(dqk+dv)*h*pairs = %.4g GFLOP, bwd 2.5x = %.4g GFLOP\n",
-              (long long)pairs, dense > 0 ? 100.0 * pairs / dense : 0.0, dense, fwd_flops * 1e-9,
-              2.5 * fwd_flops * 1e-9);
+  if (text)
+    std::printf("flops:      %lld visible (query, key) pairs per head (%.1f%% of dense b*sq*skv = "
+                "%.0f); fwd 2*(dqk+dv)*h*pairs = %.4g GFLOP, bwd 2.5x = %.4g GFLOP\n",
+                (long long)pairs, dense > 0 ? 100.0 * pairs / dense : 0.0, dense,
+                fwd_flops * 1e-9, 2.5 * fwd_flops * 1e-9);
+  json.set("flops", Json::Object()
+                        .set("visible_pairs", pairs)
+                        .set("dense_pairs", dense)
+                        .set("fwd_gflop", fwd_flops * 1e-9)
+                        .set("bwd_gflop", settings.backward ? Json(2.5 * fwd_flops * 1e-9)
+                                                            : Json()));
+  json.set("time", Json());
   if (settings.iters > 0) {
     std::vector<double> fwd_ms, bwd_ms;
     auto forward = [&](std::string* e) { return runner.Forward(e); };
     auto backward = [&](std::string* e) { return runner.Backward(e); };
     if (!runner.Time(settings.iters, forward, &fwd_ms, &error) ||
         (settings.backward && !runner.Time(settings.iters, backward, &bwd_ms, &error)))
-      return Failure(error);
+      return JsonOrFailure(settings, &json, error, true);
+    auto tflops = [](double median, double flops) {
+      return median > 0 ? flops / (median * 1e-3) * 1e-12 : 0.0;
+    };
     auto report = [&](const char* name, const std::vector<double>& ms, double flops) {
       double median = Median(ms);
+      if (!text) return;
       std::printf("time %s:   %.4g ms (median of %lld, %s), %.4g TFLOP/s\n", name, median,
-                  (long long)ms.size(), runner.clock_name(),
-                  median > 0 ? flops / (median * 1e-3) * 1e-12 : 0.0);
+                  (long long)ms.size(), runner.clock_name(), tflops(median, flops));
+      if (settings.verbose) {
+        std::printf("  %s calls (ms):", name);
+        for (double t : ms) std::printf(" %.4g", t);
+        std::printf("\n");
+      }
     };
     report("fwd", fwd_ms, fwd_flops);
     if (settings.backward) report("bwd", bwd_ms, 2.5 * fwd_flops);
+    Json time = Json::Object();
+    time.set("clock", runner.clock_name()).set("iters", settings.iters);
+    time.set("fwd_ms", Median(fwd_ms)).set("fwd_tflops", tflops(Median(fwd_ms), fwd_flops));
+    time.set("bwd_ms", settings.backward ? Json(Median(bwd_ms)) : Json());
+    time.set("bwd_tflops",
+             settings.backward ? Json(tflops(Median(bwd_ms), 2.5 * fwd_flops)) : Json());
+    json.set("time", std::move(time));
   }
-  std::printf("result:     %s\n", !check ? "not checked" : passed ? "PASS" : "FAIL");
+  const char* result = !check ? "not checked" : passed ? "PASS" : "FAIL";
+  if (settings.json) {
+    json.set("result", result).set("error", Json());
+    PrintJson(json);
+  } else {
+    std::printf("result:     %s\n", result);
+  }
   return passed ? kExitOk : kExitFailure;
 }
 
@@ -489,13 +645,30 @@ int Main(int argc, char** argv) {
     return kExitOk;
   }
   if (command == "--version") return CmdVersion();
-  if (command == "backends" || command == "options") {
+  if (command == "options") {
     if (argc > 2 && (std::strcmp(argv[2], "--help") == 0 || std::strcmp(argv[2], "-h") == 0)) {
-      std::printf("usage: fusedattn %s\n", command.c_str());
+      std::printf("usage: fusedattn options\n");
       return kExitOk;
     }
     if (argc > 2) return UsageError(command + " takes no options (got '" + argv[2] + "')");
-    return command == "backends" ? CmdBackends() : CmdOptions();
+    return CmdOptions();
+  }
+  if (command == "backends") {
+    Settings settings;
+    for (int i = 2; i < argc; ++i) {
+      std::string arg = argv[i];
+      if (arg == "--help" || arg == "-h") {
+        std::printf("usage: fusedattn backends [--json] [--quiet|-q] [--verbose|-v]\n");
+        return kExitOk;
+      }
+      if (arg == "--json") settings.json = true;
+      else if (arg == "--quiet" || arg == "-q") settings.quiet = true;
+      else if (arg == "--verbose" || arg == "-v") settings.verbose = true;
+      else
+        return UsageError("backends takes --json, --quiet and --verbose only (got '" + arg +
+                          "')");
+    }
+    return CmdBackends(settings);
   }
   if (command != "run" && command != "explain")
     return UsageError("unknown command '" + command +

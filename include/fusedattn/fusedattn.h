@@ -37,9 +37,13 @@
  * an auxiliary tensor declared with requires_grad gets d_aux[e] = the sum, over the visible
  * (b, h, i, j) that read element e, of dS * d score_mod / d aux (0 for elements no visible key
  * reads). The derivative is the graph's explicit one where given, else derived symbolically.
- * The reference and cuDNN backends run score modifiers; cuDNN refuses, naming the reason, what
- * it cannot combine with one (a tensor bias, ALiBi, softcap, THD, gradients of the graph's
- * tensors), and the native backends refuse them in this version.
+ * The reference, flash and cuDNN backends run score modifiers; small_seq refuses them. flash
+ * compiles the graph into its tensor-core kernels at run time (NVRTC): float16/bfloat16 with
+ * o_dtype equal, head dims multiples of 8 up to 256, up to 8 tensors, GPUs of compute capability
+ * 8.0 or newer; it refuses deterministic mode with a tensor that requires grad and a broadcast
+ * bias gradient next to a graph. cuDNN refuses what it cannot combine with one (a tensor bias,
+ * ALiBi, softcap, THD, max_logit, gradients of the graph's tensors). Each refusal names the
+ * reason, and the reference backend runs every graph.
  *
  * The softmax over the visible keys is
  *   VANILLA:        p_j = exp(s_j) / sum_j' exp(s_j')

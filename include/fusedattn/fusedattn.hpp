@@ -2,6 +2,8 @@
 // nothing the C API does not own. The C API (fusedattn.h) stays the one source of truth.
 #pragma once
 
+#include <cstddef>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -76,10 +78,31 @@ inline void Backward(const fusedattn_config& config, const fusedattn_bwd_args& a
       fusedattn_bwd(&config, &args, workspace, workspace_bytes, stream, msg, sizeof msg), msg);
 }
 
-// A tensor descriptor from a pointer, dtype, shape and strides (in elements).
+namespace detail {
+// fusedattn_tensor holds FUSEDATTN_MAX_DIMS dimensions: a longer shape is refused, never written
+// past the arrays.
+inline void CheckDims(const char* function, size_t shape_dims, size_t stride_dims,
+                      bool has_strides) {
+  if (shape_dims > FUSEDATTN_MAX_DIMS)
+    throw Error(FUSEDATTN_ERROR_INVALID_ARGUMENT,
+                std::string(function) + ": a shape of " + std::to_string(shape_dims) +
+                    " dimensions; a fusedattn_tensor has at most " +
+                    std::to_string(FUSEDATTN_MAX_DIMS) + " (FUSEDATTN_MAX_DIMS)");
+  if (has_strides && stride_dims != shape_dims)
+    throw Error(FUSEDATTN_ERROR_INVALID_ARGUMENT,
+                std::string(function) + ": " + std::to_string(shape_dims) +
+                    " dimensions in the shape but " + std::to_string(stride_dims) +
+                    " strides");
+}
+}  // namespace detail
+
+// A tensor descriptor from a pointer, dtype, shape and strides (in elements). Throws Error
+// (FUSEDATTN_ERROR_INVALID_ARGUMENT) for more than FUSEDATTN_MAX_DIMS dimensions or a stride
+// count that differs from the shape's.
 inline fusedattn_tensor MakeTensor(void* data, fusedattn_dtype dtype,
                                    std::initializer_list<int64_t> shape,
                                    std::initializer_list<int64_t> strides) {
+  detail::CheckDims("fusedattn::MakeTensor", shape.size(), strides.size(), true);
   fusedattn_tensor t{};
   t.data = data;
   t.dtype = dtype;
@@ -91,9 +114,10 @@ inline fusedattn_tensor MakeTensor(void* data, fusedattn_dtype dtype,
   return t;
 }
 
-// Row-major strides for a shape.
+// Row-major strides for a shape. Throws Error for more than FUSEDATTN_MAX_DIMS dimensions.
 inline fusedattn_tensor MakeContiguousTensor(void* data, fusedattn_dtype dtype,
                                              std::initializer_list<int64_t> shape) {
+  detail::CheckDims("fusedattn::MakeContiguousTensor", shape.size(), 0, false);
   fusedattn_tensor t{};
   t.data = data;
   t.dtype = dtype;

@@ -2,7 +2,22 @@
 
 #include <mutex>
 
+#ifndef FUSEDATTN_CUDA_ARCH_NAMES
+#define FUSEDATTN_CUDA_ARCH_NAMES ""
+#endif
+
 namespace fusedattn {
+
+const char* BuiltCudaArchitectures() { return FUSEDATTN_CUDA_ARCH_NAMES; }
+
+std::string NoKernelForDeviceReason(const std::string& detail) {
+  const int cc = CurrentDeviceComputeCapability();
+  std::string text = Format("no kernel for sm_%d in this build (built for %s); rebuild with "
+                            "CUDAARCHS including %d",
+                            cc, BuiltCudaArchitectures(), cc);
+  if (!detail.empty()) text += ": " + detail;
+  return text;
+}
 
 #ifdef FUSEDATTN_WITH_CUDA
 

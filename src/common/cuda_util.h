@@ -23,6 +23,14 @@ int CurrentDeviceComputeCapability();
 // The current CUDA device's ordinal, -1 if none.
 int CurrentCudaDevice();
 
+// The GPU architectures this build compiled kernels for, as "sm_80, sm_90a"
+// (CMAKE_CUDA_ARCHITECTURES / CUDAARCHS when fusedattn was built); "" without CUDA.
+const char* BuiltCudaArchitectures();
+// A backend whose kernels have no image for the current device says this:
+// "no kernel for sm_75 in this build (built for sm_80, sm_90a); rebuild with CUDAARCHS including
+// 75", followed by ": <detail>" (the CUDA error) when detail is not empty.
+std::string NoKernelForDeviceReason(const std::string& detail);
+
 }  // namespace fusedattn
 
 #ifdef FUSEDATTN_WITH_CUDA

@@ -18,7 +18,8 @@ class Backend {
   virtual const char* name() const = 0;
 
   // Built in, and (for GPU backends) a device it can use is present. The reason otherwise, e.g.
-  // "not built with cuDNN" or "no CUDA device".
+  // "not built: cuDNN headers not found (searched: ...)", "no CUDA device", "no kernel for sm_75
+  // in this build (built for sm_80, sm_90a)".
   virtual Status available() const = 0;
 
   // Whether this backend runs the problem: the forward, and also the backward when

@@ -11,6 +11,16 @@
 
 namespace fusedattn {
 
+// Why a backend is not built, as CMake found it when fusedattn was built (CMakeLists.txt passes
+// these): "not built: nvcc not found when fusedattn was built", "not built: cuDNN headers not found
+// (searched: ...)".
+#ifndef FUSEDATTN_NO_CUDA_REASON
+#define FUSEDATTN_NO_CUDA_REASON "not built (needs the CUDA toolkit when fusedattn is built)"
+#endif
+#ifndef FUSEDATTN_NO_CUDNN_REASON
+#define FUSEDATTN_NO_CUDNN_REASON "not built (cuDNN or cudnn-frontend not found when fusedattn was built)"
+#endif
+
 const std::vector<Backend*>& AllBackends() {
   static const std::vector<Backend*> backends = [] {
     std::vector<Backend*> list;
@@ -18,21 +28,19 @@ const std::vector<Backend*>& AllBackends() {
     list.push_back(SmallSeqBackend());
 #else
     static UnavailableBackend small_seq(FUSEDATTN_BACKEND_SMALL_SEQ, "small_seq",
-                                        "not built (needs the CUDA toolkit)");
+                                        FUSEDATTN_NO_CUDA_REASON);
     list.push_back(&small_seq);
 #endif
 #ifdef FUSEDATTN_WITH_CUDNN
     list.push_back(CudnnBackend());
 #else
-    static UnavailableBackend cudnn(FUSEDATTN_BACKEND_CUDNN, "cudnn",
-                                    "not built with cuDNN (cuDNN or cudnn-frontend not found)");
+    static UnavailableBackend cudnn(FUSEDATTN_BACKEND_CUDNN, "cudnn", FUSEDATTN_NO_CUDNN_REASON);
     list.push_back(&cudnn);
 #endif
 #ifdef FUSEDATTN_WITH_FLASH
     list.push_back(FlashBackend());
 #else
-    static UnavailableBackend flash(FUSEDATTN_BACKEND_FLASH, "flash",
-                                    "not built (needs the CUDA toolkit)");
+    static UnavailableBackend flash(FUSEDATTN_BACKEND_FLASH, "flash", FUSEDATTN_NO_CUDA_REASON);
     list.push_back(&flash);
 #endif
     list.push_back(ReferenceBackend());

@@ -161,6 +161,101 @@ case "$CASE" in
     expect_output '^lengths: +q 5,0  kv 7,3$'
     expect_output '^flops: +15 visible'
     ;;
+  json)
+    # --json: one JSON object on stdout with the documented keys (README, "The program"), parsed
+    # by Python's json module.
+    PY="${PYTHON:-python3}"
+    check_json() {
+      local script="$1"
+      "$PY" -c "import json, sys
+d = json.load(open(sys.argv[1]))
+$script" "$OUT" || fail "JSON check failed: $script"
+    }
+    "$FUSEDATTN" backends --json >"$OUT" 2>/dev/null; RC=$?; LAST="fusedattn backends --json"
+    expect_rc 0
+    check_json "
+assert set(d) >= {'version', 'cuda_device', 'cuda_architectures', 'backends'}, d
+assert isinstance(d['cuda_device'], bool) and isinstance(d['cuda_architectures'], str)
+names = [b['name'] for b in d['backends']]
+assert names == ['small_seq', 'cudnn', 'flash', 'reference'], names
+for b in d['backends']:
+    assert set(b) == {'name', 'available', 'reason'}, b
+    assert isinstance(b['available'], bool)
+    assert (b['reason'] is None) == b['available'], b
+assert d['backends'][3]['available'] is True"
+    "$FUSEDATTN" explain --json --device cpu --mask causal >"$OUT" 2>/dev/null; RC=$?
+    LAST="fusedattn explain --json --device cpu --mask causal"
+    expect_rc 0
+    check_json "
+assert set(d) == {'problem', 'device', 'backend', 'selection', 'backends', 'error'}, set(d)
+assert d['device'] == 'cpu' and d['backend'] == 'reference' and d['error'] is None, d
+for b in d['backends']:
+    assert set(b) == {'name', 'verdict', 'reason', 'chosen'}, b
+    assert b['verdict'] in ('accepts', 'refuses', 'unavailable', 'not_asked'), b
+assert [b['name'] for b in d['backends'] if b['chosen']] == ['reference']"
+    "$FUSEDATTN" run --json --device cpu --b 2 --h 2 --sq 8 --skv 8 --d 8 --layout thd \
+      --lengths 5,0:7,3 --mask causal --bwd --iters 2 --dtype bfloat16 >"$OUT" 2>/dev/null
+    RC=$?; LAST="fusedattn run --json ..."
+    expect_rc 0
+    check_json "
+keys = {'problem', 'device', 'backend', 'selection', 'backends', 'lengths', 'check', 'flops',
+        'time', 'result', 'error'}
+assert set(d) == keys, set(d) ^ keys
+assert d['result'] == 'PASS' and d['error'] is None and d['backend'] == 'reference', d
+assert d['lengths'] == {'q': [5, 0], 'kv': [7, 3]}, d['lengths']
+c = d['check']
+assert set(c) == {'performed', 'reason', 'tolerance', 'outputs'} and c['performed'] is True
+assert [o['name'] for o in c['outputs']] == ['o', 'lse', 'dq', 'dk', 'dv'], c['outputs']
+for o in c['outputs']:
+    assert set(o) == {'name', 'rel_error', 'max_abs_error', 'passed'} and o['passed'] is True
+assert d['flops']['visible_pairs'] == 15 and set(d['flops']) == {'visible_pairs', 'dense_pairs', 'fwd_gflop', 'bwd_gflop'}
+t = d['time']
+assert set(t) == {'clock', 'iters', 'fwd_ms', 'fwd_tflops', 'bwd_ms', 'bwd_tflops'} and t['iters'] == 2, t
+assert 'bfloat16' in d['problem'], d['problem']"
+    # Errors keep the JSON form: an invalid problem gives "error" and exit 1.
+    "$FUSEDATTN" run --json --h 8 --hkv 3 --device cpu >"$OUT" 2>/dev/null; RC=$?
+    LAST="fusedattn run --json --h 8 --hkv 3"
+    expect_rc 1
+    check_json "
+assert d['result'] == 'error' and 'heads_kv = 3' in d['error'], d"
+    ;;
+  quiet_verbose)
+    run run --device cpu --h 2 --sq 8 --d 8 --iters 1 --quiet
+    expect_rc 0
+    [ "$(cat "$OUT")" = "result:     PASS" ] || fail "--quiet run printed more than the result line"
+    run explain --device cpu -q
+    expect_rc 0
+    [ "$(cat "$OUT")" = "reference" ] || fail "-q explain printed more than the backend"
+    run backends -q
+    expect_rc 0
+    expect_output '^reference available$'
+    [ "$(wc -l <"$OUT")" -eq 4 ] || fail "backends -q: expected one line per backend"
+    run run --device cpu --h 2 --sq 8 --d 8 --iters 2 --verbose
+    expect_rc 0
+    expect_output '^fusedattn: +[0-9]+\.[0-9]+\.[0-9]+ \(GPU code for '
+    expect_output '^  fwd calls \(ms\):( [0-9.e+-]+){2}$'
+    run backends --bogus
+    expect_rc 2
+    ;;
+  dtype_spellings)
+    # Every spelling of each dtype, in --dtype and --bias-dtype; the output names the dtype as
+    # the library does (bfloat16, float16, float32).
+    for spelling in bf16:bfloat16 bfloat16:bfloat16 fp16:float16 float16:float16 half:float16 \
+                    fp32:float32 float32:float32; do
+      run explain --device cpu --dtype "${spelling%%:*}"
+      expect_rc 0
+      expect_output "${spelling#*:}"
+    done
+    run run --device cpu --h 2 --sq 8 --d 8 --iters 1 --dtype half --bias post_scale \
+      --bias-dtype float16
+    expect_rc 0
+    expect_output '^result: +PASS$'
+    run run --device cpu --dtype bf16 --bias post_scale --bias-dtype float32 --iters 1 --sq 8 --d 8
+    expect_rc 0
+    run run --device cpu --dtype bf16 --bias post_scale --bias-dtype half
+    expect_rc 2
+    expect_output "--bias-dtype: float16 is neither float32 nor --dtype \(bfloat16\)"
+    ;;
   *)
     echo "unknown case '$CASE'"
     exit 2

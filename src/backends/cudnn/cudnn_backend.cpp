@@ -544,6 +544,10 @@ class CudnnBackendImpl final : public Backend {
     if (cc < 80)
       return NotSupported("compute capability %d.%d: cuDNN SDPA needs 8.0 or newer", cc / 10,
                           cc % 10);
+    // The backend's own small kernels (kernels.cu) are compiled for the build's architectures.
+    static const cudaError_t probe = ProbeKernels();
+    if (probe != cudaSuccess)
+      return NotSupported("%s", NoKernelForDeviceReason(cudaGetErrorString(probe)).c_str());
     return Status::Ok();
   }
 

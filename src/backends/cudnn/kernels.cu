@@ -262,6 +262,13 @@ __global__ void BackwardEpilogueKernel(BackwardEpilogueParams p, int fixup_block
 
 }  // namespace
 
+cudaError_t ProbeKernels() {
+  cudaFuncAttributes attributes;
+  cudaError_t err = cudaFuncGetAttributes(&attributes, PrepareKernel);
+  if (err != cudaSuccess) cudaGetLastError();  // not sticky: clear it
+  return err;
+}
+
 cudaError_t LaunchPrepare(const PrepareParams& p, cudaStream_t stream) {
   int64_t work = p.graph_batch + 1;
   if (p.heads_q > work) work = p.heads_q;

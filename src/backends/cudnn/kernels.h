@@ -58,6 +58,9 @@ struct PrepareParams {
   Band band;
   unsigned int* zero_counter = nullptr;  // set to 0 (the backward epilogue's dsink count), or null
 };
+// cudaSuccess when this build has an image of these kernels for the current device.
+cudaError_t ProbeKernels();
+
 cudaError_t LaunchPrepare(const PrepareParams& params, cudaStream_t stream);
 
 struct ForwardFixupParams {

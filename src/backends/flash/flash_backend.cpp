@@ -16,6 +16,7 @@
 // is not broadcast; a broadcast float32 dbias is added atomically (non-deterministic mode), any
 // other broadcast dbias is summed by a kernel in a fixed order. dsink is reduced in a fixed order.
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
 
@@ -25,6 +26,7 @@
 #include "backends/flash/kernels.h"
 #include "backends/flash/schedule.h"
 #include "backends/flash/sm90.h"
+#include "backends/flash/tiles.h"
 #include "common/cuda_util.h"
 #include "flex/score_mod.h"
 #include "common/philox.h"
@@ -62,6 +64,50 @@ int FastHeadDim(const Problem& p) {
   if (!IsHalfType(c.qkv_dtype) || c.o_dtype != c.qkv_dtype) return 0;
   return flash::FastHeadDimFor(static_cast<int>(c.head_dim_qk), static_cast<int>(c.head_dim_v));
 }
+
+// Shared memory a block may opt in to on the current device (sm_80 163 KB, sm_86/89 99 KB,
+// sm_90 227 KB), queried once per device.
+size_t SharedLimit() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<size_t> limits[kMaxDevices];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) {
+    cudaGetLastError();
+    return flash::SimpleSharedLimit();
+  }
+  size_t limit = limits[device].load(std::memory_order_relaxed);
+  if (limit == 0) {
+    limit = flash::SimpleSharedLimit();
+    limits[device].store(limit, std::memory_order_relaxed);
+  }
+  return limit;
+}
+
+// Shared memory of the fast path's kernels of a padded head dim (float16/bfloat16): the forward
+// (both variants), and the backward (key-block and deterministic dQ kernels).
+size_t FastForwardSmem(int dim) {
+  switch (dim) {
+    case 64: return std::max(flash::FwdSmemBytes<64, false>(2), flash::FwdSmemBytes<64, true>(2));
+    case 128:
+      return std::max(flash::FwdSmemBytes<128, false>(2), flash::FwdSmemBytes<128, true>(2));
+    case 256:
+      return std::max(flash::FwdSmemBytes<256, false>(2), flash::FwdSmemBytes<256, true>(2));
+  }
+  return 0;
+}
+size_t FastBackwardSmem(int dim) {
+  switch (dim) {
+    case 64: return std::max(flash::BwdSmemBytes<64>(2), flash::DqSmemBytes<64>(2));
+    case 128: return std::max(flash::BwdSmemBytes<128>(2), flash::DqSmemBytes<128>(2));
+    case 256: return std::max(flash::BwdSmemBytes<256>(2), flash::DqSmemBytes<256>(2));
+  }
+  return 0;
+}
+// Whether the device gives the fast kernels their shared memory. The tiles were sized on H100:
+// the d128 and d256 backward (173 and 217 KB) do not fit an A100 (163 KB), nor the d256 forward
+// (132 KB) an sm_86/89 GPU (99 KB); there the simple path runs those problems.
+bool FastForwardFits(int dim) { return dim > 0 && FastForwardSmem(dim) <= SharedLimit(); }
+bool FastBackwardFits(int dim) { return dim > 0 && FastBackwardSmem(dim) <= SharedLimit(); }
 
 // Whether a THD problem may run the wgmma kernels, which then take the heavy-first tile schedule
 // (schedule.h) from the workspace: THD, no score_mod, a 64/128 instance and the wgmma path
@@ -223,6 +269,15 @@ Status CheckScoreMod(const Problem& p) {
     return NotSupported("score_mod kernels need compute capability 8.0 or later; this GPU has "
                         "%d.%d",
                         cc / 10, cc % 10);
+  const int dim = FastHeadDim(p);
+  const size_t need = c.is_training ? std::max(FastForwardSmem(dim), FastBackwardSmem(dim))
+                                    : FastForwardSmem(dim);
+  if (need > SharedLimit())
+    return NotSupported(
+        "score_mod graphs run on flash's tensor-core kernels, whose %s at head dim %d takes %zu "
+        "bytes of shared memory per block, more than the %zu this GPU gives (the reference "
+        "backend runs it)",
+        c.is_training ? "forward and backward" : "forward", dim, need, SharedLimit());
   return jit::Available();
 }
 
@@ -261,7 +316,7 @@ BwdWorkspace PlanBwdWorkspace(const Problem& problem) {
     w.sink_partial = w.total;
     w.total += AlignUp(rows * sizeof(float));
   }
-  const int fast_dim = FastHeadDim(problem);
+  const int fast_dim = FastBackwardFits(FastHeadDim(problem)) ? FastHeadDim(problem) : 0;
   if (fast_dim > 0 && !c.deterministic) {
     w.dq_accum = w.total;
     w.dq_accum_dim = fast_dim;
@@ -411,7 +466,8 @@ class FlashBackendImpl final : public Backend {
     p.max_logit_stride = t.max_logit_stride;
     flash::SetLastForwardUsedWgmma(false);
     const int dim = FastHeadDim(problem);
-    const bool fast = dim > 0 && RowsAligned16(t.q) && RowsAligned16(t.k) && RowsAligned16(t.v);
+    const bool fast = FastForwardFits(dim) && RowsAligned16(t.q) && RowsAligned16(t.k) &&
+                      RowsAligned16(t.v);
     if (problem.score_mod && !fast)
       return NotSupported(
           "flash runs score_mod graphs on its tensor-core kernels only, which need q, k and v "
@@ -454,7 +510,7 @@ class FlashBackendImpl final : public Backend {
       p.sink_partial = reinterpret_cast<float*>(base + plan.sink_partial);
 
     const int dim = FastHeadDim(problem);
-    const bool fast = dim > 0 && RowsAligned16(t.q) && RowsAligned16(t.k) &&
+    const bool fast = FastBackwardFits(dim) && RowsAligned16(t.q) && RowsAligned16(t.k) &&
                       RowsAligned16(t.v) && RowsAligned16(t.d_o);
     if (problem.score_mod && !fast)
       return NotSupported(

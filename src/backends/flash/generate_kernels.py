@@ -9,7 +9,8 @@ flash_backend.cpp's dispatch and FastHeadDimFor.
 
 The Hopper kernels (wgmma + TMA: fwd_kernel_sm90.cuh, bwd_kernel_sm90.cuh) have their own
 instances, flash_fwd_sm90_*.cu and flash_bwd_sm90_*.cu, for SM90_HEAD_DIMS; CMake compiles them
-only when CMAKE_CUDA_ARCHITECTURES contains 90a.
+only when CMAKE_CUDA_ARCHITECTURES contains 90a, and for 90a alone (the other instances are
+compiled for every listed architecture).
 """
 import os
 

@@ -58,7 +58,8 @@ Status LaunchFastBackward(const FlashParams& p, cudaStream_t stream);
 template <typename Element, int kHeadDim>
 Status LaunchFastBackwardDq(const FlashParams& p, cudaStream_t stream);
 
-// The padded head dims the fast path is compiled for (instances.h lists them).
+// The padded head dims the fast path is compiled for (HEAD_DIMS in generate_kernels.py, which
+// writes one file per instance under instances/).
 int FastHeadDimFor(int head_dim_qk, int head_dim_v);
 #endif  // __CUDACC_RTC__
 

@@ -574,13 +574,7 @@ Status ProbeKernelImage() {
   cudaError_t err = cudaFuncGetAttributes(&attributes, FillMaxLogitKernel);
   if (err != cudaSuccess) {
     cudaGetLastError();
-    int device = 0, major = 0, minor = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-    cudaGetLastError();
-    return NotSupported("no kernel image for this GPU (compute capability %d.%d): %s", major,
-                        minor, cudaGetErrorString(err));
+    return NotSupported("%s", NoKernelForDeviceReason(cudaGetErrorString(err)).c_str());
   }
   return Status::Ok();
 }

@@ -1,5 +1,6 @@
 // Launchers of the helper kernels (reduce.cuh) and the device-code probe.
 #include "backends/small_seq/reduce.cuh"
+#include "common/cuda_util.h"
 
 namespace fusedattn::small_seq {
 namespace {
@@ -49,14 +50,7 @@ Status KernelsRunOnCurrentDevice() {
   cudaError_t err = cudaFuncGetAttributes(&attributes, FillKernel);
   if (err != cudaSuccess) {
     cudaGetLastError();  // not sticky: clear it
-    int device = 0, major = 0, minor = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-    return NotSupported(
-        "its kernels have no code for this GPU (compute capability %d.%d): %s; rebuild with "
-        "CMAKE_CUDA_ARCHITECTURES including it",
-        major, minor, cudaGetErrorString(err));
+    return NotSupported("%s", NoKernelForDeviceReason(cudaGetErrorString(err)).c_str());
   }
   return Status::Ok();
 }
