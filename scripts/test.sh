@@ -5,7 +5,7 @@
 # nvidia-cudnn-frontend and the other build requirements from the index, no set-up script), that
 # wheel is installed into .venv, then pytest (the torch/GPU tests skip without torch or a device;
 # test_packaging.py inspects the installed libraries and checks that pip built every backend the
-# build above built).
+# build above built; PyTorch is installed for the torch tests, which run on CPU tensors here).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${FUSEDATTN_BUILD_DIR:-$ROOT/build}"
@@ -25,5 +25,11 @@ print(" ".join(b["name"] for b in json.load(sys.stdin)["backends"]
     -Ccmake.define.FUSEDATTN_CUDNN_FRONTEND_DEPS_FALLBACK=OFF "$ROOT"
   "$PY" -m pip install -q --no-deps --force-reinstall "$BUILD"/wheel/fusedattn-*.whl
   "$PY" -c 'import fusedattn; print("installed fusedattn", fusedattn.version(), fusedattn.backends())'
+  # The torch tests run on the CPU here as well (CPU tensors take the reference backend through
+  # the same torch operators): PyPI's torch, pinned to the GPU machine's version (about 4 GB with
+  # its nvidia-* wheels, cached by pip), and matplotlib for the benchmark harness's plots. The
+  # wheel above was built without torch, so the first torch test compiles the operator library
+  # (fusedattn/_torch.py, about a minute) into the user's cache directory.
+  "$PY" -m pip install -q "torch==${FUSEDATTN_TEST_TORCH_VERSION:-2.11.0}" "matplotlib>=3.7"
   (cd "$ROOT/python" && "$PY" -m pytest -q tests)
 fi
