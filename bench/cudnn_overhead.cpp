@@ -1,19 +1,24 @@
 // The cuDNN backend's plan and host costs, on a GPU, as markdown tables on stdout:
 //
 //   plans      cuDNN's start-up; the cold forward + backward build of a structure; each new batch
-//              size 1..8 of it; new sequence lengths; a repeated size; the same batch sweep with
-//              per-shape plans (FUSEDATTN_CUDNN_DYNAMIC_SHAPES=0) beside it; the forward of a
-//              no-mask problem (the unified node's per-shape plans); and a second process of this
-//              program, started with the kernel caches the first one wrote to disk.
-//   device     device time of back-to-back forward + backward calls on a dynamic-shape plan and on
-//              a per-shape plan of the same problem (the kernels may differ).
+//              size 1..8 of it; new sequence lengths; a repeated size; the forward of a no-mask
+//              problem (the unified node's plans). All per shape: the library's default.
+//   dynamic    only when FUSEDATTN_CUDNN_DYNAMIC_SHAPES asks for dynamic shapes (1, or
+//              no-override) in this program's environment: the same sweep with dynamic-shape
+//              plans from a structure's kernel cache, and a second process of this program started
+//              with the kernel caches the first one wrote to disk. Experimental, labelled so: on
+//              cuDNN 9.19 (2026-11-24) such plans gave wrong results after a shape change
+//              (src/backends/cudnn/README.md, "Dynamic shapes: status").
+//   device     device time of back-to-back forward + backward calls on a per-shape plan (and on a
+//              dynamic-shape plan of the same problem, with the dynamic rows).
 //   host       warm host time per fusedattn_fwd / fusedattn_bwd call (median of back-to-back
 //              calls, the GPU work runs behind) for dense BSHD, padded BSHD and THD problems, with
 //              the number of our own kernel launches around cuDNN's graph; and where the time of
 //              one dense forward goes, stage by stage.
 //
-// Usage: cudnn_overhead [iterations]   (default 2000; exits 0 saying so without a GPU)
-// The plan figures use a fresh on-disk cache directory (printed) so that "cold" is cold; the
+// Usage: [FUSEDATTN_CUDNN_DYNAMIC_SHAPES=1] cudnn_overhead [iterations]
+//        (default 2000; exits 0 saying so without a GPU)
+// The dynamic rows use a fresh on-disk cache directory (printed) so that "cold" is cold; the
 // second process is this program re-run with --child and that directory.
 #include <cuda_runtime_api.h>
 #include <unistd.h>
@@ -163,15 +168,18 @@ void SecondProcess(const char* self) {
     pclose(p);
   }
   if (build < 0) {
-    std::printf("| second process | failed (run `%s --child` to see why) | | |\n", self);
+    std::printf("| experimental: second process | failed (run `%s --child` to see why) | | |\n",
+                self);
     return;
   }
-  std::printf("| second process: cuDNN start-up (first handle, tiny forward) | %.1f | 1 | |\n",
+  std::printf("| experimental: second process, cuDNN start-up (first handle, tiny forward) | "
+              "%.1f | 1 | |\n",
               startup);
-  std::printf("| second process: forward + backward of the structure, b=2 | %.1f | %llu | "
+  std::printf("| experimental: second process, forward + backward of the structure, b=2 | %.1f "
+              "| %llu | "
               "%llu dynamic, %llu kernel caches read from disk, %llu written |\n",
               build, plans, dynamic, loaded, saved);
-  std::printf("| second process: then batch 5 | %.1f | 2 | |\n", new_batch);
+  std::printf("| experimental: second process, then batch 5 | %.1f | 2 | |\n", new_batch);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -347,15 +355,29 @@ int main(int argc, char** argv) {
     std::printf("cudnn_overhead: cuDNN backend unavailable: %s\n", msg);
     return 0;
   }
-  // A fresh on-disk cache, so that the cold figures are cold; the child inherits it.
+  // Per-shape plans (the default) for every figure but the dynamic rows, which use what
+  // FUSEDATTN_CUDNN_DYNAMIC_SHAPES asked for (when it asks for dynamic shapes) and a fresh on-disk
+  // cache, so that their cold figures are cold; the child inherits both.
+  const char* asked = std::getenv("FUSEDATTN_CUDNN_DYNAMIC_SHAPES");
+  const std::string dynamic_value = asked != nullptr ? asked : "";
+  const cudnn::DynamicShapesSetting dynamic_setting = cudnn::ParseDynamicShapes(
+      asked, static_cast<int64_t>(fusedattn_cudnn_version()));
+  const bool dynamic_rows = dynamic_setting.mode != cudnn::DynamicShapesMode::kOff;
+  auto per_shape = [] {
+    unsetenv("FUSEDATTN_CUDNN_DYNAMIC_SHAPES");
+    cudnn::ReloadSettings();
+  };
+  auto dynamic = [&] {
+    setenv("FUSEDATTN_CUDNN_DYNAMIC_SHAPES", dynamic_value.c_str(), 1);
+    cudnn::ReloadSettings();
+  };
   char dir[] = "/tmp/fusedattn_cudnn_overhead_XXXXXX";
   if (mkdtemp(dir) == nullptr) {
     std::printf("cudnn_overhead: cannot make a temporary directory\n");
     return 1;
   }
   setenv("FUSEDATTN_CACHE_DIR", dir, 1);
-  unsetenv("FUSEDATTN_CUDNN_DYNAMIC_SHAPES");
-  cudnn::ReloadSettings();
+  per_shape();
 
   cudaDeviceProp prop{};
   int device = 0;
@@ -364,11 +386,17 @@ int main(int argc, char** argv) {
   std::printf("## cuDNN backend: plans and host cost\n\n");
   std::printf("%s, cuDNN %lld, fusedattn %s, %d iterations per host figure\n\n", prop.name,
               (long long)fusedattn_cudnn_version(), fusedattn_version_string(), iterations);
-  const std::string dynamic_off = cudnn::DynamicShapesOffReason();
-  std::printf("- dynamic shapes: %s\n", dynamic_off.empty() ? "on" : dynamic_off.c_str());
-  const std::string disk = cudnn::DiskCacheDirectory();
-  std::printf("- on-disk kernel caches: %s\n\n",
-              disk.empty() ? cudnn::DiskCacheOffReason().c_str() : disk.c_str());
+  std::printf("- plans: per shape (the default)\n");
+  if (dynamic_rows)
+    std::printf("- dynamic-shape rows: EXPERIMENTAL, FUSEDATTN_CUDNN_DYNAMIC_SHAPES=%s (%s; "
+                "check their results with FUSEDATTN_TEST_CUDNN_DYNAMIC=1 "
+                "fusedattn_gpu_tests --gtest_filter='*CudnnDynamic*')\n\n",
+                dynamic_value.c_str(), cudnn::kDynamicShapesWarning);
+  else if (asked != nullptr && *asked != '\0')
+    std::printf("- dynamic-shape rows: not measured (%s)\n\n", dynamic_setting.off_reason.c_str());
+  else
+    std::printf("- dynamic-shape rows: not measured (experimental, off by default; "
+                "FUSEDATTN_CUDNN_DYNAMIC_SHAPES=1 adds them)\n\n");
 
   // ---- plans ----
   std::printf("### Plan builds (structure: bf16, h=8, d=64, causal, forward + backward)\n\n");
@@ -388,8 +416,6 @@ int main(int argc, char** argv) {
   Row("repeated size b=3, s=128 (selection cache)", TimeBuild(Structure(3, 128)));
   std::printf("| repeated size b=3, s=128: the plan lookup of check() alone | %.4f | 0 | |\n",
               WarmCheckUs(Structure(3, 128)) / 1000.0);
-  std::fflush(stdout);
-  SecondProcess(argv[0]);
 
   fusedattn_config unified = Structure(1, 128);
   unified.mask = FUSEDATTN_MASK_NONE, unified.is_training = 0;
@@ -400,28 +426,38 @@ int main(int argc, char** argv) {
         TimeBuild(unified));
   }
 
-  setenv("FUSEDATTN_CUDNN_DYNAMIC_SHAPES", "0", 1);
-  cudnn::ReloadSettings();
-  for (int64_t batch = 1; batch <= 4; ++batch)
-    Row(Format("per-shape plans (FUSEDATTN_CUDNN_DYNAMIC_SHAPES=0): b=%lld%s", (long long)batch,
-               batch == 1 ? " (cold)" : ""),
-        TimeBuild(Structure(batch, 128)));
-  unsetenv("FUSEDATTN_CUDNN_DYNAMIC_SHAPES");
-  cudnn::ReloadSettings();
+  if (dynamic_rows) {
+    dynamic();  // also drops the plans above: the structure starts afresh
+    const std::string disk = cudnn::DiskCacheDirectory();
+    std::printf("\n### EXPERIMENTAL: dynamic-shape plans (FUSEDATTN_CUDNN_DYNAMIC_SHAPES=%s; "
+                "on-disk kernel caches: %s)\n\n",
+                dynamic_value.c_str(),
+                disk.empty() ? cudnn::DiskCacheOffReason().c_str() : disk.c_str());
+    std::printf("| what | ms | plans | how |\n|---|---|---|---|\n");
+    for (int64_t batch = 1; batch <= 8; ++batch)
+      Row(batch == 1 ? "experimental: s=128, b=1 (the structure's first plans, empty kernel "
+                       "cache; cuDNN already started)"
+                     : Format("experimental: new batch size b=%lld", (long long)batch),
+          TimeBuild(Structure(batch, 128)));
+    Row("experimental: new sequence length s=256, b=2", TimeBuild(Structure(2, 256)));
+    Row("experimental: new sequence length s=200, b=3", TimeBuild(Structure(3, 200)));
+    std::fflush(stdout);
+    SecondProcess(argv[0]);
+    per_shape();
+  }
 
   // ---- device ----
   std::printf("\n### Device time per forward + backward, back to back (b=4, h=16, s=2048, "
               "d=128, causal, bf16)\n\n| plans | ms |\n|---|---|\n");
   fusedattn_config big = Structure(4, 2048);
   big.heads_q = big.heads_kv = 16, big.head_dim_qk = big.head_dim_v = 128;
-  const double dynamic_ms = DeviceMsPerStep(big, 20);
-  setenv("FUSEDATTN_CUDNN_DYNAMIC_SHAPES", "0", 1);
-  cudnn::ReloadSettings();
-  const double static_ms = DeviceMsPerStep(big, 20);
-  unsetenv("FUSEDATTN_CUDNN_DYNAMIC_SHAPES");
-  cudnn::ReloadSettings();
-  std::printf("| dynamic shapes (kernel cache) | %.3f |\n| per shape | %.3f |\n", dynamic_ms,
-              static_ms);
+  std::printf("| per shape | %.3f |\n", DeviceMsPerStep(big, 20));
+  if (dynamic_rows) {
+    dynamic();
+    std::printf("| experimental: dynamic shapes (kernel cache) | %.3f |\n",
+                DeviceMsPerStep(big, 20));
+    per_shape();
+  }
 
   // ---- host ----
   std::printf("\n### Warm host cost per call (b=2, h=8, s=128, d=64, bf16, causal masks; median "

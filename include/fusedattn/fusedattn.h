@@ -128,12 +128,18 @@
  * ---------------------------------------------------------------------------------------------
  *   FUSEDATTN_BACKEND=name          force a backend for configs with backend = AUTO
  *   FUSEDATTN_PLAN_CACHE_SIZE=n     cuDNN plans kept in memory (default 256)
- *   FUSEDATTN_CUDNN_DYNAMIC_SHAPES=0  build cuDNN plans per shape instead of as dynamic-shape
- *                                   graphs that share compiled kernels across batch sizes and
- *                                   sequence lengths (on by default from cuDNN 9.5)
+ *   FUSEDATTN_CUDNN_DYNAMIC_SHAPES=1  EXPERIMENTAL, off by default: build cuDNN plans as
+ *                                   dynamic-shape graphs that share compiled kernels (a kernel
+ *                                   cache per problem structure) across batch sizes and sequence
+ *                                   lengths, instead of one plan per shape. On cuDNN 9.19 (H100,
+ *                                   measured 2026-11-24) plans built this way for a new shape gave
+ *                                   wrong results (unwritten rows, NaN), so cuDNN plans are per
+ *                                   shape unless this is 1 (needs cuDNN 9.18); see
+ *                                   src/backends/cudnn/README.md, "Dynamic shapes: status"
  *   FUSEDATTN_CACHE_DIR=dir         the on-disk cache of compiled kernels (cuDNN's kernel caches,
- *                                   from cuDNN 9.10), so that a new process does not compile
- *                                   again; default $XDG_CACHE_HOME/fusedattn, else
+ *                                   from cuDNN 9.10; only with FUSEDATTN_CUDNN_DYNAMIC_SHAPES=1,
+ *                                   without it nothing is written or read), so that a new process
+ *                                   does not compile again; default $XDG_CACHE_HOME/fusedattn, else
  *                                   $HOME/.cache/fusedattn; "", "0" or "off" turns it off. The
  *                                   directory must belong to the user and not be writable by
  *                                   group or others (it holds code that gets loaded); entries
@@ -145,7 +151,8 @@
  *   FUSEDATTN_FLASH_WGMMA=0         flash: no Hopper wgmma kernels
  *   FUSEDATTN_CUDA_INCLUDE=dir      flash's run-time compiler: where the CUDA headers are
  * fusedattn_get_backend's message says how the chosen backend runs the problem where it matters
- * (cuDNN: dynamic-shape or per-shape plans and why, and where kernel caches are kept).
+ * (cuDNN: per-shape, unified-node or dynamic-shape plans and why, and where kernel caches are
+ * kept).
  */
 #ifndef FUSEDATTN_FUSEDATTN_H
 #define FUSEDATTN_FUSEDATTN_H

@@ -375,8 +375,44 @@ TEST(CudnnKey, TheLargestSpecFitsTheKey) {
   EXPECT_LE(key.used, PlanKey::kWords);
 }
 
-// Dynamic shapes: the graphs of one structure (all shapes of a problem) share a kernel cache,
-// keyed by everything but batch and sequence lengths.
+// FUSEDATTN_CUDNN_DYNAMIC_SHAPES: per-shape plans unless it asks for dynamic shapes, which are
+// experimental (they gave wrong results on cuDNN 9.19, 2026-11-24) and need a recent cuDNN.
+TEST(CudnnDynamicShapesSetting, PerShapePlansUnlessAskedForAndTheCudnnHasThem) {
+  const int64_t v919 = 91900;
+  using Mode = DynamicShapesMode;
+  DynamicShapesSetting unset = ParseDynamicShapes(nullptr, v919);
+  EXPECT_EQ(unset.mode, Mode::kOff);
+  EXPECT_NE(unset.off_reason.find("by default"), std::string::npos) << unset.off_reason;
+  EXPECT_NE(unset.off_reason.find("experimental"), std::string::npos) << unset.off_reason;
+  EXPECT_NE(unset.off_reason.find("wrong results"), std::string::npos) << unset.off_reason;
+  EXPECT_NE(unset.off_reason.find("FUSEDATTN_CUDNN_DYNAMIC_SHAPES=1"), std::string::npos)
+      << unset.off_reason;
+  EXPECT_EQ(ParseDynamicShapes("", v919).mode, Mode::kOff);
+  for (const char* off : {"0", "off", "OFF", "false", "no", "2", "dynamic", "1 "}) {
+    SCOPED_TRACE(off);
+    const DynamicShapesSetting s = ParseDynamicShapes(off, v919);
+    EXPECT_EQ(s.mode, Mode::kOff);
+    EXPECT_NE(s.off_reason.find(std::string("'") + off + "'"), std::string::npos) << s.off_reason;
+  }
+  for (const char* on : {"1", "on", "On", "true", "yes"}) {
+    SCOPED_TRACE(on);
+    const DynamicShapesSetting s = ParseDynamicShapes(on, v919);
+    EXPECT_EQ(s.mode, Mode::kOn);
+    EXPECT_TRUE(s.off_reason.empty()) << s.off_reason;
+  }
+  EXPECT_EQ(ParseDynamicShapes("no-override", v919).mode, Mode::kOnWithoutOverrides);
+  EXPECT_EQ(ParseDynamicShapes("NO-OVERRIDE", v919).mode, Mode::kOnWithoutOverrides);
+  // Execute-time shapes need cuDNN 9.18 (variant-pack overrides); the kernel cache alone 9.5.
+  const DynamicShapesSetting old = ParseDynamicShapes("1", 91700);
+  EXPECT_EQ(old.mode, Mode::kOff);
+  EXPECT_NE(old.off_reason.find("9.18.0"), std::string::npos) << old.off_reason;
+  EXPECT_NE(old.off_reason.find("9.17.0"), std::string::npos) << old.off_reason;
+  EXPECT_EQ(ParseDynamicShapes("no-override", 91700).mode, Mode::kOnWithoutOverrides);
+  EXPECT_EQ(ParseDynamicShapes("no-override", 90400).mode, Mode::kOff);
+}
+
+// Dynamic shapes (FUSEDATTN_CUDNN_DYNAMIC_SHAPES=1): the graphs of one structure (all shapes of a
+// problem) share a kernel cache, keyed by everything but batch and sequence lengths.
 TEST(CudnnStructureKey, SharedByShapesAndSeparatingEverythingElse) {
   const DeviceInfo device{0, 90, 91900};
   for (fusedattn_format f : {FUSEDATTN_FORMAT_BSHD, FUSEDATTN_FORMAT_SBHD, FUSEDATTN_FORMAT_BHSD,

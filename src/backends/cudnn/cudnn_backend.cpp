@@ -12,18 +12,18 @@
 // is a plain problem with that band, every other graph reaches cuDNN's score-modifier callbacks
 // through the spec (sdpa_graph.cpp lowers it).
 //
-// Shapes: a graph bakes in its batch and sequence lengths, so every shape has a plan of its own.
-// What makes a new shape cheap is the structure (the problem without its shape, plan_spec.h
-// MakeStructureKey): its graphs are dynamic-shape graphs sharing one cuDNN kernel cache, so the
-// plan of a new batch size or sequence length binds kernels compiled for an earlier shape instead
-// of compiling (tens to hundreds of milliseconds) again; and the kernel cache is written to the
-// on-disk cache (common/blob_cache.h), so that a new process starts with it. The forward keeps
-// cuDNN's unified SDPA node where cudnn-frontend's AUTO would pick it (it takes no dynamic shapes;
-// its plans are per shape, as before). Below cuDNN 9.5, with FUSEDATTN_CUDNN_DYNAMIC_SHAPES=0, for
-// score_mod graphs, or when cuDNN refuses a structure's dynamic graph, plans are built per shape;
-// the selection diagnostic (explain) says which way and why. THD problems without a per-sequence
-// bias build for a power-of-two batch capacity (unused entries get length 0), so batch sizes
-// within one power of two share a plan.
+// Shapes: a graph bakes in its batch and sequence lengths, so every shape has a plan of its own
+// (THD problems without a per-sequence bias build for a power-of-two batch capacity, so batch
+// sizes within one power of two share a plan). That is the default. Dynamic shapes
+// (FUSEDATTN_CUDNN_DYNAMIC_SHAPES=1; experimental, off by default: on cuDNN 9.19 they gave wrong
+// results after a shape change; README.md "Dynamic shapes: status") group the shapes of a
+// problem into a structure (the problem without its shape, plan_spec.h MakeStructureKey) whose
+// plans are dynamic-shape graphs sharing one cuDNN kernel cache, executed with their shapes
+// passed at execution, and write the kernel cache to the on-disk cache (common/blob_cache.h) so
+// that a new process starts with it.
+// The forward keeps cuDNN's unified SDPA node where cudnn-frontend's AUTO would pick it (it takes
+// no dynamic shapes; its plans are per shape). The selection diagnostic (explain) says which way
+// each plan was built and why.
 //
 // Handles: cuDNN handles are not thread-safe, so each call leases one from a per-device pool for
 // its duration (created on first need, kept for the process). Plans are immutable after building
@@ -31,7 +31,6 @@
 #include "backends/cudnn/cudnn_backend.h"
 
 #include <cudnn.h>
-#include <strings.h>
 
 #include <atomic>
 #include <chrono>
@@ -168,7 +167,6 @@ Status CurrentDevice(DeviceInfo* info) {
 // ------------------------------------------------------------------------------------------------
 // Settings from the environment, read at first use (ReloadSettings re-reads them)
 // ------------------------------------------------------------------------------------------------
-constexpr int64_t kMinDynamicShapesCudnn = 90500;  // a kernel cache bound to an operation graph
 constexpr int64_t kMinKernelCacheJsonCudnn = 91000;  // a kernel cache to and from JSON
 // A dynamic build this slow compiled a kernel: the structure's kernel cache is written out again
 // (a build that reuses a cached kernel takes a few milliseconds and writes nothing). The first
@@ -182,15 +180,9 @@ std::string VersionText(int64_t v) {
                 (long long)(v % 100));
 }
 
-bool EnvironmentTurnsOff(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr) return false;
-  for (const char* word : {"0", "off", "false", "no"})
-    if (strcasecmp(v, word) == 0) return true;
-  return false;
-}
-
 struct Settings {
+  // FUSEDATTN_CUDNN_DYNAMIC_SHAPES (plan_spec.h ParseDynamicShapes): off by default.
+  DynamicShapesMode dynamic = DynamicShapesMode::kOff;
   std::string dynamic_off;  // why no structure uses dynamic shapes, or empty
   std::unique_ptr<BlobCache> disk;  // never null; off with its reason when unusable
   std::string disk_off;     // why kernel caches are not written to disk, or empty
@@ -199,15 +191,13 @@ struct Settings {
 std::shared_ptr<const Settings> MakeSettings() {
   auto s = std::make_shared<Settings>();
   const int64_t version = static_cast<int64_t>(cudnnGetVersion());
-  if (EnvironmentTurnsOff("FUSEDATTN_CUDNN_DYNAMIC_SHAPES"))
-    s->dynamic_off = Format("FUSEDATTN_CUDNN_DYNAMIC_SHAPES = '%s' turns dynamic shapes off",
-                            std::getenv("FUSEDATTN_CUDNN_DYNAMIC_SHAPES"));
-  else if (version < kMinDynamicShapesCudnn)
-    s->dynamic_off = Format("cuDNN %s is loaded; dynamic shapes with a kernel cache need %s",
-                            VersionText(version).c_str(),
-                            VersionText(kMinDynamicShapesCudnn).c_str());
-  if (!s->dynamic_off.empty()) {
-    s->disk_off = "no kernel caches without dynamic shapes";
+  const DynamicShapesSetting dynamic =
+      ParseDynamicShapes(std::getenv("FUSEDATTN_CUDNN_DYNAMIC_SHAPES"), version);
+  s->dynamic = dynamic.mode;
+  s->dynamic_off = dynamic.off_reason;
+  if (s->dynamic == DynamicShapesMode::kOff) {
+    s->disk_off = "the on-disk kernel cache applies only with dynamic shapes "
+                  "(FUSEDATTN_CUDNN_DYNAMIC_SHAPES=1, experimental), which are off";
   } else if (version < kMinKernelCacheJsonCudnn) {
     s->disk_off = Format("cuDNN %s cannot write its kernel cache out (%s can)",
                          VersionText(version).c_str(),
@@ -379,6 +369,7 @@ Status BuildPlan(const SdpaGraphSpec& spec, const DeviceInfo& device, const Plan
   FUSEDATTN_RETURN_IF_ERROR(handle.acquire(device.ordinal));
   BuildOptions options;
   options.skip_unified = st->unified_refused;
+  options.execute_time_shapes = settings->dynamic == DynamicShapesMode::kOn;
   if (st->dynamic_off.empty())
     options.kernel_cache = [&] { return KernelCacheOf(*st, spec, device, *settings); };
   auto made = std::make_shared<PlanEntry>();
@@ -616,19 +607,26 @@ class CudnnBackendImpl final : public Backend {
     if (!CurrentDevice(&device).ok()) return {};
     std::string text;
     bool dynamic = false;
+    std::string last_reason;  // the backward's reason is given once when it is the forward's
     auto describe = [&](const char* direction, const SdpaGraphSpec& spec) {
       std::shared_ptr<PlanEntry> e = Cache().peek(MakePlanKey(spec, device));
       if (!e || !e->status.ok()) return;
       text += Format("%s%s: %s", text.empty() ? "plans: " : "; ", direction, RouteName(e->route));
       if (e->kernels_from_disk) text += " (kernels read from disk)";
       if (e->route == BuildRoute::kStatic && !e->per_shape_reason.empty())
-        text += " (" + e->per_shape_reason + ")";
+        text += e->per_shape_reason == last_reason ? " (as the forward)"
+                                                   : " (" + e->per_shape_reason + ")";
+      if (e->route == BuildRoute::kStatic) last_reason = e->per_shape_reason;
       dynamic = dynamic || e->route == BuildRoute::kDynamic;
     };
     describe("forward", ForwardSpec(p, CanonicalFwdTensors(p)));
     if (p.config.is_training) describe("backward", BackwardSpec(p, CanonicalBwdTensors(p)));
     if (dynamic) {
       std::shared_ptr<const Settings> settings = CurrentSettings();
+      text += Format("; %s (FUSEDATTN_CUDNN_DYNAMIC_SHAPES=%s, shapes %s at execution)",
+                     kDynamicShapesWarning,
+                     settings->dynamic == DynamicShapesMode::kOn ? "1" : "no-override",
+                     settings->dynamic == DynamicShapesMode::kOn ? "passed" : "not passed");
       if (settings->disk->enabled())
         text += "; kernel caches on disk in " + settings->disk->directory();
       else

@@ -38,8 +38,8 @@ PlanBuildStats GetPlanBuildStats();
 // Where kernel caches are written ("" when they are not) and, when not, why.
 std::string DiskCacheDirectory();
 std::string DiskCacheOffReason();
-// Why no structure uses dynamic shapes ("" when they are on: cuDNN >= 9.5 and
-// FUSEDATTN_CUDNN_DYNAMIC_SHAPES not 0).
+// Why no structure uses dynamic shapes: plans are per shape unless FUSEDATTN_CUDNN_DYNAMIC_SHAPES
+// asks for them (experimental; plan_spec.h ParseDynamicShapes); "" when they are on.
 std::string DynamicShapesOffReason();
 
 }  // namespace fusedattn::cudnn

@@ -1,6 +1,8 @@
 #include "backends/cudnn/plan_spec.h"
 
+#include <cctype>
 #include <cstring>
+#include <initializer_list>
 
 #include "flex/band_mask.h"
 
@@ -734,6 +736,64 @@ Status DynamicShapeRefusal(const SdpaGraphSpec& s) {
     return NotSupported("a score_mod's callbacks hold the sequence lengths as graph constants, so "
                         "its graphs are built per shape");
   return Status::Ok();
+}
+
+const char* const kDynamicShapesWarning =
+    "dynamic shapes are experimental: on cuDNN 9.19 (H100, 2026-11-24) plans built for a new "
+    "shape from a structure's kernel cache gave wrong results";
+
+namespace {
+
+std::string VersionText(int64_t v) {
+  return Format("%lld.%lld.%lld", (long long)(v / 10000), (long long)(v % 10000 / 100),
+                (long long)(v % 100));
+}
+
+bool IsOneOf(const char* value, std::initializer_list<const char*> words) {
+  for (const char* word : words) {
+    size_t i = 0;
+    while (value[i] != '\0' && word[i] != '\0' &&
+           std::tolower(static_cast<unsigned char>(value[i])) == word[i])
+      ++i;
+    if (value[i] == '\0' && word[i] == '\0') return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+DynamicShapesSetting ParseDynamicShapes(const char* value, int64_t cudnn_version) {
+  DynamicShapesSetting s;
+  const bool unset = value == nullptr || *value == '\0';
+  if (unset) {
+    s.off_reason = Format("per-shape plans by default (%s; FUSEDATTN_CUDNN_DYNAMIC_SHAPES=1 "
+                          "turns them on)",
+                          kDynamicShapesWarning);
+    return s;
+  }
+  if (IsOneOf(value, {"0", "off", "false", "no"})) {
+    s.off_reason = Format("FUSEDATTN_CUDNN_DYNAMIC_SHAPES = '%s': per-shape plans", value);
+    return s;
+  }
+  DynamicShapesMode mode = DynamicShapesMode::kOff;
+  if (IsOneOf(value, {"1", "on", "true", "yes"})) mode = DynamicShapesMode::kOn;
+  if (IsOneOf(value, {"no-override"})) mode = DynamicShapesMode::kOnWithoutOverrides;
+  if (mode == DynamicShapesMode::kOff) {
+    s.off_reason = Format("FUSEDATTN_CUDNN_DYNAMIC_SHAPES = '%s' is not 1 (or no-override): "
+                          "per-shape plans",
+                          value);
+    return s;
+  }
+  const int64_t needed = mode == DynamicShapesMode::kOn ? kMinExecuteTimeShapesCudnn
+                                                        : kMinDynamicShapesCudnn;
+  if (cudnn_version < needed) {
+    s.off_reason = Format("FUSEDATTN_CUDNN_DYNAMIC_SHAPES = '%s' needs cuDNN %s, %s is loaded: "
+                          "per-shape plans",
+                          value, VersionText(needed).c_str(), VersionText(cudnn_version).c_str());
+    return s;
+  }
+  s.mode = mode;
+  return s;
 }
 
 std::string KernelCacheDiskKey(const SdpaGraphSpec& s, const MachineIdentity& m) {

@@ -170,6 +170,26 @@ PlanKey MakeStructureKey(const SdpaGraphSpec& spec, const DeviceInfo& device);
 // shape would keep.)
 Status DynamicShapeRefusal(const SdpaGraphSpec& spec);
 
+// FUSEDATTN_CUDNN_DYNAMIC_SHAPES. Plans are per shape unless it asks for dynamic shapes, which
+// are experimental: on cuDNN 9.19 (H100, 2026-11-24) the plans a structure's kernel cache gave
+// for a second shape computed the first shape (README.md, "Dynamic shapes: status").
+//   unset, "", 0 / off / false / no, anything else  per-shape plans (the default)
+//   1 / on / true / yes   dynamic-shape graphs with the structure's kernel cache, executed with
+//                         each tensor's shape and strides passed at execution (cuDNN >= 9.18)
+//   no-override           the same without execute-time shapes, exactly what failed on
+//                         2026-11-24 (cuDNN >= 9.5); kept to reproduce that failure
+enum class DynamicShapesMode { kOff, kOn, kOnWithoutOverrides };
+struct DynamicShapesSetting {
+  DynamicShapesMode mode = DynamicShapesMode::kOff;
+  std::string off_reason;  // mode kOff: why plans are per shape (for the diagnostic)
+};
+// value: the variable's value, null when unset; cudnn_version: cudnnGetVersion() at run time.
+DynamicShapesSetting ParseDynamicShapes(const char* value, int64_t cudnn_version);
+// What the diagnostic adds when a plan was built with dynamic shapes.
+extern const char* const kDynamicShapesWarning;
+constexpr int64_t kMinDynamicShapesCudnn = 90500;        // a kernel cache bound to an op graph
+constexpr int64_t kMinExecuteTimeShapesCudnn = 91800;    // variant-pack shape overrides
+
 // What a compiled kernel depends on besides its structure: the on-disk cache's key holds all of
 // it, so a file written for another GPU, driver, cuDNN or fusedattn is never read.
 struct MachineIdentity {

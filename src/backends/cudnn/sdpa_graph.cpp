@@ -2,8 +2,9 @@
 // sdpa_backward graph (samples/cpp/sdpa in cudnn-frontend show the same calls), built with
 // heuristics A then the fallback list (as the unified node, a dynamic-shape graph with a kernel
 // cache, or a per-shape graph: BuildSdpaGraph), and executed from a pointer table in the graph's
-// uid order. Kernel caches go to and from cuDNN's own JSON form (a backend attribute, so the
-// frontend's JSON library stays compiled out).
+// uid order (a dynamic-shape plan also with its tensors' shapes, as execute-time overrides).
+// Kernel caches go to and from cuDNN's own JSON form (a backend attribute, so the frontend's JSON
+// library stays compiled out).
 // A score_mod becomes the pointwise nodes of cudnn-frontend's score-modifier callbacks
 // (ScoreModLowering below).
 #include "backends/cudnn/sdpa_graph.h"
@@ -14,6 +15,8 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "flex/graph.h"
@@ -24,11 +27,22 @@ namespace fusedattn::cudnn {
 namespace fe = cudnn_frontend;
 using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
 
+// A tensor's dims and strides as the graph was built with them.
+struct TensorShape {
+  int64_t uid = 0;
+  std::vector<int64_t> dim, stride;
+};
+
 class SdpaGraph {
  public:
   std::shared_ptr<fe::graph::Graph> graph;
   std::vector<int> user_uids;  // the graph's user tensors, in the order execute() takes them
   int64_t workspace = 0;
+  // A dynamic-shape plan with execute-time shapes (BuildOptions::execute_time_shapes): every
+  // user tensor but the pass-by-value scalars and the sink logits, with the dims and strides it
+  // was built with.
+  std::vector<int64_t> override_uids;
+  std::vector<std::vector<int64_t>> override_dims, override_strides;
 };
 
 class KernelCache {
@@ -551,23 +565,26 @@ class GraphMaker {
         return lowering->Forward(graph, s);
       });
     }
-    if (s_.sink)
+    if (s_.sink) {
       options.set_sink_token(graph_->tensor(fe::graph::Tensor_attributes()
                                                 .set_name("sink")
                                                 .set_uid(kUidSink)
                                                 .set_dim({1, s_.heads_q, 1, 1})
                                                 .set_stride({s_.heads_q, 1, 1, 1})
                                                 .set_data_type(fe::DataType_t::FLOAT)));
+      // Not recorded: [1, heads, 1, 1] whatever the shape.
+    }
     auto [o, stats] = graph_->sdpa(q, k, v, options);
     o->set_output(true).set_uid(kUidO).set_dim(Dims(s_.o)).set_stride(Strides(s_.o));
+    record(kUidO, Dims(s_.o), Strides(s_.o));
     if (s_.ragged) o->set_ragged_offset(ragged("ragged_o", kUidRaggedO));
     if (s_.stats) {
       stats->set_output(true)
           .set_uid(kUidStats)
           .set_data_type(fe::DataType_t::FLOAT)
-          .set_dim({s_.batch, s_.heads_q, s_.seqlen_q, 1})
-          .set_stride({s_.stats_stride[0], s_.stats_stride[1], s_.stats_stride[2],
-                       s_.stats_stride[3]});
+          .set_dim(stats_dim())
+          .set_stride(stats_stride());
+      record(kUidStats, stats_dim(), stats_stride());
     }
     return graph_;
   }
@@ -581,10 +598,10 @@ class GraphMaker {
     TensorPtr stats = graph_->tensor(fe::graph::Tensor_attributes()
                                          .set_name("stats")
                                          .set_uid(kUidStats)
-                                         .set_dim({s_.batch, s_.heads_q, s_.seqlen_q, 1})
-                                         .set_stride({s_.stats_stride[0], s_.stats_stride[1],
-                                                      s_.stats_stride[2], s_.stats_stride[3]})
+                                         .set_dim(stats_dim())
+                                         .set_stride(stats_stride())
                                          .set_data_type(fe::DataType_t::FLOAT));
+    record(kUidStats, stats_dim(), stats_stride());
     auto options = fe::graph::SDPA_backward_attributes()
                        .set_name("sdpa_backward")
                        .set_attn_scale(s_.attn_scale)
@@ -619,6 +636,9 @@ class GraphMaker {
     dq->set_output(true).set_uid(kUidDQ).set_dim(Dims(s_.dq)).set_stride(Strides(s_.dq));
     dk->set_output(true).set_uid(kUidDK).set_dim(Dims(s_.dk)).set_stride(Strides(s_.dk));
     dv->set_output(true).set_uid(kUidDV).set_dim(Dims(s_.dv)).set_stride(Strides(s_.dv));
+    record(kUidDQ, Dims(s_.dq), Strides(s_.dq));
+    record(kUidDK, Dims(s_.dk), Strides(s_.dk));
+    record(kUidDV, Dims(s_.dv), Strides(s_.dv));
     if (s_.ragged) {
       dq->set_ragged_offset(ragged("ragged_dq", kUidRaggedDQ));
       dk->set_ragged_offset(ragged("ragged_dk", kUidRaggedDK));
@@ -627,7 +647,19 @@ class GraphMaker {
     return graph_;
   }
 
+  // The dims and strides of every tensor made so far but the pass-by-value scalars and the sink
+  // (the tensors whose dims follow the batch or the sequence lengths, and a few that do not).
+  const std::vector<TensorShape>& shapes() const { return shapes_; }
+
  private:
+  void record(Uid uid, std::vector<int64_t> dim, std::vector<int64_t> stride) {
+    shapes_.push_back(TensorShape{uid, std::move(dim), std::move(stride)});
+  }
+  std::vector<int64_t> stats_dim() const { return {s_.batch, s_.heads_q, s_.seqlen_q, 1}; }
+  std::vector<int64_t> stats_stride() const {
+    return {s_.stats_stride[0], s_.stats_stride[1], s_.stats_stride[2], s_.stats_stride[3]};
+  }
+
   // The lowering of a program with the graph's inputs it reads: the score_mod tensors and, with
   // padding, the sequence lengths (the prepare kernel's, under uids of their own: cuDNN's
   // seq_len attributes belong to its padding mask, which stays off next to a callback).
@@ -647,6 +679,7 @@ class GraphMaker {
   }
 
   TensorPtr plain(const char* name, Uid uid, const TensorDesc& d, fusedattn_dtype dtype) {
+    record(uid, Dims(d), Strides(d));
     return graph_->tensor(fe::graph::Tensor_attributes()
                               .set_name(name)
                               .set_uid(uid)
@@ -662,6 +695,7 @@ class GraphMaker {
   }
   // Element offsets of each sequence's first token, int32 [batch + 1].
   TensorPtr ragged(const char* name, Uid uid) {
+    record(uid, {s_.batch + 1, 1, 1, 1}, {1, 1, 1, 1});
     return graph_->tensor(fe::graph::Tensor_attributes()
                               .set_name(name)
                               .set_uid(uid)
@@ -671,6 +705,7 @@ class GraphMaker {
   }
   // An int32 [batch] input: one value per sequence (its length).
   TensorPtr per_sequence(const char* name, Uid uid) {
+    record(uid, {s_.batch, 1, 1, 1}, {1, 1, 1, 1});
     return graph_->tensor(fe::graph::Tensor_attributes()
                               .set_name(name)
                               .set_uid(uid)
@@ -697,10 +732,13 @@ class GraphMaker {
 
   const SdpaGraphSpec& s_;
   std::shared_ptr<fe::graph::Graph> graph_;
+  std::vector<TensorShape> shapes_;
 };
 
+// overrides: set for a dynamic-shape plan executed with execute-time shapes; the shapes its
+// tensors were built with.
 Status Finish(std::shared_ptr<fe::graph::Graph> graph, cudnnHandle_t handle,
-              std::shared_ptr<const SdpaGraph>* out) {
+              const std::vector<TensorShape>* overrides, std::shared_ptr<const SdpaGraph>* out) {
   FUSEDATTN_RETURN_IF_ERROR(
       FromFrontend(graph->build(handle, {fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK})));
   auto built = std::make_shared<SdpaGraph>();
@@ -710,6 +748,14 @@ Status Finish(std::shared_ptr<fe::graph::Graph> graph, cudnnHandle_t handle,
       return InternalError("the cuDNN graph asks for a tensor with uid %lld that we did not make",
                            (long long)uid);
     built->user_uids.push_back(static_cast<int>(uid));
+    if (overrides == nullptr || uid == kUidSeed || uid == kUidOffset) continue;  // by value
+    for (const TensorShape& t : *overrides) {
+      if (t.uid != uid) continue;
+      built->override_uids.push_back(uid);
+      built->override_dims.push_back(t.dim);
+      built->override_strides.push_back(t.stride);
+      break;
+    }
   }
   built->graph = std::move(graph);
   *out = std::move(built);
@@ -718,10 +764,15 @@ Status Finish(std::shared_ptr<fe::graph::Graph> graph, cudnnHandle_t handle,
 
 // One attempt: make the graph's nodes and build its plan. cudnn-frontend throws on a few misuses
 // (e.g. when no SDPA implementation fits the attributes); those become statuses too.
+// make(&maker_shapes) returns the graph; overrides (when not null) receives the shapes the maker
+// recorded, which Finish keeps for execution.
 template <typename Make>
-Status Attempt(Make&& make, cudnnHandle_t handle, std::shared_ptr<const SdpaGraph>* out) {
+Status Attempt(Make&& make, cudnnHandle_t handle, std::shared_ptr<const SdpaGraph>* out,
+               bool overrides = false) {
   try {
-    return Finish(make(), handle, out);
+    std::vector<TensorShape> shapes;
+    std::shared_ptr<fe::graph::Graph> graph = make(&shapes);
+    return Finish(std::move(graph), handle, overrides ? &shapes : nullptr, out);
   } catch (const std::exception& e) {
     return Status(FUSEDATTN_ERROR_CUDNN, Format("cudnn-frontend: %s", e.what()));
   }
@@ -776,7 +827,9 @@ Status BuildSdpaGraph(const SdpaGraphSpec& spec, cudnnHandle_t handle, const Bui
   // before dynamic shapes (which the unified node does not take).
   if (forward && !options.skip_unified) {
     Status s = Attempt(
-        [&] { return GraphMaker(spec, nullptr).forward(fe::AttentionImplementation_t::UNIFIED); },
+        [&](std::vector<TensorShape>*) {
+          return GraphMaker(spec, nullptr).forward(fe::AttentionImplementation_t::UNIFIED);
+        },
         handle, out);
     if (s.ok()) {
       report->route = BuildRoute::kUnified;
@@ -788,11 +841,13 @@ Status BuildSdpaGraph(const SdpaGraphSpec& spec, cudnnHandle_t handle, const Bui
   std::shared_ptr<KernelCache> kernel_cache = options.kernel_cache ? options.kernel_cache() : nullptr;
   if (kernel_cache) {
     Status s = Attempt(
-        [&] {
+        [&](std::vector<TensorShape>* shapes) {
           GraphMaker maker(spec, kernel_cache);
-          return forward ? maker.forward(composite) : maker.backward();
+          auto graph = forward ? maker.forward(composite) : maker.backward();
+          *shapes = maker.shapes();
+          return graph;
         },
-        handle, out);
+        handle, out, options.execute_time_shapes);
     if (s.ok()) {
       report->route = BuildRoute::kDynamic;
       return s;
@@ -801,7 +856,7 @@ Status BuildSdpaGraph(const SdpaGraphSpec& spec, cudnnHandle_t handle, const Bui
     note("the dynamic-shape graph", s);
   }
   Status s = Attempt(
-      [&] {
+      [&](std::vector<TensorShape>*) {
         GraphMaker maker(spec, nullptr);
         return forward ? maker.forward(composite) : maker.backward();
       },
@@ -826,7 +881,13 @@ Status ExecuteSdpaGraph(const SdpaGraph& graph, cudnnHandle_t handle, const Grap
       return InternalError("no pointer for the cuDNN graph's tensor uid %d", graph.user_uids[i]);
   }
   try {
-    return FromFrontend(graph.graph->execute(handle, sorted, n, workspace));
+    if (graph.override_uids.empty())
+      return FromFrontend(graph.graph->execute(handle, sorted, n, workspace));
+    // A dynamic-shape plan: its shapes passed at execution (BuildOptions::execute_time_shapes).
+    std::unordered_map<int64_t, void*> by_uid;
+    for (int i = 0; i < n; ++i) by_uid.emplace(graph.user_uids[i], sorted[i]);
+    return FromFrontend(graph.graph->execute(handle, by_uid, workspace, graph.override_uids,
+                                             graph.override_dims, graph.override_strides));
   } catch (const std::exception& e) {
     return Status(FUSEDATTN_ERROR_CUDNN, Format("cudnn-frontend: %s", e.what()));
   }

@@ -44,6 +44,7 @@ enum class BuildRoute {
   kUnified,  // cuDNN's unified SDPA node (what cudnn-frontend's AUTO picks when it can), per shape
   kDynamic,  // the composite node as a dynamic-shape graph: kernels come from the structure's
              // kernel cache, so a new batch size or sequence length compiles nothing
+             // (experimental, FUSEDATTN_CUDNN_DYNAMIC_SHAPES=1; README.md "Dynamic shapes")
   kStatic,   // the composite node for this one shape, compiled afresh
 };
 const char* RouteName(BuildRoute route);
@@ -65,6 +66,12 @@ struct BuildOptions {
   std::function<std::shared_ptr<KernelCache>()> kernel_cache;
   // The unified node refused this structure before: do not ask again.
   bool skip_unified = false;
+  // A dynamic-shape plan is executed with the shape and strides of each of its tensors passed at
+  // execution (cuDNN's variant-pack overrides, cuDNN >= 9.18), the way cudnn-frontend's SDPA
+  // dynamic-shape sample runs one. Without them, on cuDNN 9.19 a plan whose kernels came from
+  // the kernel cache computed the shape of the graph that compiled them (README.md, "Dynamic
+  // shapes: status"). Equal to the plan's own shapes, they change nothing for a correct plan.
+  bool execute_time_shapes = true;
 };
 struct BuildReport {
   BuildRoute route = BuildRoute::kStatic;
@@ -86,7 +93,8 @@ int FrontendVersion();
 // Bytes of workspace the graph needs.
 int64_t GraphWorkspaceBytes(const SdpaGraph& graph);
 
-// Runs the graph on the handle's stream. workspace holds GraphWorkspaceBytes(graph).
+// Runs the graph on the handle's stream. workspace holds GraphWorkspaceBytes(graph). A
+// dynamic-shape plan built with execute_time_shapes gets its tensors' shapes passed too.
 Status ExecuteSdpaGraph(const SdpaGraph& graph, cudnnHandle_t handle, const GraphPointers& ptrs,
                         void* workspace);
 
