@@ -2,14 +2,14 @@
 selection, for PyTorch (autograd, torch.compile, CUDA graphs), NumPy and any DLPack framework.
 
     import fusedattn
-    o = fusedattn.attention(q, k, v, mask="causal")        # q: [batch, seqlen, heads, head_dim]
+    o = fusedattn.attention(q, k, v, layout="bshd", mask="causal")  # q: [batch, seq, heads, dim]
     print(fusedattn.explain(q, k, v, mask="causal"))        # which backend, and why
     fusedattn.backends()                                    # {name: "available" or why not}
 
 The C API (include/fusedattn/fusedattn.h) specifies what is computed; fusedattn.forward and
 fusedattn.backward expose it on preallocated tensors with a full config (make_config).
 Score modifiers (flex attention) are expressions of fusedattn.flex:
-    o = fusedattn.attention(q, k, v, score_mod=30 * flex.tanh(flex.score / 30),
+    o = fusedattn.attention(q, k, v, layout="bshd", score_mod=30 * flex.tanh(flex.score / 30),
                             mask_mod=flex.q_idx >= flex.kv_idx)
 """
 
