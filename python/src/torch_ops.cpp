@@ -240,6 +240,28 @@ fusedattn_tensor Describe(const char* name, const OptionalTensor& t, const Tenso
   return t.has_value() ? Describe(name, *t, q) : fusedattn_tensor{};
 }
 
+// The inputs both directions take (fusedattn_fwd_args and fusedattn_bwd_args name them alike).
+struct CommonInputs {
+  const Tensor &q, &k, &v;
+  const OptionalTensor &bias, &alibi_slopes, &sinks, &cu_seqlens_q, &cu_seqlens_kv, &seq_offsets_q,
+      &seq_offsets_kv;
+};
+
+template <typename Args>
+void DescribeInputs(const CommonInputs& in, Args* args) {
+  const Tensor& q = in.q;
+  args->q = Describe("q", q, q);
+  args->k = Describe("k", in.k, q);
+  args->v = Describe("v", in.v, q);
+  args->bias = Describe("bias", in.bias, q);
+  args->alibi_slopes = Describe("alibi_slopes", in.alibi_slopes, q);
+  args->sink_logits = Describe("sinks", in.sinks, q);
+  args->cu_seqlens_q = Describe("cu_seqlens_q", in.cu_seqlens_q, q);
+  args->cu_seqlens_kv = Describe("cu_seqlens_kv", in.cu_seqlens_kv, q);
+  args->seq_offsets_q = Describe("seq_offsets_q", in.seq_offsets_q, q);
+  args->seq_offsets_kv = Describe("seq_offsets_kv", in.seq_offsets_kv, q);
+}
+
 // The layout's axes of [batch, seq, heads] in a 4-d q/k/v (THD is [tokens, heads, dim]).
 struct Axes {
   int b, s, h;
@@ -378,18 +400,11 @@ std::tuple<Tensor, Tensor> Forward(const Tensor& q, const Tensor& k, const Tenso
   Tensor workspace = Workspace(bytes, q);
 
   fusedattn_fwd_args args = fusedattn_fwd_args_init();
-  args.q = Describe("q", q, q);
-  args.k = Describe("k", k, q);
-  args.v = Describe("v", v, q);
+  DescribeInputs({q, k, v, bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_kv, seq_offsets_q,
+                  seq_offsets_kv},
+                 &args);
   args.o = Describe("o", out, q);
   if (want_lse) args.lse = Describe("lse", lse, q);
-  args.bias = Describe("bias", bias, q);
-  args.alibi_slopes = Describe("alibi_slopes", alibi_slopes, q);
-  args.sink_logits = Describe("sinks", sinks, q);
-  args.cu_seqlens_q = Describe("cu_seqlens_q", cu_seqlens_q, q);
-  args.cu_seqlens_kv = Describe("cu_seqlens_kv", cu_seqlens_kv, q);
-  args.seq_offsets_q = Describe("seq_offsets_q", seq_offsets_q, q);
-  args.seq_offsets_kv = Describe("seq_offsets_kv", seq_offsets_kv, q);
   std::vector<fusedattn_tensor> mods;
   for (const Tensor& t : mod_tensors) mods.push_back(Describe("score_mod tensor", t, q));
   args.num_score_mod_tensors = static_cast<int64_t>(mods.size());
@@ -462,19 +477,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, std::vector<Tensor>> Backward
   Tensor workspace = Workspace(bytes, q);
 
   fusedattn_bwd_args args = fusedattn_bwd_args_init();
-  args.q = Describe("q", q, q);
-  args.k = Describe("k", k, q);
-  args.v = Describe("v", v, q);
+  DescribeInputs({q, k, v, bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_kv, seq_offsets_q,
+                  seq_offsets_kv},
+                 &args);
   args.o = Describe("o", o, q);
   args.lse = Describe("lse", lse, q);
   args.d_o = Describe("d_o", d_o, q);
-  args.bias = Describe("bias", bias, q);
-  args.alibi_slopes = Describe("alibi_slopes", alibi_slopes, q);
-  args.sink_logits = Describe("sinks", sinks, q);
-  args.cu_seqlens_q = Describe("cu_seqlens_q", cu_seqlens_q, q);
-  args.cu_seqlens_kv = Describe("cu_seqlens_kv", cu_seqlens_kv, q);
-  args.seq_offsets_q = Describe("seq_offsets_q", seq_offsets_q, q);
-  args.seq_offsets_kv = Describe("seq_offsets_kv", seq_offsets_kv, q);
   args.dq = Describe("dq", dq, q);
   args.dk = Describe("dk", dk, q);
   args.dv = Describe("dv", dv, q);
