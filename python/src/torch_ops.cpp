@@ -177,9 +177,30 @@ const Options& OptionsOf(std::string_view text, std::shared_ptr<const Options>* 
   return **keep;
 }
 
-// A finalized score_mod graph rebuilt from its text ("" = none).
+// Per tensor the graph declares, whether it requires grad (the backward writes its gradient).
+std::vector<bool> TensorsRequiringGrad(std::string_view score_mod) {
+  // The serialized text declares tensors as "tensor <dtype> <axes> <requires_grad> <name>"
+  // items, in order, each ended by ';' (flex/serialize.h).
+  std::vector<bool> out;
+  size_t start = 0;
+  while (start < score_mod.size()) {
+    size_t end = score_mod.find(';', start);
+    if (end == std::string_view::npos) end = score_mod.size();
+    std::string_view line = score_mod.substr(start, end - start);
+    if (line.substr(0, 7) == "tensor ") {
+      size_t a = line.find(' ', 7), b = line.find(' ', a + 1);
+      out.push_back(line.substr(b + 1, 1) == "1");
+    }
+    start = end + 1;
+  }
+  return out;
+}
+
+// A finalized score_mod graph rebuilt from its text ("" = none), with what the backward needs to
+// know of its tensors.
 struct Graph {
   fusedattn_score_mod* handle = nullptr;
+  std::vector<bool> requires_grad;  // per declared tensor
   ~Graph() { fusedattn_score_mod_destroy(handle); }
 };
 
@@ -193,6 +214,7 @@ std::shared_ptr<const Graph> GraphOf(std::string_view text) {
     fusedattn_status status =
         fusedattn_score_mod_deserialize(copy.c_str(), &graph->handle, message, sizeof message);
     if (status != FUSEDATTN_SUCCESS) Fail(status, message);
+    graph->requires_grad = TensorsRequiringGrad(t);
     return std::shared_ptr<const Graph>(std::move(graph));
   });
 }
@@ -353,12 +375,22 @@ std::vector<int64_t> LseShape(fusedattn_format format, const Tensor& q) {
 
 void* StreamOf(const Tensor& q) {
   if (!q.is_cuda()) return nullptr;
-  return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(q.device()).native_handle();
+  return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)
+      ->getStream(q.device())
+      .native_handle();
 }
 
-Tensor Workspace(size_t bytes, const Tensor& q) {
-  if (bytes == 0) return Tensor();
-  return at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
+// The workspace a call needs (size_of: fusedattn_fwd_workspace_size or _bwd_), from torch's
+// allocator on q's device; undefined when none is needed.
+using WorkspaceSize = fusedattn_status (*)(const fusedattn_config*, size_t*, char*, size_t);
+Tensor Workspace(WorkspaceSize size_of, const fusedattn_config& config, const Tensor& q,
+                 size_t* bytes) {
+  char message[kMessageBytes] = "";
+  *bytes = 0;
+  fusedattn_status status = size_of(&config, bytes, message, sizeof message);
+  if (status != FUSEDATTN_SUCCESS) Fail(status, message);
+  if (*bytes == 0) return Tensor();
+  return at::empty({static_cast<int64_t>(*bytes)}, q.options().dtype(at::kByte));
 }
 
 uint64_t SeedOf(c10::SymIntArrayRef ints) {
@@ -377,7 +409,8 @@ std::tuple<Tensor, Tensor> Forward(const Tensor& q, const Tensor& k, const Tenso
                                    c10::SymIntArrayRef ints) {
   std::shared_ptr<const Options> keep;
   const Options& o = OptionsOf(std::string_view(problem.data(), problem.size()), &keep);
-  std::shared_ptr<const Graph> graph = GraphOf(std::string_view(score_mod.data(), score_mod.size()));
+  std::shared_ptr<const Graph> graph =
+      GraphOf(std::string_view(score_mod.data(), score_mod.size()));
   c10::DeviceGuard device(q.device());
   bool want_lse = o.is_training || o.return_lse;
   fusedattn_config config =
@@ -392,12 +425,8 @@ std::tuple<Tensor, Tensor> Forward(const Tensor& q, const Tensor& k, const Tenso
   Tensor lse = !want_lse ? at::empty({0}, lse_options)
                : thd     ? at::zeros(LseShape(o.format, q), lse_options)
                          : at::empty(LseShape(o.format, q), lse_options);
-  char message[kMessageBytes] = "";
   size_t bytes = 0;
-  fusedattn_status status =
-      fusedattn_fwd_workspace_size(&config, &bytes, message, sizeof message);
-  if (status != FUSEDATTN_SUCCESS) Fail(status, message);
-  Tensor workspace = Workspace(bytes, q);
+  Tensor workspace = Workspace(&fusedattn_fwd_workspace_size, config, q, &bytes);
 
   fusedattn_fwd_args args = fusedattn_fwd_args_init();
   DescribeInputs({q, k, v, bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_kv, seq_offsets_q,
@@ -410,29 +439,12 @@ std::tuple<Tensor, Tensor> Forward(const Tensor& q, const Tensor& k, const Tenso
   args.num_score_mod_tensors = static_cast<int64_t>(mods.size());
   args.score_mod_tensors = mods.empty() ? nullptr : mods.data();
   args.dropout_seed = SeedOf(ints);
-  status = fusedattn_fwd(&config, &args, workspace.defined() ? workspace.data_ptr() : nullptr,
-                         bytes, StreamOf(q), message, sizeof message);
+  char message[kMessageBytes] = "";
+  void* workspace_data = workspace.defined() ? workspace.data_ptr() : nullptr;
+  fusedattn_status status = fusedattn_fwd(&config, &args, workspace_data, bytes, StreamOf(q),
+                                          message, sizeof message);
   if (status != FUSEDATTN_SUCCESS) Fail(status, message);
   return {out, lse};
-}
-
-// Whether the graph declares tensor k with requires_grad: the backward writes its gradient.
-std::vector<bool> TensorsRequiringGrad(std::string_view score_mod) {
-  // The serialized text declares tensors as "tensor <dtype> <axes> <requires_grad> <name>"
-  // items, in order, each ended by ';' (flex/serialize.h).
-  std::vector<bool> out;
-  size_t start = 0;
-  while (start < score_mod.size()) {
-    size_t end = score_mod.find(';', start);
-    if (end == std::string_view::npos) end = score_mod.size();
-    std::string_view line = score_mod.substr(start, end - start);
-    if (line.substr(0, 7) == "tensor ") {
-      size_t a = line.find(' ', 7), b = line.find(' ', a + 1);
-      out.push_back(line.substr(b + 1, 1) == "1");
-    }
-    start = end + 1;
-  }
-  return out;
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, std::vector<Tensor>> Backward(
@@ -460,7 +472,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, std::vector<Tensor>> Backward
                                            : at::empty({0}, float_options);
   bool sink = opt.softmax == FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
   Tensor dsink = sink ? at::empty({config.heads_q}, float_options) : at::empty({0}, float_options);
-  std::vector<bool> wanted = TensorsRequiringGrad(mod_text);
+  const std::vector<bool> wanted = graph ? graph->requires_grad : std::vector<bool>();
   if (wanted.size() != mod_tensors.size())
     FailInvalid("score_mod declares " + std::to_string(wanted.size()) + " tensors but " +
                 std::to_string(mod_tensors.size()) + " were given");
@@ -469,12 +481,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, std::vector<Tensor>> Backward
     d_mods.push_back(wanted[i] ? at::empty(mod_tensors[i].sizes(), mod_tensors[i].options())
                                : at::empty({0}, mod_tensors[i].options()));
 
-  char message[kMessageBytes] = "";
   size_t bytes = 0;
-  fusedattn_status status =
-      fusedattn_bwd_workspace_size(&config, &bytes, message, sizeof message);
-  if (status != FUSEDATTN_SUCCESS) Fail(status, message);
-  Tensor workspace = Workspace(bytes, q);
+  Tensor workspace = Workspace(&fusedattn_bwd_workspace_size, config, q, &bytes);
 
   fusedattn_bwd_args args = fusedattn_bwd_args_init();
   DescribeInputs({q, k, v, bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_kv, seq_offsets_q,
@@ -497,8 +505,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, std::vector<Tensor>> Backward
   args.score_mod_tensors = mods.empty() ? nullptr : mods.data();
   args.d_score_mod_tensors = grads.empty() ? nullptr : grads.data();
   args.dropout_seed = SeedOf(ints);
-  status = fusedattn_bwd(&config, &args, workspace.defined() ? workspace.data_ptr() : nullptr,
-                         bytes, StreamOf(q), message, sizeof message);
+  char message[kMessageBytes] = "";
+  void* workspace_data = workspace.defined() ? workspace.data_ptr() : nullptr;
+  fusedattn_status status = fusedattn_bwd(&config, &args, workspace_data, bytes, StreamOf(q),
+                                          message, sizeof message);
   if (status != FUSEDATTN_SUCCESS) Fail(status, message);
   return {dq, dk, dv, dbias, dsink, d_mods};
 }
@@ -595,9 +605,10 @@ class Attention : public torch::autograd::Function<Attention> {
     out[0] = dq, out[1] = dk, out[2] = dv;
     if (o.bias_requires_grad && saved[5].defined()) out[3] = dbias;
     if (saved[7].defined() && o.softmax == FUSEDATTN_SOFTMAX_LEARNABLE_SINK) out[5] = dsink;
-    std::vector<bool> wanted = TensorsRequiringGrad(score_mod);
-    for (size_t i = 0; i < d_mods.size(); ++i)
-      if (wanted[i]) out[10 + i] = d_mods[i];
+    if (std::shared_ptr<const Graph> graph = GraphOf(score_mod)) {
+      for (size_t i = 0; i < d_mods.size(); ++i)
+        if (graph->requires_grad[i]) out[10 + i] = d_mods[i];
+    }
     return out;
   }
 };
