@@ -444,3 +444,12 @@ def test_a_double_backward_raises_instead_of_giving_zeros():
     with pytest.raises(RuntimeError, match="derivative for fusedattn::bwd is not implemented"):
         dq.sum().backward()
 
+
+
+def test_decreasing_cu_seqlens_of_torch_tensors_are_named_as_such():
+    """Read on the host when max_seqlen is not given, cumulative lengths that decrease are
+    refused in those terms, not as the odd lengths the library would see."""
+    x = torch.randn(10, 2, 16)
+    cu = torch.tensor([0, 7, 3, 10])
+    with pytest.raises(fusedattn.InvalidArgumentError, match="cu_seqlens_q decreases somewhere"):
+        fusedattn.attention(x, x, x, layout="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu)

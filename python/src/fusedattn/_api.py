@@ -247,9 +247,9 @@ def explain(q, k, v, *, dtype=None, device=None, batch=None, score_mod=None, mas
         batch = _shape_of(inputs.cu_seqlens_q)[0] - 1
     max_q, max_kv = options.max_seqlen_q, options.max_seqlen_kv
     if options.layout == "thd" and hasattr(inputs.cu_seqlens_q, "shape") and not max_q:
-        max_q = _max_length_of(inputs.cu_seqlens_q)
+        max_q = _max_length_of(inputs.cu_seqlens_q, "cu_seqlens_q")
     if options.layout == "thd" and hasattr(inputs.cu_seqlens_kv, "shape") and not max_kv:
-        max_kv = _max_length_of(inputs.cu_seqlens_kv)
+        max_kv = _max_length_of(inputs.cu_seqlens_kv, "cu_seqlens_kv")
     dims = problem_dims(options.layout, _shape_of(q), _shape_of(k), _shape_of(v), batch,
                         max_q, max_kv)
     bias_shape = None if inputs.bias is None else _shape_of(inputs.bias)
@@ -271,11 +271,11 @@ def _shape_of(x):
     return tuple(int(n) for n in (x.shape if hasattr(x, "shape") else x))
 
 
-def _max_length_of(cu_seqlens):
+def _max_length_of(cu_seqlens, name):
     torch_path = _torch_for(cu_seqlens)
     if torch_path is not None:
-        return torch_path._max_length(cu_seqlens)
-    return NumpyArrays.max_length(cu_seqlens)
+        return torch_path.max_length(cu_seqlens, name)
+    return NumpyArrays.max_length(cu_seqlens, name)
 
 
 def _dtype_name_of(x):

@@ -17,6 +17,7 @@ Booleans combine with & | ~ (Python's and/or/not cannot be overloaded); where(c,
 """
 
 import numbers
+import sys
 
 from . import _C
 from ._errors import InvalidArgumentError
@@ -276,7 +277,6 @@ def _lower(score, mask, gradients):
 
 def _compiling():
     """Whether torch.compile is tracing this call (then nothing may call into the library)."""
-    import sys
     torch = sys.modules.get("torch")
     return torch is not None and torch.compiler.is_compiling()
 

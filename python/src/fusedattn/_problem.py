@@ -239,3 +239,13 @@ def add_layout_hint(error, layout, q, k):
                       "these are [batch, heads, seq, dim] tensors as torch's "
                       "scaled_dot_product_attention takes them, pass layout='bhsd')",
                       ) + error.args[1:]
+
+
+def checked_max_length(name, shortest, longest):
+    """The longest sequence, given the shortest and longest step of a cu_seqlens tensor
+    (cu[b + 1] - cu[b]); a negative step means the cumulative lengths decrease, said in those
+    terms (the library would only see odd lengths, or a negative max_seqlen)."""
+    if shortest < 0:
+        raise InvalidArgumentError("%s decreases somewhere: cumulative lengths are "
+                                   "non-decreasing, [0, len_0, len_0 + len_1, ...]" % name)
+    return longest

@@ -9,7 +9,7 @@ from collections import namedtuple
 
 from . import _C
 from ._errors import InvalidArgumentError
-from ._problem import build_config, lse_shape, output_shape, problem_dims
+from ._problem import build_config, checked_max_length, lse_shape, output_shape, problem_dims
 
 Inputs = namedtuple("Inputs", "bias alibi_slopes sink_logits cu_seqlens_q cu_seqlens_kv "
                               "seq_offsets_q seq_offsets_kv")
@@ -50,10 +50,13 @@ class NumpyArrays:
         return 0
 
     @staticmethod
-    def max_length(cu_seqlens):
+    def max_length(cu_seqlens, name):
         import numpy as np
         cu = np.asarray(cu_seqlens)
-        return int(np.max(cu[1:] - cu[:-1])) if cu.shape[0] > 1 else 0
+        if cu.shape[0] < 2:
+            return 0
+        steps = cu[1:] - cu[:-1]
+        return checked_max_length(name, int(steps.min()), int(steps.max()))
 
 
 def index_array(x, name):
@@ -117,14 +120,9 @@ def dims_of(arrays, q, k, v, options, inputs):
     max_q, max_kv = options.max_seqlen_q, options.max_seqlen_kv
     if options.layout == "thd" and batch is not None and (not max_q or not max_kv):
         if not max_q:
-            max_q = arrays.max_length(inputs.cu_seqlens_q)
+            max_q = arrays.max_length(inputs.cu_seqlens_q, "cu_seqlens_q")
         if not max_kv and inputs.cu_seqlens_kv is not None:
-            max_kv = arrays.max_length(inputs.cu_seqlens_kv)
-        for name, value in (("cu_seqlens_q", max_q), ("cu_seqlens_kv", max_kv)):
-            if value < 0:
-                raise InvalidArgumentError("%s decreases somewhere: cumulative lengths are "
-                                           "non-decreasing, [0, len_0, len_0 + len_1, ...]"
-                                           % name)
+            max_kv = arrays.max_length(inputs.cu_seqlens_kv, "cu_seqlens_kv")
     return problem_dims(options.layout, q.shape, k.shape, v.shape, batch, max_q, max_kv)
 
 

@@ -114,7 +114,7 @@ _has_torch_function = torch._C._has_torch_function
 _CODES = {kind: {name: value.value for name, value in enum.__members__.items()}
           for kind, enum in (("format", _C.Format), ("mask", _C.Mask), ("bias", _C.Bias),
                              ("softmax", _C.Softmax), ("backend", _C.Backend))}
-_THD = str(_CODES["format"]["thd"])
+_LAYOUT_OF_CODE = {str(code): name for name, code in _CODES["format"].items()}
 _LEARNABLE_SINK = str(_CODES["softmax"]["learnable_sink"])
 
 
@@ -139,11 +139,10 @@ def _flags(is_training, return_lse, bias_requires_grad):
 
 
 def _decoded(problem):
-    """(thd, learnable_sink, is_training, return_lse, bias_requires_grad) of a problem string."""
+    """(learnable_sink, is_training, return_lse, bias_requires_grad) of a problem string."""
     fields = problem.split("|")
     flags = fields[10]
-    return (fields[0] == _THD, fields[6] == _LEARNABLE_SINK, flags[1] == "1", flags[2] == "1",
-            flags[3] == "1")
+    return fields[6] == _LEARNABLE_SINK, flags[1] == "1", flags[2] == "1", flags[3] == "1"
 
 
 # One entry per distinct set of keyword options: (Options, prefix string). A program has a
@@ -162,11 +161,25 @@ def _options(layout, mask, window, bias_type, softcap, softmax, dropout_p, scale
     return options, _prefix_of(options)
 
 
-def _max_length(cu_seqlens):
-    # A host read: synchronizes with the device for CUDA tensors.
+def max_length(cu_seqlens, name):
+    """The longest sequence of a cu_seqlens tensor. A host read: synchronizes with the device
+    for CUDA tensors."""
     if cu_seqlens.shape[0] < 2:
         return 0
-    return int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item())
+    shortest, longest = torch.aminmax(cu_seqlens[1:] - cu_seqlens[:-1])
+    shortest, longest = torch.stack((shortest, longest)).tolist()  # one read
+    return _problem.checked_max_length(name, shortest, longest)
+
+
+def _max_lengths(layout, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_kv):
+    """The op's max_seqlen_q/kv: as given, else for THD read from cu_seqlens; 0 for the dense
+    layouts' (their lengths come from the shapes)."""
+    max_q, max_kv = max_seqlen_q or 0, max_seqlen_kv or 0
+    if layout == "thd" and cu_seqlens_q is not None:
+        max_q = max_q or max_length(cu_seqlens_q, "cu_seqlens_q")
+        if cu_seqlens_kv is not None:
+            max_kv = max_kv or max_length(cu_seqlens_kv, "cu_seqlens_kv")
+    return max_q, max_kv
 
 
 def _int32(t, name, q):
@@ -235,12 +248,8 @@ def attention(q, k, v, layout, mask, window, bias, bias_type, alibi_slopes, soft
     cu_seqlens_kv = _int32(cu_seqlens_kv, "cu_seqlens_kv", q)
     seq_offsets_q = _int32(seq_offsets_q, "seq_offsets_q", q)
     seq_offsets_kv = _int32(seq_offsets_kv, "seq_offsets_kv", q)
-    max_q = max_seqlen_q or 0
-    max_kv = max_seqlen_kv or 0
-    if options.layout == "thd" and cu_seqlens_q is not None:
-        max_q = max_q or _max_length(cu_seqlens_q)
-        if cu_seqlens_kv is not None:
-            max_kv = max_kv or _max_length(cu_seqlens_kv)
+    max_q, max_kv = _max_lengths(options.layout, max_seqlen_q, max_seqlen_kv, cu_seqlens_q,
+                                 cu_seqlens_kv)
     text, mod_tensors = "", []
     if score_mod is not None or mask_mod is not None:
         mod = _flex.as_score_mod(score_mod, mask_mod)
@@ -273,11 +282,8 @@ def attention_backward(d_o, q, k, v, o, lse, options, inputs, bias_requires_grad
     """fusedattn.attention_backward for torch tensors: the bwd operator, without autograd."""
     cu_q = _int32(inputs.cu_seqlens_q, "cu_seqlens_q", q)
     cu_kv = _int32(inputs.cu_seqlens_kv, "cu_seqlens_kv", q)
-    max_q, max_kv = options.max_seqlen_q, options.max_seqlen_kv
-    if options.layout == "thd" and cu_q is not None:
-        max_q = max_q or _max_length(cu_q)
-        if cu_kv is not None:
-            max_kv = max_kv or _max_length(cu_kv)
+    max_q, max_kv = _max_lengths(options.layout, options.max_seqlen_q, options.max_seqlen_kv,
+                                 cu_q, cu_kv)
     bias_requires_grad = bool(bias_requires_grad and inputs.bias is not None)
     problem = encode_problem(options, True, False, bias_requires_grad)
     text = mod.text if mod is not None else ""
@@ -309,19 +315,14 @@ def _detached(t):
 @torch.library.register_fake("fusedattn::fwd")
 def _fwd_fake(q, k, v, bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_kv, seq_offsets_q,
               seq_offsets_kv, score_mod_tensors, problem, score_mod, ints):
-    thd, _, is_training, return_lse, _ = _decoded(problem)
+    _, is_training, return_lse, _ = _decoded(problem)
     o = q.new_empty(_problem.output_shape(q.shape, v.shape))
     if is_training or return_lse:
-        lse = q.new_empty(_problem.lse_shape("thd" if thd else _layout_name(problem), q.shape),
-                          dtype=torch.float32)
+        lse = q.new_empty(_problem.lse_shape(_LAYOUT_OF_CODE[problem.split("|", 1)[0]],
+                                             q.shape), dtype=torch.float32)
     else:
         lse = q.new_empty((0,), dtype=torch.float32)
     return o, lse
-
-
-def _layout_name(problem):
-    code = int(problem.split("|", 1)[0])
-    return next(name for name, c in _CODES["format"].items() if c == code)
 
 
 def _tensors_requiring_grad(score_mod):
@@ -334,7 +335,7 @@ def _tensors_requiring_grad(score_mod):
 @torch.library.register_fake("fusedattn::bwd")
 def _bwd_fake(d_o, q, k, v, o, lse, bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_kv,
               seq_offsets_q, seq_offsets_kv, score_mod_tensors, problem, score_mod, ints):
-    _, learnable_sink, _, _, bias_requires_grad = _decoded(problem)
+    learnable_sink, _, _, bias_requires_grad = _decoded(problem)
     dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
     empty = q.new_empty((0,), dtype=torch.float32)
     dbias = bias.new_empty(bias.shape) if bias_requires_grad and bias is not None else empty
