@@ -19,9 +19,12 @@
 #include <vector>
 
 #include "common/blob_cache.h"
+#include "testing/scoped_env.h"
 
 namespace fusedattn {
 namespace {
+
+using fusedattn::testing::ScopedEnv;
 
 std::string MakeTempDir() {
   const char* base = std::getenv("TMPDIR");
@@ -338,33 +341,6 @@ TEST_F(BlobCacheTest, ADirectoryOthersCanWriteIsRefused) {
   ASSERT_EQ(stat((dir_ + "/a/b/c").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 077, 0u);
 }
-
-// Sets or unsets environment variables for one test and restores them after.
-class ScopedEnv {
- public:
-  void set(const char* name, const char* value) {
-    save(name);
-    if (value != nullptr)
-      setenv(name, value, 1);
-    else
-      unsetenv(name);
-  }
-  ~ScopedEnv() {
-    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
-      if (it->second)
-        setenv(it->first.c_str(), it->second->c_str(), 1);
-      else
-        unsetenv(it->first.c_str());
-    }
-  }
-
- private:
-  void save(const char* name) {
-    const char* v = std::getenv(name);
-    saved_.emplace_back(name, v != nullptr ? std::optional<std::string>(v) : std::nullopt);
-  }
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
-};
 
 TEST(CacheLocation, TheEnvironmentTurnsTheCacheOffOrMovesIt) {
   ScopedEnv env;

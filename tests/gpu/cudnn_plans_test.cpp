@@ -38,6 +38,7 @@
 #include "backends/cudnn/plan_spec.h"
 #include "gpu/cudnn_run.h"
 #include "gpu/skip.h"
+#include "testing/scoped_env.h"
 
 extern char** environ;
 
@@ -69,30 +70,11 @@ std::string Diagnostic(const fusedattn_config& c) {
   return msg;
 }
 
-// Sets environment variables for one test, restores them and the backend's settings after.
-class ScopedEnv {
+// Environment variables for one test; the backend's settings are re-read after each change and
+// after the restore.
+class ScopedCudnnEnv : public ScopedEnv {
  public:
-  void set(const char* name, const char* value) {
-    const char* old = std::getenv(name);
-    saved_.emplace_back(name, old != nullptr ? std::optional<std::string>(old) : std::nullopt);
-    if (value != nullptr)
-      setenv(name, value, 1);
-    else
-      unsetenv(name);
-    cudnn::ReloadSettings();
-  }
-  ~ScopedEnv() {
-    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
-      if (it->second)
-        setenv(it->first.c_str(), it->second->c_str(), 1);
-      else
-        unsetenv(it->first.c_str());
-    }
-    cudnn::ReloadSettings();
-  }
-
- private:
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+  ScopedCudnnEnv() : ScopedEnv(&cudnn::ReloadSettings) {}
 };
 
 // ------------------------------------------------------------------------------------------------
@@ -118,7 +100,7 @@ bool DynamicTestsRequested() {
 // Turns dynamic shapes on for one test: the environment's FUSEDATTN_CUDNN_DYNAMIC_SHAPES when it
 // asks for them (1, or no-override to reproduce the 2026-11-24 failure), else 1. False (with the
 // reason printed) when this cuDNN cannot have them.
-bool TurnDynamicShapesOn(ScopedEnv* env) {
+bool TurnDynamicShapesOn(ScopedCudnnEnv* env) {
   const char* current = std::getenv(kDynamicVariable);
   const std::string value =
       current != nullptr &&
@@ -231,7 +213,7 @@ std::vector<PlanBuildStats> RunShapes(const ShapeCase& k) {
 // node for a forward it takes), none of them dynamic, and every shape matches the reference.
 TEST_P(CudnnShapes, EveryShapeOfAStructureMatchesWithPlansOfItsOwn) {
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
-  ScopedEnv env;
+  ScopedCudnnEnv env;
   env.set(kDynamicVariable, nullptr);  // the default, whatever the environment says
   const ShapeCase& k = GetParam();
   cudnn::ClearPlanCache();
@@ -259,7 +241,7 @@ INSTANTIATE_TEST_SUITE_P(Structures, CudnnShapes, ::testing::ValuesIn(ShapeCases
 // by default and why.
 TEST(CudnnShapesSetting, PerShapeByDefaultAndForEveryValueButOne) {
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
-  ScopedEnv env;
+  ScopedCudnnEnv env;
   env.set(kDynamicVariable, nullptr);
   const std::string by_default = cudnn::DynamicShapesOffReason();
   EXPECT_NE(by_default.find("by default"), std::string::npos) << by_default;
@@ -288,7 +270,7 @@ TEST(CudnnShapesSetting, PerShapeByDefaultAndForEveryValueButOne) {
 TEST_P(CudnnDynamicShapes, EveryShapeOfAStructureMatchesAndReusesItsKernels) {
   SKIP_UNLESS_DYNAMIC_TESTS_REQUESTED();
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
-  ScopedEnv env;
+  ScopedCudnnEnv env;
   if (!TurnDynamicShapesOn(&env)) GTEST_SKIP() << cudnn::DynamicShapesOffReason();
   const ShapeCase& k = GetParam();
   cudnn::ClearPlanCache();  // the first shape starts the structure afresh
@@ -387,7 +369,7 @@ std::vector<std::string> CacheFiles(const std::string& dir) {
 TEST(CudnnDynamicDiskCache, ASecondProcessStartsFromTheKernelCacheAndRepairsADamagedOne) {
   SKIP_UNLESS_DYNAMIC_TESTS_REQUESTED();
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
-  ScopedEnv env;
+  ScopedCudnnEnv env;
   if (!TurnDynamicShapesOn(&env)) GTEST_SKIP() << cudnn::DynamicShapesOffReason();
   char pattern[] = "/tmp/fusedattn_disk_cache_XXXXXX";
   ASSERT_NE(mkdtemp(pattern), nullptr);
@@ -515,27 +497,9 @@ TEST(CudnnSink, DsinkIsBitIdenticalRunToRun) {
   fusedattn_config c = Config(4, 8, 8, 256, 256, 64);
   c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK, c.mask = FUSEDATTN_MASK_PADDING_CAUSAL;
   c.is_training = 1;
-  ProblemTensors host = MakeProblemTensors(c, {});
-  DeviceProblem dev;
-  std::string error;
-  ASSERT_TRUE(dev.upload(host, &error)) << error;
-  char msg[4096];
-  size_t fb = 0, bb = 0;
-  ASSERT_EQ(fusedattn_fwd_workspace_size(&c, &fb, msg, sizeof msg), FUSEDATTN_SUCCESS) << msg;
-  ASSERT_EQ(fusedattn_bwd_workspace_size(&c, &bb, msg, sizeof msg), FUSEDATTN_SUCCESS) << msg;
-  DeviceBuffer workspace(std::max(fb, bb));
-  fusedattn_fwd_args fa = dev.fwd_args();
-  ASSERT_EQ(fusedattn_fwd(&c, &fa, workspace.ptr, workspace.bytes, nullptr, msg, sizeof msg),
-            FUSEDATTN_SUCCESS)
-      << msg;
-  std::vector<ProblemTensors> runs(3, host);
-  for (auto& r : runs) {
-    fusedattn_bwd_args ba = dev.bwd_args();
-    ASSERT_EQ(fusedattn_bwd(&c, &ba, workspace.ptr, workspace.bytes, nullptr, msg, sizeof msg),
-              FUSEDATTN_SUCCESS)
-        << msg;
-    ASSERT_TRUE(dev.download_outputs(&r, &error)) << error;
-  }
+  std::vector<ProblemTensors> runs(3);
+  RunBackwardRepeatedly(c, &runs);
+  if (HasFatalFailure()) return;
   for (size_t i = 1; i < runs.size(); ++i) {
     ASSERT_EQ(runs[i].dsink.storage_bytes(), runs[0].dsink.storage_bytes());
     EXPECT_EQ(std::memcmp(runs[i].dsink.data(), runs[0].dsink.data(),

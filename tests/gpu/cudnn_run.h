@@ -175,4 +175,31 @@ inline void RunAndCompare(const fusedattn_config& c, TensorOptions options,
     EXPECT_EQ(CacheStats().misses, misses_before) << "a call built a plan check() did not";
 }
 
+// The forward of a training problem once, then its backward `runs->size()` times on the same
+// inputs, each run's outputs downloaded into its own element of *runs: for tests of run-to-run
+// determinism. Fails the calling test (check HasFatalFailure()) when a call fails.
+inline void RunBackwardRepeatedly(const fusedattn_config& c, std::vector<ProblemTensors>* runs) {
+  ProblemTensors host = MakeProblemTensors(c, {});
+  DeviceProblem dev;
+  std::string error;
+  ASSERT_TRUE(dev.upload(host, &error)) << error;
+  char msg[4096];
+  size_t fb = 0, bb = 0;
+  ASSERT_EQ(fusedattn_fwd_workspace_size(&c, &fb, msg, sizeof msg), FUSEDATTN_SUCCESS) << msg;
+  ASSERT_EQ(fusedattn_bwd_workspace_size(&c, &bb, msg, sizeof msg), FUSEDATTN_SUCCESS) << msg;
+  DeviceBuffer workspace(std::max(fb, bb));
+  fusedattn_fwd_args fa = dev.fwd_args();
+  ASSERT_EQ(fusedattn_fwd(&c, &fa, workspace.ptr, workspace.bytes, nullptr, msg, sizeof msg),
+            FUSEDATTN_SUCCESS)
+      << msg;
+  for (auto& r : *runs) {
+    r = host;
+    fusedattn_bwd_args ba = dev.bwd_args();
+    ASSERT_EQ(fusedattn_bwd(&c, &ba, workspace.ptr, workspace.bytes, nullptr, msg, sizeof msg),
+              FUSEDATTN_SUCCESS)
+        << msg;
+    ASSERT_TRUE(dev.download_outputs(&r, &error)) << error;
+  }
+}
+
 }  // namespace fusedattn::testing

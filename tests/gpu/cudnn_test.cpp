@@ -470,27 +470,9 @@ TEST(CudnnDeterministic, BackwardIsBitIdenticalRunToRun) {
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   fusedattn_config c = Config(2, 8, 2, 256, 256, 64);
   c.is_training = 1, c.deterministic = 1, c.mask = FUSEDATTN_MASK_CAUSAL;
-  ProblemTensors host = MakeProblemTensors(c, {});
-  DeviceProblem dev;
-  std::string error;
-  ASSERT_TRUE(dev.upload(host, &error)) << error;
-  char msg[4096];
-  size_t fb = 0, bb = 0;
-  ASSERT_EQ(fusedattn_fwd_workspace_size(&c, &fb, msg, sizeof msg), FUSEDATTN_SUCCESS) << msg;
-  ASSERT_EQ(fusedattn_bwd_workspace_size(&c, &bb, msg, sizeof msg), FUSEDATTN_SUCCESS) << msg;
-  DeviceBuffer workspace(std::max(fb, bb));
-  fusedattn_fwd_args fa = dev.fwd_args();
-  ASSERT_EQ(fusedattn_fwd(&c, &fa, workspace.ptr, workspace.bytes, nullptr, msg, sizeof msg),
-            FUSEDATTN_SUCCESS)
-      << msg;
-  std::vector<ProblemTensors> runs(2, host);
-  for (auto& r : runs) {
-    fusedattn_bwd_args ba = dev.bwd_args();
-    ASSERT_EQ(fusedattn_bwd(&c, &ba, workspace.ptr, workspace.bytes, nullptr, msg, sizeof msg),
-              FUSEDATTN_SUCCESS)
-        << msg;
-    ASSERT_TRUE(dev.download_outputs(&r, &error)) << error;
-  }
+  std::vector<ProblemTensors> runs(2);
+  RunBackwardRepeatedly(c, &runs);
+  if (HasFatalFailure()) return;
   for (auto member : {&ProblemTensors::dq, &ProblemTensors::dk, &ProblemTensors::dv}) {
     const HostTensor& a = runs[0].*member;
     const HostTensor& b = runs[1].*member;
