@@ -1,8 +1,9 @@
 // The cuDNN backend's plan and host costs, on a GPU, as markdown tables on stdout:
 //
 //   plans      cuDNN's start-up; the cold forward + backward build of a structure; each new batch
-//              size 1..8 of it; new sequence lengths; a repeated size; the forward of a no-mask
-//              problem (the unified node's plans). All per shape: the library's default.
+//              size 1..8 of it (in batch chunks of the plans built before: the library's default);
+//              new sequence lengths; a repeated size; the forward of a no-mask problem (the
+//              unified node's plans). All per shape: the library's default.
 //   dynamic    only when FUSEDATTN_CUDNN_DYNAMIC_SHAPES asks for dynamic shapes (1, or
 //              no-override) in this program's environment: the same sweep with dynamic-shape
 //              plans from a structure's kernel cache, and a second process of this program started
@@ -10,7 +11,8 @@
 //              cuDNN 9.19 (2026-11-24) such plans gave wrong results after a shape change
 //              (src/backends/cudnn/README.md, "Dynamic shapes: status").
 //   device     device time of back-to-back forward + backward calls on a per-shape plan (and on a
-//              dynamic-shape plan of the same problem, with the dynamic rows).
+//              dynamic-shape plan of the same problem, with the dynamic rows); a batch one larger
+//              in batch chunks of that plan and on its own plan, per 4 sequences.
 //   host       warm host time per fusedattn_fwd / fusedattn_bwd call (median of back-to-back
 //              calls, the GPU work runs behind) for dense BSHD, padded BSHD and THD problems, with
 //              the number of our own kernel launches around cuDNN's graph; and where the time of
@@ -96,6 +98,7 @@ Build TimeBuild(const fusedattn_config& c) {
   b.delta.per_shape = after.per_shape - before.per_shape;
   b.delta.kernel_caches_loaded = after.kernel_caches_loaded - before.kernel_caches_loaded;
   b.delta.kernel_caches_saved = after.kernel_caches_saved - before.kernel_caches_saved;
+  b.delta.batch_chunked = after.batch_chunked - before.batch_chunked;
   std::string how;
   auto add = [&](uint64_t n, const char* what) {
     if (n) how += Format("%s%llu %s", how.empty() ? "" : ", ", (unsigned long long)n, what);
@@ -105,6 +108,7 @@ Build TimeBuild(const fusedattn_config& c) {
   add(b.delta.per_shape, "per-shape");
   add(b.delta.kernel_caches_loaded, "kernel caches read");
   add(b.delta.kernel_caches_saved, "kernel caches written");
+  add(b.delta.batch_chunked, "in batch chunks of a built plan");
   b.how = how.empty() ? "cached plans" : how;
   return b;
 }
@@ -365,10 +369,12 @@ int main(int argc, char** argv) {
   const bool dynamic_rows = dynamic_setting.mode != cudnn::DynamicShapesMode::kOff;
   auto per_shape = [] {
     unsetenv("FUSEDATTN_CUDNN_DYNAMIC_SHAPES");
+    unsetenv("FUSEDATTN_CUDNN_BATCH_CHUNKS");
     cudnn::ReloadSettings();
   };
   auto dynamic = [&] {
     setenv("FUSEDATTN_CUDNN_DYNAMIC_SHAPES", dynamic_value.c_str(), 1);
+    setenv("FUSEDATTN_CUDNN_BATCH_CHUNKS", "1", 1);  // every new shape builds, dynamically
     cudnn::ReloadSettings();
   };
   char dir[] = "/tmp/fusedattn_cudnn_overhead_XXXXXX";
@@ -452,6 +458,18 @@ int main(int argc, char** argv) {
   fusedattn_config big = Structure(4, 2048);
   big.heads_q = big.heads_kv = 16, big.head_dim_qk = big.head_dim_v = 128;
   std::printf("| per shape | %.3f |\n", DeviceMsPerStep(big, 20));
+  // A new batch size of it: in batch chunks of the b=4 plan (the default), and on a plan of its
+  // own (batch chunks off).
+  fusedattn_config five = big;
+  five.batch = 5;
+  std::printf("| b=5 in batch chunks of the b=4 plan (2 launches; per sequence: x 4/5) | %.3f |\n",
+              DeviceMsPerStep(five, 20) * 4 / 5);
+  setenv("FUSEDATTN_CUDNN_BATCH_CHUNKS", "1", 1);
+  cudnn::ReloadSettings();
+  std::printf("| b=5 on a plan of its own (FUSEDATTN_CUDNN_BATCH_CHUNKS=1; x 4/5) | %.3f |\n",
+              DeviceMsPerStep(five, 20) * 4 / 5);
+  unsetenv("FUSEDATTN_CUDNN_BATCH_CHUNKS");
+  cudnn::ReloadSettings();
   if (dynamic_rows) {
     dynamic();
     std::printf("| experimental: dynamic shapes (kernel cache) | %.3f |\n",

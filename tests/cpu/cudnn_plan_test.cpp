@@ -364,6 +364,133 @@ TEST(CudnnKey, ThdBatchesWithinOnePowerOfTwoShareAGraph) {
   EXPECT_EQ(GraphBatch(MakeCuda(bshd)), 5);
 }
 
+// ------------------------------------------------------------------------------------------------
+// Batch chunks
+// ------------------------------------------------------------------------------------------------
+TEST(CudnnBatchChunks, CoverTheBatchWithTheLastChunkEndingAtItsEnd) {
+  const BatchChunks seven_by_three = ChunksOf(7, 3);
+  EXPECT_EQ(seven_by_three.plan_batch, 3);
+  EXPECT_EQ(seven_by_three.count, 3);
+  std::vector<int64_t> starts;
+  for (int64_t i = 0; i < seven_by_three.count; ++i) starts.push_back(seven_by_three.start(i, 7));
+  EXPECT_EQ(starts, (std::vector<int64_t>{0, 3, 4})) << "the last chunk overlaps the one before";
+  const BatchChunks six_by_two = ChunksOf(6, 2);
+  EXPECT_EQ(six_by_two.count, 3);
+  EXPECT_EQ(six_by_two.start(2, 6), 4) << "no overlap when the plan divides the batch";
+  EXPECT_EQ(ChunksOf(4, 0).count, 1) << "no plan batch: one launch";
+  EXPECT_EQ(ChunksOf(4, 4).count, 1) << "a plan of the whole batch: one launch";
+  EXPECT_EQ(ChunksOf(4, 4).plan_batch, 0);
+}
+
+// The spec a smaller batch's plan was built with is the chunked call's spec with that batch: the
+// cache finds the plan by it.
+TEST(CudnnBatchChunks, ASmallerBatchsSpecIsTheCallsSpecWithThatBatch) {
+  DeviceInfo device{0, 90, 91900};
+  for (fusedattn_format format : {FUSEDATTN_FORMAT_BSHD, FUSEDATTN_FORMAT_BHSD}) {
+    fusedattn_config c = BaseConfig();
+    c.is_training = 1;
+    c.q_format = c.kv_format = c.o_format = c.do_format = c.dqkv_format = format;
+    c.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+    c.bias_batch = 3, c.bias_heads = 4;
+    c.bias_requires_grad = 1;
+    fusedattn_config two = c;
+    two.batch = two.bias_batch = 2;
+    Problem p3 = MakeCuda(c), p2 = MakeCuda(two);
+    EXPECT_EQ(MakePlanKey(WithBatch(ForwardSpec(p3, CanonicalFwdTensors(p3)), 2), device),
+              MakePlanKey(ForwardSpec(p2, CanonicalFwdTensors(p2)), device))
+        << "forward, format " << format;
+    EXPECT_EQ(MakePlanKey(WithBatch(BackwardSpec(p3, CanonicalBwdTensors(p3)), 2), device),
+              MakePlanKey(BackwardSpec(p2, CanonicalBwdTensors(p2)), device))
+        << "backward, format " << format;
+  }
+  // SBHD's sequence stride holds the batch: a smaller batch's plan reads other strides.
+  fusedattn_config c = BaseConfig();
+  c.q_format = c.kv_format = c.o_format = FUSEDATTN_FORMAT_SBHD;
+  fusedattn_config two = c;
+  two.batch = 2;
+  Problem p3 = MakeCuda(c), p2 = MakeCuda(two);
+  EXPECT_FALSE(MakePlanKey(WithBatch(ForwardSpec(p3, CanonicalFwdTensors(p3)), 2), device) ==
+               MakePlanKey(ForwardSpec(p2, CanonicalFwdTensors(p2)), device));
+}
+
+TEST(CudnnBatchChunks, SlicesStepOverWholeSequencesAndABroadcastBiasStays) {
+  fusedattn_config c = BaseConfig();  // BSHD, sq 16, skv 24, hq 4, hkv 2, d 64, bf16
+  c.is_training = 1;
+  c.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+  c.bias_batch = 1, c.bias_heads = 4;
+  Problem p = MakeCuda(c);
+  const SequenceBytes fwd = SequenceBytesOf(ForwardSpec(p, CanonicalFwdTensors(p)));
+  EXPECT_EQ(fwd.q, 16 * 4 * 64 * 2);
+  EXPECT_EQ(fwd.k, 24 * 2 * 64 * 2);
+  EXPECT_EQ(fwd.o, 16 * 4 * 64 * 2);
+  EXPECT_EQ(fwd.stats, 4 * 16 * 4);
+  EXPECT_EQ(fwd.bias, 0) << "broadcast over the batch";
+  EXPECT_EQ(fwd.dq, 0) << "the forward has no gradients";
+  const SequenceBytes bwd = SequenceBytesOf(BackwardSpec(p, CanonicalBwdTensors(p)));
+  EXPECT_EQ(bwd.dk, 24 * 2 * 64 * 2);
+  EXPECT_EQ(bwd.d_o, 16 * 4 * 64 * 2);
+  c.bias_batch = 3;
+  Problem per_sequence = MakeCuda(c);
+  EXPECT_EQ(SequenceBytesOf(ForwardSpec(per_sequence, CanonicalFwdTensors(per_sequence))).bias,
+            4 * 16 * 24 * 2);
+}
+
+// A refusal whose message names the reason.
+#define EXPECT_THAT_MESSAGE(status, text)                                        \
+  do {                                                                           \
+    const Status s_ = (status);                                                  \
+    EXPECT_FALSE(s_.ok()) << "expected a refusal naming: " << (text);            \
+    EXPECT_NE(s_.message().find(text), std::string::npos) << s_.message();      \
+  } while (0)
+
+TEST(CudnnBatchChunks, RefusedWhereSequencesAreNotIndependentOrSlicesMisaligned) {
+  fusedattn_config c = BaseConfig();
+  c.batch = 8;
+  c.is_training = 1;
+  auto refusal = [](const fusedattn_config& config, Direction direction, int64_t plan_batch,
+                    int64_t max_chunks = kMaxBatchChunks) {
+    Problem p = MakeCuda(config);
+    SdpaGraphSpec spec = direction == Direction::kForward
+                             ? ForwardSpec(p, CanonicalFwdTensors(p))
+                             : BackwardSpec(p, CanonicalBwdTensors(p));
+    return BatchChunkRefusal(spec, plan_batch, max_chunks);
+  };
+  EXPECT_TRUE(refusal(c, Direction::kForward, 3).ok());
+  EXPECT_TRUE(refusal(c, Direction::kBackward, 1).ok()) << "eight launches are allowed";
+  EXPECT_THAT_MESSAGE(refusal(c, Direction::kForward, 1, 4), "more than 4");
+  EXPECT_THAT_MESSAGE(refusal(c, Direction::kForward, 8), "covers the batch");
+  fusedattn_config other = c;
+  other.dropout = 0.1;
+  EXPECT_THAT_MESSAGE(refusal(other, Direction::kForward, 4), "dropout");
+  other = c;
+  SetThd(&other);
+  EXPECT_THAT_MESSAGE(refusal(other, Direction::kForward, 4), "THD");
+  other = c;
+  other.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+  other.bias_batch = 1, other.bias_heads = 1;
+  EXPECT_TRUE(refusal(other, Direction::kForward, 4).ok()) << "the forward reads it only";
+  other.bias_requires_grad = 1;
+  EXPECT_THAT_MESSAGE(refusal(other, Direction::kBackward, 4), "summed over the batch");
+  other.bias_batch = 8;
+  EXPECT_TRUE(refusal(other, Direction::kBackward, 4).ok()) << "a per-sequence bias gradient";
+  other = c;
+  other.max_seqlen_q = 3, other.heads_q = other.heads_kv = 1;  // LSE rows of 12 bytes
+  EXPECT_THAT_MESSAGE(refusal(other, Direction::kForward, 3), "LSE");
+}
+
+TEST(CudnnBatchChunks, OnUnlessTheVariableTurnsThemOff) {
+  std::string off;
+  EXPECT_EQ(ParseMaxBatchChunks(nullptr, &off), kMaxBatchChunks);
+  EXPECT_TRUE(off.empty());
+  EXPECT_EQ(ParseMaxBatchChunks("4", &off), 4);
+  EXPECT_EQ(ParseMaxBatchChunks("100", &off), kMaxBatchChunks) << "capped: scratch is sized for it";
+  EXPECT_EQ(ParseMaxBatchChunks("1", &off), 1);
+  EXPECT_NE(off.find("off"), std::string::npos) << off;
+  EXPECT_EQ(ParseMaxBatchChunks("0", &off), 1);
+  EXPECT_EQ(ParseMaxBatchChunks("many", &off), 1);
+  EXPECT_NE(off.find("not a count"), std::string::npos) << off;
+}
+
 TEST(CudnnKey, TheLargestSpecFitsTheKey) {
   fusedattn_config c = BaseConfig();
   SetThd(&c);

@@ -55,6 +55,7 @@ PlanBuildStats Delta(const PlanBuildStats& after, const PlanBuildStats& before) 
   d.dynamic = after.dynamic - before.dynamic;
   d.per_shape = after.per_shape - before.per_shape;
   d.failed = after.failed - before.failed;
+  d.batch_chunked = after.batch_chunked - before.batch_chunked;
   d.kernel_caches_loaded = after.kernel_caches_loaded - before.kernel_caches_loaded;
   d.kernel_cache_load_failures = after.kernel_cache_load_failures - before.kernel_cache_load_failures;
   d.kernel_caches_saved = after.kernel_caches_saved - before.kernel_caches_saved;
@@ -109,6 +110,8 @@ bool TurnDynamicShapesOn(ScopedCudnnEnv* env) {
           ? std::string(current)
           : std::string("1");
   env->set(kDynamicVariable, value.c_str());
+  // Every new shape builds: batch chunks would run a larger batch on a plan already built.
+  env->set("FUSEDATTN_CUDNN_BATCH_CHUNKS", "1");
   const std::string off = cudnn::DynamicShapesOffReason();
   if (!off.empty()) std::printf("[ dynamic  ] %s\n", off.c_str());
   else std::printf("[ dynamic  ] %s=%s\n", kDynamicVariable, value.c_str());
@@ -120,6 +123,10 @@ bool TurnDynamicShapesOn(ScopedCudnnEnv* env) {
 // ------------------------------------------------------------------------------------------------
 struct Shape {
   int64_t batch, seqlen_q, seqlen_kv;
+  // Directions (forward, backward) that run in batch chunks of a plan an earlier, smaller batch
+  // of the same lengths built, instead of building their own (by default; plan_spec.h
+  // BatchChunks): dense problems without dropout or a bias gradient summed over the batch.
+  int chunked = 0;
 };
 
 struct ShapeCase {
@@ -142,13 +149,13 @@ std::vector<ShapeCase> ShapeCases() {
   fusedattn_config c = Config(2, 4, 4, 128, 128, 64, bf16);
   c.mask = FUSEDATTN_MASK_CAUSAL, c.is_training = 1;
   cases.push_back({"bshd_causal_bf16_d64", c, {},
-                   {{2, 128, 128}, {1, 128, 128}, {3, 128, 128}, {8, 128, 128}, {2, 256, 256},
-                    {2, 96, 96}},
+                   {{2, 128, 128}, {1, 128, 128}, {3, 128, 128, 2}, {8, 128, 128, 2},
+                    {2, 256, 256}, {2, 96, 96}},
                    ShapeCase::kDynamic});
   c = Config(4, 4, 2, 96, 96, 128, fp16);
   c.mask = FUSEDATTN_MASK_PADDING_CAUSAL, c.is_training = 1;
   cases.push_back({"bshd_padding_causal_gqa_fp16_d128", c, {},
-                   {{4, 96, 96}, {1, 96, 96}, {6, 96, 96}, {4, 160, 160}}});
+                   {{4, 96, 96}, {1, 96, 96}, {6, 96, 96, 2}, {4, 160, 160}}});
   c = Config(3, 4, 4, 64, 64, 64, bf16);
   SetFormats(&c, FUSEDATTN_FORMAT_THD);
   c.mask = FUSEDATTN_MASK_PADDING_CAUSAL, c.is_training = 1;
@@ -162,19 +169,22 @@ std::vector<ShapeCase> ShapeCases() {
   c = Config(2, 4, 4, 64, 192, 64, bf16);
   SetFormats(&c, FUSEDATTN_FORMAT_SBHD);
   c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT, c.is_training = 1;
+  // SBHD's sequence stride holds the batch: batch 3 reads other strides than batch 2's plan.
   cases.push_back({"sbhd_causal_bottom_right_sq_lt_skv", c, {},
                    {{2, 64, 192}, {3, 64, 192}, {2, 96, 256}}});
   c = Config(2, 4, 4, 64, 96, 64, fp16);
   c.bias_type = FUSEDATTN_BIAS_POST_SCALE, c.bias_heads = 4, c.bias_requires_grad = 1;
   c.mask = FUSEDATTN_MASK_CAUSAL, c.is_training = 1;
+  // The bias is broadcast over the batch: its gradient sums over it, so only the forward chunks.
   cases.push_back({"bshd_post_bias_dbias_causal_fp16", c, {},
-                   {{2, 64, 96}, {3, 64, 96}, {2, 80, 112}}});
+                   {{2, 64, 96}, {3, 64, 96, 1}, {2, 80, 112}}});
   c = Config(2, 4, 4, 96, 96, 64, bf16);
   c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK, c.mask = FUSEDATTN_MASK_CAUSAL;
   c.is_training = 1;
-  cases.push_back({"bshd_learnable_sink_causal", c, {}, {{2, 96, 96}, {3, 96, 96}, {2, 64, 64}}});
+  cases.push_back({"bshd_learnable_sink_causal", c, {},
+                   {{2, 96, 96}, {3, 96, 96, 2}, {2, 64, 64}}});
   c = Config(2, 4, 4, 128, 128, 64, bf16);  // no mask, inference: the unified node where it runs
-  cases.push_back({"bshd_nomask_forward", c, {}, {{2, 128, 128}, {4, 128, 128}, {2, 64, 64}},
+  cases.push_back({"bshd_nomask_forward", c, {}, {{2, 128, 128}, {4, 128, 128, 1}, {2, 64, 64}},
                    ShapeCase::kAny});
   return cases;
 }
@@ -200,17 +210,19 @@ std::vector<PlanBuildStats> RunShapes(const ShapeCase& k) {
     per_shape.push_back(Delta(GetPlanBuildStats(), before));
     const PlanBuildStats& d = per_shape.back();
     std::printf("[ shapes   ] %-36s b=%lld sq=%lld skv=%lld: %llu plans (%llu dynamic, %llu "
-                "unified, %llu per shape) in %.1f ms\n",
+                "unified, %llu per shape) in %.1f ms, %llu in batch chunks\n",
                 k.name.c_str(), (long long)shape.batch, (long long)shape.seqlen_q,
                 (long long)shape.seqlen_kv, (unsigned long long)d.builds,
                 (unsigned long long)d.dynamic, (unsigned long long)d.unified,
-                (unsigned long long)d.per_shape, d.build_ms);
+                (unsigned long long)d.per_shape, d.build_ms,
+                (unsigned long long)d.batch_chunked);
   }
   return per_shape;
 }
 
 // The default: every shape builds plans of its own (per-shape composite graphs, or the unified
-// node for a forward it takes), none of them dynamic, and every shape matches the reference.
+// node for a forward it takes), none of them dynamic, except a larger batch that runs in batch
+// chunks of a built plan; every shape matches the reference.
 TEST_P(CudnnShapes, EveryShapeOfAStructureMatchesWithPlansOfItsOwn) {
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   ScopedCudnnEnv env;
@@ -222,7 +234,10 @@ TEST_P(CudnnShapes, EveryShapeOfAStructureMatchesWithPlansOfItsOwn) {
   const int directions = k.config.is_training ? 2 : 1;
   for (size_t i = 0; i < stats.size(); ++i) {
     SCOPED_TRACE(Format("shape %zu", i));
-    EXPECT_EQ(stats[i].builds, static_cast<uint64_t>(directions)) << "a new shape, new plans";
+    const int chunked = k.shapes[i].chunked;
+    EXPECT_EQ(stats[i].builds, static_cast<uint64_t>(directions - chunked))
+        << "a new shape, new plans, except in batch chunks";
+    EXPECT_EQ(stats[i].batch_chunked, static_cast<uint64_t>(chunked));
     EXPECT_EQ(stats[i].dynamic, 0u);
     EXPECT_EQ(stats[i].failed, 0u);
     EXPECT_EQ(stats[i].kernel_caches_saved, 0u);
@@ -263,6 +278,33 @@ TEST(CudnnShapesSetting, PerShapeByDefaultAndForEveryValueButOne) {
     EXPECT_NE(off.find(std::string("= '") + value + "'"), std::string::npos) << off;
     EXPECT_NE(off.find("per-shape plans"), std::string::npos) << off;
   }
+}
+
+// A larger batch runs in batch chunks unless FUSEDATTN_CUDNN_BATCH_CHUNKS turns them off; the
+// diagnostic says which plan runs and in how many launches.
+TEST(CudnnBatchChunks, ALargerBatchRunsInChunksUnlessTurnedOff) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
+  ScopedCudnnEnv env;
+  env.set(kDynamicVariable, nullptr);
+  env.set("FUSEDATTN_CUDNN_BATCH_CHUNKS", nullptr);
+  ShapeCase k = ShapeCases()[0];  // BSHD causal, training
+  k.shapes = {{2, 128, 128}, {5, 128, 128}};
+  cudnn::ClearPlanCache();
+  std::vector<PlanBuildStats> stats = RunShapes(k);
+  ASSERT_EQ(stats.size(), 2u);
+  EXPECT_EQ(stats[1].builds, 0u);
+  EXPECT_EQ(stats[1].batch_chunked, 2u);
+  fusedattn_config five = k.config;
+  five.batch = 5;
+  const std::string diagnostic = Diagnostic(five);
+  EXPECT_NE(diagnostic.find("of batch 2, run in 3 launches (batch chunks)"), std::string::npos)
+      << diagnostic;
+
+  env.set("FUSEDATTN_CUDNN_BATCH_CHUNKS", "1");  // re-read settings, cleared plans
+  stats = RunShapes(k);
+  ASSERT_EQ(stats.size(), 2u);
+  EXPECT_EQ(stats[1].builds, 2u) << "off: the larger batch builds its own plans";
+  EXPECT_EQ(stats[1].batch_chunked, 0u);
 }
 
 // Dynamic shapes (FUSEDATTN_TEST_CUDNN_DYNAMIC=1): every shape matches, and every plan after the

@@ -14,7 +14,10 @@
 //
 // Shapes: a graph bakes in its batch and sequence lengths, so every shape has a plan of its own
 // (THD problems without a per-sequence bias build for a power-of-two batch capacity, so batch
-// sizes within one power of two share a plan). That is the default. Dynamic shapes
+// sizes within one power of two share a plan). A dense problem whose batch grew runs in batch
+// chunks of a plan already built for fewer sequences of the same tensors (plan_spec.h
+// BatchChunks; at most FUSEDATTN_CUDNN_BATCH_CHUNKS launches), so a new batch size builds nothing
+// unless it is smaller than every built one. That is the default. Dynamic shapes
 // (FUSEDATTN_CUDNN_DYNAMIC_SHAPES=1; experimental, off by default: on cuDNN 9.19 they gave wrong
 // results after a shape change; README.md "Dynamic shapes: status") group the shapes of a
 // problem into a structure (the problem without its shape, plan_spec.h MakeStructureKey) whose
@@ -186,6 +189,9 @@ struct Settings {
   std::string dynamic_off;  // why no structure uses dynamic shapes, or empty
   std::unique_ptr<BlobCache> disk;  // never null; off with its reason when unusable
   std::string disk_off;     // why kernel caches are not written to disk, or empty
+  // FUSEDATTN_CUDNN_BATCH_CHUNKS (plan_spec.h ParseMaxBatchChunks): 1 when off.
+  int64_t max_batch_chunks = kMaxBatchChunks;
+  std::string batch_chunks_off;
 };
 
 std::shared_ptr<const Settings> MakeSettings() {
@@ -195,6 +201,8 @@ std::shared_ptr<const Settings> MakeSettings() {
       ParseDynamicShapes(std::getenv("FUSEDATTN_CUDNN_DYNAMIC_SHAPES"), version);
   s->dynamic = dynamic.mode;
   s->dynamic_off = dynamic.off_reason;
+  s->max_batch_chunks =
+      ParseMaxBatchChunks(std::getenv("FUSEDATTN_CUDNN_BATCH_CHUNKS"), &s->batch_chunks_off);
   if (s->dynamic == DynamicShapesMode::kOff) {
     s->disk_off = "the on-disk kernel cache applies only with dynamic shapes "
                   "(FUSEDATTN_CUDNN_DYNAMIC_SHAPES=1, experimental), which are off";
@@ -280,6 +288,9 @@ struct PlanEntry {
   BuildRoute route = BuildRoute::kStatic;
   std::string per_shape_reason;  // route kStatic: why not dynamic shapes
   bool kernels_from_disk = false;
+  // Not 0: the entry of a spec whose calls run in batch chunks (plan_spec.h BatchChunks) of the
+  // plan built for this many sequences, which graph and workspace are.
+  int64_t chunk_batch = 0;
 };
 
 using PlanCache = LruCache<PlanKey, PlanEntry, PlanKeyHash>;
@@ -292,6 +303,7 @@ PlanCache& Cache() {
 // Counters for GetPlanBuildStats.
 struct Counters {
   std::atomic<uint64_t> builds{0}, unified{0}, dynamic{0}, per_shape{0}, failed{0};
+  std::atomic<uint64_t> batch_chunked{0};
   std::atomic<uint64_t> loaded{0}, load_failures{0}, saved{0}, save_failures{0};
   std::atomic<uint64_t> build_us{0};
 };
@@ -417,7 +429,29 @@ Status BuildPlan(const SdpaGraphSpec& spec, const DeviceInfo& device, const Plan
   return Status::Ok();
 }
 
-// The plan of spec on the current device: from the cache (a warm call), or built.
+// A plan of the same tensors for fewer sequences that calls of spec can run in batch chunks
+// (plan_spec.h BatchChunks): the one for the most sequences within the launch limit. Found, it
+// is cached under spec's key too, so a warm call finds it at once. Null when there is none.
+std::shared_ptr<PlanEntry> FindChunkPlan(const SdpaGraphSpec& spec, const DeviceInfo& device,
+                                         const PlanKey& key) {
+  const int64_t max_chunks = CurrentSettings()->max_batch_chunks;
+  if (spec.batch < 2 || max_chunks < 2) return nullptr;
+  for (int64_t batch = spec.batch - 1; batch >= 1 && batch * max_chunks >= spec.batch; --batch) {
+    std::shared_ptr<PlanEntry> found = Cache().peek(MakePlanKey(WithBatch(spec, batch), device));
+    if (!found || !found->status.ok()) continue;
+    // An entry that runs in chunks itself names the plan it runs.
+    const int64_t plan_batch = found->chunk_batch != 0 ? found->chunk_batch : batch;
+    if (!BatchChunkRefusal(spec, plan_batch, max_chunks).ok()) continue;
+    auto alias = std::make_shared<PlanEntry>(*found);
+    alias->chunk_batch = plan_batch;
+    ++Count().batch_chunked;
+    return Cache().insert(key, std::move(alias));
+  }
+  return nullptr;
+}
+
+// The plan of spec on the current device: from the cache (a warm call), else a smaller plan to
+// run in batch chunks, else built.
 Status GetPlan(const SdpaGraphSpec& spec, const DeviceInfo& device,
                std::shared_ptr<PlanEntry>* entry) {
   PlanKey key = MakePlanKey(spec, device);
@@ -425,6 +459,7 @@ Status GetPlan(const SdpaGraphSpec& spec, const DeviceInfo& device,
     return InternalError("cuDNN plan key needs %zu words, more than %zu", key.used,
                          PlanKey::kWords);
   if ((*entry = Cache().find(key))) return Status::Ok();
+  if ((*entry = FindChunkPlan(spec, device, key))) return Status::Ok();
   return BuildPlan(spec, device, key, entry);
 }
 
@@ -512,12 +547,49 @@ void SetScoreModPointers(const Tensors& t, const Scratch& scratch, const Workspa
     ptrs->at[kUidModTensor0 + static_cast<int>(k)] = t.score_mod_tensors[k].data;
 }
 
-Status Execute(const SdpaGraph& graph, int device, void* stream, const GraphPointers& ptrs,
-               void* workspace) {
+void Advance(GraphPointers* ptrs, Uid uid, int64_t bytes) {
+  if (ptrs->at[uid] != nullptr && bytes != 0)
+    ptrs->at[uid] = static_cast<char*>(ptrs->at[uid]) + bytes;
+}
+
+// Runs the plan: once, or once per batch chunk over each tensor's slice of the chunk's
+// sequences (the per-sequence lengths: that chunk's own array, written so by the prepare kernel).
+Status Execute(const PlanEntry& entry, const SdpaGraphSpec& spec, int device, void* stream,
+               const GraphPointers& ptrs, void* workspace) {
   HandleLease handle;
   FUSEDATTN_RETURN_IF_ERROR(handle.acquire(device));
   FUSEDATTN_RETURN_IF_ERROR(handle.set_stream(static_cast<cudaStream_t>(stream)));
-  return ExecuteSdpaGraph(graph, handle.get(), ptrs, workspace);
+  const BatchChunks chunks = ChunksOf(spec.batch, entry.chunk_batch);
+  if (chunks.count == 1) return ExecuteSdpaGraph(*entry.graph, handle.get(), ptrs, workspace);
+  const SequenceBytes per = SequenceBytesOf(spec);
+  const int64_t lengths = SeqLenChunkStride(chunks.plan_batch) * int64_t{sizeof(int32_t)};
+  for (int64_t i = 0; i < chunks.count; ++i) {
+    const int64_t first = chunks.start(i, spec.batch);
+    GraphPointers at = ptrs;
+    const struct {
+      Uid uid;
+      int64_t bytes;
+    } moves[] = {{kUidQ, per.q * first},          {kUidK, per.k * first},
+                 {kUidV, per.v * first},          {kUidO, per.o * first},
+                 {kUidDO, per.d_o * first},       {kUidDQ, per.dq * first},
+                 {kUidDK, per.dk * first},        {kUidDV, per.dv * first},
+                 {kUidStats, per.stats * first},  {kUidBias, per.bias * first},
+                 {kUidDBias, per.dbias * first},  {kUidSeqLenQ, lengths * i},
+                 {kUidSeqLenKv, lengths * i}};
+    for (const auto& m : moves) Advance(&at, m.uid, m.bytes);
+    FUSEDATTN_RETURN_IF_ERROR(ExecuteSdpaGraph(*entry.graph, handle.get(), at, workspace));
+  }
+  return Status::Ok();
+}
+
+// The prepare kernel writes the per-sequence lengths in the chunked layout when the call runs
+// in batch chunks.
+void SetChunkLayout(const PlanEntry& entry, const SdpaGraphSpec& spec, PrepareParams* prep) {
+  const BatchChunks chunks = ChunksOf(spec.batch, entry.chunk_batch);
+  if (chunks.count == 1) return;
+  prep->chunk_batch = chunks.plan_batch;
+  prep->chunk_count = chunks.count;
+  prep->seq_len_chunk_stride = SeqLenChunkStride(chunks.plan_batch);
 }
 
 class CudnnBackendImpl final : public Backend {
@@ -613,6 +685,10 @@ class CudnnBackendImpl final : public Backend {
       if (!e || !e->status.ok()) return;
       text += Format("%s%s: %s", text.empty() ? "plans: " : "; ", direction, RouteName(e->route));
       if (e->kernels_from_disk) text += " (kernels read from disk)";
+      if (e->chunk_batch != 0)
+        text += Format(" of batch %lld, run in %lld launches (batch chunks)",
+                       (long long)e->chunk_batch,
+                       (long long)ChunksOf(spec.batch, e->chunk_batch).count);
       if (e->route == BuildRoute::kStatic && !e->per_shape_reason.empty())
         text += e->per_shape_reason == last_reason ? " (as the forward)"
                                                    : " (" + e->per_shape_reason + ")";
@@ -677,6 +753,7 @@ Status CudnnBackendImpl::forward(const Problem& problem, const FwdTensors& t, vo
     prep.graph_batch = spec.batch;
     prep.seq_len_q = At<int32_t>(ws, scratch.seq_len_q);
     prep.seq_len_kv = At<int32_t>(ws, scratch.seq_len_kv);
+    SetChunkLayout(*entry, spec, &prep);
     const TensorView* ragged_views[kRaggedSlots] = {&t.q, &t.k, &t.v, &t.o};
     for (int slot : {kRaggedQ, kRaggedK, kRaggedV, kRaggedO}) {
       prep.ragged[slot] = At<int32_t>(ws, scratch.ragged[slot]);
@@ -710,7 +787,7 @@ Status CudnnBackendImpl::forward(const Problem& problem, const FwdTensors& t, vo
   ptrs.at[kUidRaggedV] = At<int32_t>(ws, scratch.ragged[kRaggedV]);
   ptrs.at[kUidRaggedO] = At<int32_t>(ws, scratch.ragged[kRaggedO]);
   SetScoreModPointers(t, scratch, ws, &ptrs);
-  FUSEDATTN_RETURN_IF_ERROR(Execute(*entry->graph, device.ordinal, stream, ptrs, ws.cudnn));
+  FUSEDATTN_RETURN_IF_ERROR(Execute(*entry, spec, device.ordinal, stream, ptrs, ws.cudnn));
 
   if (call.fixup) {
     ForwardFixupParams fix;
@@ -771,6 +848,7 @@ Status CudnnBackendImpl::backward(const Problem& problem, const BwdTensors& t, v
     prep.graph_batch = spec.batch;
     prep.seq_len_q = At<int32_t>(ws, scratch.seq_len_q);
     prep.seq_len_kv = At<int32_t>(ws, scratch.seq_len_kv);
+    SetChunkLayout(*entry, spec, &prep);
     const TensorView* ragged_views[kRaggedSlots] = {&t.q,   &t.k,  &t.v,  &t.o,
                                                     &t.d_o, &t.dq, &t.dk, &t.dv};
     for (int slot = 0; slot < kRaggedSlots; ++slot) {
@@ -811,7 +889,7 @@ Status CudnnBackendImpl::backward(const Problem& problem, const BwdTensors& t, v
   for (int slot = 0; slot < kRaggedSlots; ++slot)
     ptrs.at[ragged_uids[slot]] = At<int32_t>(ws, scratch.ragged[slot]);
   SetScoreModPointers(t, scratch, ws, &ptrs);
-  FUSEDATTN_RETURN_IF_ERROR(Execute(*entry->graph, device.ordinal, stream, ptrs, ws.cudnn));
+  FUSEDATTN_RETURN_IF_ERROR(Execute(*entry, spec, device.ordinal, stream, ptrs, ws.cudnn));
 
   BackwardEpilogueParams after;
   after.do_fixup = call.fixup;
@@ -881,6 +959,7 @@ PlanBuildStats GetPlanBuildStats() {
   PlanBuildStats s;
   s.builds = c.builds.load(), s.unified = c.unified.load(), s.dynamic = c.dynamic.load();
   s.per_shape = c.per_shape.load(), s.failed = c.failed.load();
+  s.batch_chunked = c.batch_chunked.load();
   s.kernel_caches_loaded = c.loaded.load(), s.kernel_cache_load_failures = c.load_failures.load();
   s.kernel_caches_saved = c.saved.load(), s.kernel_cache_save_failures = c.save_failures.load();
   s.build_ms = static_cast<double>(c.build_us.load()) / 1000.0;

@@ -27,6 +27,7 @@ struct PlanBuildStats {
   uint64_t dynamic = 0;    // ... as dynamic-shape graphs from a structure's kernel cache
   uint64_t per_shape = 0;  // ... as per-shape composite graphs
   uint64_t failed = 0;     // ... refused by cuDNN
+  uint64_t batch_chunked = 0;  // specs given a plan for fewer sequences to run in batch chunks
   uint64_t kernel_caches_loaded = 0;  // structures whose kernel cache came from disk
   uint64_t kernel_cache_load_failures = 0;  // damaged files, or kernel caches cuDNN refused
   uint64_t kernel_caches_saved = 0;   // files written

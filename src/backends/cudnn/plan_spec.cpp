@@ -1,6 +1,7 @@
 #include "backends/cudnn/plan_spec.h"
 
 #include <cctype>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 
@@ -418,6 +419,91 @@ int64_t GraphBatch(const Problem& p) {
   return capacity;
 }
 
+BatchChunks ChunksOf(int64_t batch, int64_t plan_batch) {
+  BatchChunks chunks;
+  if (plan_batch <= 0 || plan_batch >= batch) return chunks;
+  chunks.plan_batch = plan_batch;
+  chunks.count = (batch + plan_batch - 1) / plan_batch;
+  return chunks;
+}
+
+SequenceBytes SequenceBytesOf(const SdpaGraphSpec& s) {
+  const int64_t io = static_cast<int64_t>(DtypeSize(s.io_dtype));
+  SequenceBytes b;
+  b.q = s.q.stride[0] * io, b.k = s.k.stride[0] * io, b.v = s.v.stride[0] * io;
+  b.o = s.o.stride[0] * io;
+  if (s.direction == Direction::kBackward) {
+    b.d_o = s.d_o.stride[0] * io, b.dq = s.dq.stride[0] * io;
+    b.dk = s.dk.stride[0] * io, b.dv = s.dv.stride[0] * io;
+  }
+  if (s.stats) b.stats = s.stats_stride[0] * static_cast<int64_t>(sizeof(float));
+  // A bias with one batch entry is broadcast over the batch: every chunk reads the same one.
+  if (s.bias && s.bias_desc.dim[0] > 1)
+    b.bias = s.bias_desc.stride[0] * static_cast<int64_t>(DtypeSize(s.bias_dtype));
+  if (s.dbias && s.dbias_desc.dim[0] > 1)
+    b.dbias = s.dbias_desc.stride[0] * static_cast<int64_t>(DtypeSize(s.bias_dtype));
+  return b;
+}
+
+Status BatchChunkRefusal(const SdpaGraphSpec& s, int64_t plan_batch, int64_t max_chunks) {
+  if (s.ragged) return NotSupported("THD plans serve a power of two of batch sizes already");
+  if (s.dropout > 0.0f)
+    return NotSupported("dropout: cuDNN numbers its random stream over the whole batch");
+  if (s.score_mod)
+    return NotSupported("a score_mod on cuDNN's callbacks may read the batch index");
+  if (s.dbias && s.dbias_desc.dim[0] == 1 && s.batch > 1)
+    return NotSupported("the bias gradient is summed over the batch");
+  const BatchChunks chunks = ChunksOf(s.batch, plan_batch);
+  if (chunks.plan_batch == 0) return NotSupported("a plan of %lld sequences covers the batch",
+                                                  (long long)plan_batch);
+  if (chunks.count > max_chunks)
+    return NotSupported("%lld launches of the plan for %lld sequences are more than %lld",
+                        (long long)chunks.count, (long long)plan_batch, (long long)max_chunks);
+  const SequenceBytes b = SequenceBytesOf(s);
+  const struct {
+    const char* name;
+    int64_t bytes;
+  } tensors[] = {{"q", b.q},   {"k", b.k},   {"v", b.v},         {"o", b.o},
+                 {"dO", b.d_o}, {"dQ", b.dq}, {"dK", b.dk},       {"dV", b.dv},
+                 {"LSE", b.stats}, {"bias", b.bias}, {"dbias", b.dbias}};
+  for (int64_t i = 1; i < chunks.count; ++i) {
+    const int64_t start = chunks.start(i, s.batch);
+    for (const auto& t : tensors)
+      if (t.bytes * start % 16 != 0)
+        return NotSupported("the slice of %s from sequence %lld would start off 16-byte "
+                            "alignment",
+                            t.name, (long long)start);
+  }
+  return Status::Ok();
+}
+
+SdpaGraphSpec WithBatch(const SdpaGraphSpec& spec, int64_t batch) {
+  SdpaGraphSpec s = spec;
+  s.batch = batch;
+  for (TensorDesc* d : {&s.q, &s.k, &s.v, &s.o, &s.d_o, &s.dq, &s.dk, &s.dv})
+    if (d->dim[0] == spec.batch) d->dim[0] = batch;
+  if (s.bias && s.bias_desc.dim[0] > 1) s.bias_desc.dim[0] = batch;
+  if (s.dbias && s.dbias_desc.dim[0] > 1) s.dbias_desc.dim[0] = batch;
+  return s;
+}
+
+int64_t ParseMaxBatchChunks(const char* value, std::string* off_reason) {
+  off_reason->clear();
+  if (value == nullptr || *value == '\0') return kMaxBatchChunks;
+  char* end = nullptr;
+  const long long n = std::strtoll(value, &end, 10);
+  if (end == value || *end != '\0' || n < 0) {
+    *off_reason = Format("FUSEDATTN_CUDNN_BATCH_CHUNKS = '%s' is not a count: batch chunks off",
+                         value);
+    return 1;
+  }
+  if (n <= 1) {
+    *off_reason = Format("FUSEDATTN_CUDNN_BATCH_CHUNKS = %lld: batch chunks off", n);
+    return 1;
+  }
+  return n > kMaxBatchChunks ? kMaxBatchChunks : n;
+}
+
 FwdTensors CanonicalFwdTensors(const Problem& p) {
   const auto& c = p.config;
   FwdTensors t;
@@ -814,6 +900,15 @@ std::string KernelCacheDiskKey(const SdpaGraphSpec& s, const MachineIdentity& m)
   return key;
 }
 
+namespace {
+// Room for the per-sequence lengths of a call: [batch], or the chunked layout's arrays, which
+// hold count * SeqLenChunkStride(plan_batch) <= count * (plan_batch + 3) < 2 * batch + 3 * count
+// ints (count * plan_batch < batch + plan_batch, plan_batch < batch).
+int64_t SeqLenInts(int64_t batch) {
+  return batch < 2 ? batch : 2 * batch + 4 * kMaxBatchChunks;
+}
+}  // namespace
+
 Scratch ForwardScratch(const Problem& p, const CallPlan& call) {
   const auto& c = p.config;
   const int64_t batch = GraphBatch(p);
@@ -825,8 +920,8 @@ Scratch ForwardScratch(const Problem& p, const CallPlan& call) {
     return offset;
   };
   if (call.padding || call.const_lengths) {
-    s.seq_len_q = take(sizeof(int32_t) * batch);
-    s.seq_len_kv = take(sizeof(int32_t) * batch);
+    s.seq_len_q = take(sizeof(int32_t) * SeqLenInts(batch));
+    s.seq_len_kv = take(sizeof(int32_t) * SeqLenInts(batch));
   }
   if (p.thd)
     for (int slot : {kRaggedQ, kRaggedK, kRaggedV, kRaggedO})
@@ -848,8 +943,8 @@ Scratch BackwardScratch(const Problem& p, const CallPlan& call) {
     return offset;
   };
   if (call.padding || call.const_lengths) {
-    s.seq_len_q = take(sizeof(int32_t) * batch);
-    s.seq_len_kv = take(sizeof(int32_t) * batch);
+    s.seq_len_q = take(sizeof(int32_t) * SeqLenInts(batch));
+    s.seq_len_kv = take(sizeof(int32_t) * SeqLenInts(batch));
   }
   if (p.thd)
     for (int slot = 0; slot < kRaggedSlots; ++slot)

@@ -209,6 +209,58 @@ std::string KernelCacheDiskKey(const SdpaGraphSpec& spec, const MachineIdentity&
 // The graph batch (see SdpaGraphSpec::batch).
 int64_t GraphBatch(const Problem& problem);
 
+// ------------------------------------------------------------------------------------------------
+// Batch chunks: a new batch size of a built problem without a new plan.
+// ------------------------------------------------------------------------------------------------
+// A graph bakes in its batch, and building one costs 100-150 ms (cuDNN 9.19, H100); cuDNN's
+// dynamic shapes, which would avoid it, gave wrong results there (README.md "Dynamic shapes:
+// status"). Sequences of a dense problem are independent, so a call of batch b can run as
+// launches of a plan built for plan_batch < b sequences, each over its own slice of every tensor:
+// chunk i starts at sequence min(i * plan_batch, b - plan_batch), so the last chunk may overlap
+// the one before it. The overlapped sequences are computed twice and written twice: with the
+// same values by the forward, and by the backward with values either launch may produce.
+constexpr int64_t kMaxBatchChunks = 8;  // the most launches a call makes (and scratch reserves)
+struct BatchChunks {
+  int64_t plan_batch = 0;  // 0: one launch of a plan for the whole batch
+  int64_t count = 1;
+  int64_t start(int64_t i, int64_t batch) const {
+    const int64_t at = i * plan_batch;
+    return at + plan_batch > batch ? batch - plan_batch : at;
+  }
+};
+// The chunks of a batch for a plan of plan_batch sequences (0 or >= batch: one launch).
+BatchChunks ChunksOf(int64_t batch, int64_t plan_batch);
+
+// Why calls of spec cannot run in batch chunks of a plan for plan_batch sequences, or OK: THD
+// (its plans already serve every batch size up to a power of two, and sequences are placed by
+// ragged offsets), dropout (cuDNN numbers its random stream over the whole batch), a score_mod
+// on cuDNN's callbacks (it may read the batch index), a bias gradient summed over the batch, more
+// than max_chunks launches, or a chunk's slice of a tensor that would start off cuDNN's 16-byte
+// alignment.
+Status BatchChunkRefusal(const SdpaGraphSpec& spec, int64_t plan_batch, int64_t max_chunks);
+
+// spec with its batch (and every batch extent but a broadcast bias's) set to batch; strides stay:
+// the spec a plan for `batch` sequences of the same tensors has.
+SdpaGraphSpec WithBatch(const SdpaGraphSpec& spec, int64_t batch);
+
+// Bytes from one sequence to the next in each tensor a graph reads or writes (0 for a tensor
+// without a batch axis: a broadcast bias, the sink), for a chunk's pointers.
+struct SequenceBytes {
+  int64_t q = 0, k = 0, v = 0, o = 0, d_o = 0, dq = 0, dk = 0, dv = 0;
+  int64_t stats = 0, bias = 0, dbias = 0;
+};
+SequenceBytes SequenceBytesOf(const SdpaGraphSpec& spec);
+
+// FUSEDATTN_CUDNN_BATCH_CHUNKS: the most launches of a smaller plan a call may make instead of
+// building its own (default and maximum kMaxBatchChunks; 0 or 1 turns batch chunks off).
+// value: the variable's value, null when unset. *off_reason says why, when off.
+int64_t ParseMaxBatchChunks(const char* value, std::string* off_reason);
+
+// The per-sequence lengths the prepare kernel writes for a chunked call: one int32 array per
+// chunk, each starting on a 16-byte boundary (cuDNN's alignment), chunk i at
+// i * SeqLenChunkStride(plan_batch) elements.
+inline int64_t SeqLenChunkStride(int64_t plan_batch) { return (plan_batch + 3) / 4 * 4; }
+
 // Canonical (contiguous) views of every tensor of a problem, the ones check() plans for. Data
 // pointers are null.
 FwdTensors CanonicalFwdTensors(const Problem& problem);
@@ -241,7 +293,9 @@ enum RaggedSlot { kRaggedQ, kRaggedK, kRaggedV, kRaggedO, kRaggedDO, kRaggedDQ, 
                   kRaggedDV, kRaggedSlots };
 struct Scratch {
   static constexpr size_t kNone = ~size_t{0};
-  size_t seq_len_q = kNone, seq_len_kv = kNone;  // int32 [graph batch]
+  // int32 [graph batch], or for a chunked call one array per chunk (SeqLenChunkStride); room
+  // for either is reserved.
+  size_t seq_len_q = kNone, seq_len_kv = kNone;
   size_t ragged[kRaggedSlots] = {kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone};
   size_t stats = kNone;           // float32 [graph batch, heads_q, seqlen_q]
   size_t sink = kNone;            // float32 [heads_q]
