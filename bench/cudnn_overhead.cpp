@@ -99,6 +99,8 @@ Build TimeBuild(const fusedattn_config& c) {
   b.delta.kernel_caches_loaded = after.kernel_caches_loaded - before.kernel_caches_loaded;
   b.delta.kernel_caches_saved = after.kernel_caches_saved - before.kernel_caches_saved;
   b.delta.batch_chunked = after.batch_chunked - before.batch_chunked;
+  b.delta.plans_read = after.plans_read - before.plans_read;
+  b.delta.plans_written = after.plans_written - before.plans_written;
   std::string how;
   auto add = [&](uint64_t n, const char* what) {
     if (n) how += Format("%s%llu %s", how.empty() ? "" : ", ", (unsigned long long)n, what);
@@ -109,6 +111,8 @@ Build TimeBuild(const fusedattn_config& c) {
   add(b.delta.kernel_caches_loaded, "kernel caches read");
   add(b.delta.kernel_caches_saved, "kernel caches written");
   add(b.delta.batch_chunked, "in batch chunks of a built plan");
+  add(b.delta.plans_read, "read from the plan store");
+  add(b.delta.plans_written, "stored");
   b.how = how.empty() ? "cached plans" : how;
   return b;
 }
@@ -136,7 +140,7 @@ double WarmCheckUs(const fusedattn_config& c) {
 // The second process
 // ------------------------------------------------------------------------------------------------
 // --child: cuDNN's start-up (a tiny no-mask forward, as in the parent), then the structure at
-// batch 2 and at batch 5; one line of figures for the parent.
+// batch 1 (the plans the parent built first) and at batch 5; one line of figures for the parent.
 int Child() {
   if (!testing::CudaDeviceAvailable()) return 1;
   const auto t0 = Clock::now();
@@ -144,46 +148,47 @@ int Child() {
   warmup.mask = FUSEDATTN_MASK_NONE, warmup.is_training = 0;
   Build start = TimeBuild(warmup);
   const double startup_ms = Ms(Clock::now() - t0);
-  Build first = TimeBuild(Structure(2, 128));
+  Build first = TimeBuild(Structure(1, 128));  // the parent's first plans of the structure
   Build batch5 = TimeBuild(Structure(5, 128));
   if (start.ms < 0 || first.ms < 0 || batch5.ms < 0) return 1;
   std::printf("CHILD startup_ms=%.3f build_ms=%.3f build_plans=%llu loaded=%llu dynamic=%llu "
-              "saved=%llu new_batch_ms=%.3f\n",
+              "saved=%llu read=%llu new_batch_ms=%.3f\n",
               startup_ms, first.ms, (unsigned long long)first.delta.builds,
               (unsigned long long)first.delta.kernel_caches_loaded,
               (unsigned long long)first.delta.dynamic,
-              (unsigned long long)first.delta.kernel_caches_saved, batch5.ms);
+              (unsigned long long)first.delta.kernel_caches_saved,
+              (unsigned long long)first.delta.plans_read, batch5.ms);
   return 0;
 }
 
-void SecondProcess(const char* self) {
+// label: "experimental: " for the dynamic rows, "" for the default (plans from the plan store).
+void SecondProcess(const char* self, const char* label) {
   const std::string command = std::string("'") + self + "' --child";
   FILE* p = popen(command.c_str(), "r");
   double startup = -1, build = -1, new_batch = -1;
-  unsigned long long plans = 0, loaded = 0, dynamic = 0, saved = 0;
+  unsigned long long plans = 0, loaded = 0, dynamic = 0, saved = 0, read = 0;
   if (p != nullptr) {
     char line[1024];
     while (std::fgets(line, sizeof line, p))
       if (std::strncmp(line, "CHILD ", 6) == 0)
         std::sscanf(line,
                     "CHILD startup_ms=%lf build_ms=%lf build_plans=%llu loaded=%llu dynamic=%llu "
-                    "saved=%llu new_batch_ms=%lf",
-                    &startup, &build, &plans, &loaded, &dynamic, &saved, &new_batch);
+                    "saved=%llu read=%llu new_batch_ms=%lf",
+                    &startup, &build, &plans, &loaded, &dynamic, &saved, &read, &new_batch);
     pclose(p);
   }
   if (build < 0) {
-    std::printf("| experimental: second process | failed (run `%s --child` to see why) | | |\n",
+    std::printf("| %ssecond process | failed (run `%s --child` to see why) | | |\n", label,
                 self);
     return;
   }
-  std::printf("| experimental: second process, cuDNN start-up (first handle, tiny forward) | "
-              "%.1f | 1 | |\n",
-              startup);
-  std::printf("| experimental: second process, forward + backward of the structure, b=2 | %.1f "
-              "| %llu | "
-              "%llu dynamic, %llu kernel caches read from disk, %llu written |\n",
-              build, plans, dynamic, loaded, saved);
-  std::printf("| experimental: second process, then batch 5 | %.1f | 2 | |\n", new_batch);
+  std::printf("| %ssecond process, cuDNN start-up (first handle, tiny forward) | %.1f | | |\n",
+              label, startup);
+  std::printf("| %ssecond process, forward + backward of the structure, b=1 | %.1f | %llu | "
+              "%llu dynamic, %llu kernel caches read from disk, %llu written, %llu plans read "
+              "from the plan store |\n",
+              label, build, plans, dynamic, loaded, saved, read);
+  std::printf("| %ssecond process, then batch 5 | %.1f | | |\n", label, new_batch);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -392,7 +397,8 @@ int main(int argc, char** argv) {
   std::printf("## cuDNN backend: plans and host cost\n\n");
   std::printf("%s, cuDNN %lld, fusedattn %s, %d iterations per host figure\n\n", prop.name,
               (long long)fusedattn_cudnn_version(), fusedattn_version_string(), iterations);
-  std::printf("- plans: per shape (the default)\n");
+  std::printf("- plans: per shape, a larger batch in batch chunks of a built plan, plans stored on "
+              "disk for later processes (the defaults)\n");
   if (dynamic_rows)
     std::printf("- dynamic-shape rows: EXPERIMENTAL, FUSEDATTN_CUDNN_DYNAMIC_SHAPES=%s (%s; "
                 "check their results with FUSEDATTN_TEST_CUDNN_DYNAMIC=1 "
@@ -418,8 +424,12 @@ int main(int argc, char** argv) {
                    : Format("new batch size b=%lld", (long long)batch),
         TimeBuild(Structure(batch, 128)));
   Row("new sequence length s=256, b=2", TimeBuild(Structure(2, 256)));
+  Row("smaller batch b=1, s=256 (builds: no smaller plan to chunk)",
+      TimeBuild(Structure(1, 256)));
   Row("new sequence length s=200, b=3", TimeBuild(Structure(3, 200)));
   Row("repeated size b=3, s=128 (selection cache)", TimeBuild(Structure(3, 128)));
+  std::fflush(stdout);
+  SecondProcess(argv[0], "");  // reads the plans this process stored
   std::printf("| repeated size b=3, s=128: the plan lookup of check() alone | %.4f | 0 | |\n",
               WarmCheckUs(Structure(3, 128)) / 1000.0);
 
@@ -448,7 +458,7 @@ int main(int argc, char** argv) {
     Row("experimental: new sequence length s=256, b=2", TimeBuild(Structure(2, 256)));
     Row("experimental: new sequence length s=200, b=3", TimeBuild(Structure(3, 200)));
     std::fflush(stdout);
-    SecondProcess(argv[0]);
+    SecondProcess(argv[0], "experimental: ");
     per_shape();
   }
 

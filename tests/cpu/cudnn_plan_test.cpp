@@ -633,6 +633,47 @@ TEST(CudnnDiskKey, NamesTheMachineAndTheStructure) {
   EXPECT_EQ(KernelCacheDiskKey(ForwardSpec(p, CanonicalFwdTensors(p)), m), key);
 }
 
+TEST(CudnnPlanDiskKey, NamesTheGpuModelAndEveryWordOfThePlan) {
+  MachineIdentity m;
+  m.gpu_name = "NVIDIA H100 80GB HBM3", m.gpu_uuid = "0a1b2c3d4e5f60718293a4b5c6d7e8f9";
+  m.sm_count = 132, m.compute_capability = 90, m.driver_version = 13000;
+  m.cudnn_version = 91900, m.frontend_version = 13200, m.fusedattn_version = "0.1.0";
+  fusedattn_config c = BaseConfig();
+  c.mask = FUSEDATTN_MASK_CAUSAL;
+  c.is_training = 1;
+  auto spec_of = [](const fusedattn_config& config, Direction direction) {
+    Problem p = MakeCuda(config);
+    return direction == Direction::kForward ? ForwardSpec(p, CanonicalFwdTensors(p))
+                                            : BackwardSpec(p, CanonicalBwdTensors(p));
+  };
+  const std::string key = PlanDiskKey(spec_of(c, Direction::kForward), m);
+  EXPECT_NE(key.find("cudnn plan"), std::string::npos) << key;
+  EXPECT_NE(key.find("NVIDIA H100 80GB HBM3"), std::string::npos) << key;
+  EXPECT_EQ(key, PlanDiskKey(spec_of(c, Direction::kForward), m)) << "stable";
+  EXPECT_NE(key, PlanDiskKey(spec_of(c, Direction::kBackward), m)) << "direction";
+  fusedattn_config other = c;
+  other.batch = 7;
+  EXPECT_NE(key, PlanDiskKey(spec_of(other, Direction::kForward), m)) << "a plan per shape";
+  other = c, other.max_seqlen_kv = 200;
+  EXPECT_NE(key, PlanDiskKey(spec_of(other, Direction::kForward), m)) << "sequence length";
+  other = c, other.mask = FUSEDATTN_MASK_NONE;
+  EXPECT_NE(key, PlanDiskKey(spec_of(other, Direction::kForward), m)) << "mask";
+  auto differs = [&](MachineIdentity changed, const char* what) {
+    EXPECT_NE(key, PlanDiskKey(spec_of(c, Direction::kForward), changed)) << what;
+  };
+  MachineIdentity x = m;
+  x.cudnn_version = 91400, differs(x, "cuDNN version");
+  x = m, x.gpu_name = "NVIDIA H200", differs(x, "GPU model");
+  x = m, x.sm_count = 114, differs(x, "SM count");
+  x = m, x.compute_capability = 100, differs(x, "architecture");
+  x = m, x.driver_version = 12080, differs(x, "driver");
+  x = m, x.frontend_version = 13300, differs(x, "cudnn-frontend");
+  x = m, x.fusedattn_version = "0.2.0", differs(x, "fusedattn");
+  // A plan is compiled for a GPU model, not a board: the GPUs of one machine share the files.
+  x = m, x.gpu_uuid = "ffffffffffffffffffffffffffffffff";
+  EXPECT_EQ(key, PlanDiskKey(spec_of(c, Direction::kForward), x)) << "another board";
+}
+
 TEST(CudnnScratch, RegionsAreAlignedAndDisjoint) {
   fusedattn_config c = BaseConfig();
   SetThd(&c);

@@ -56,6 +56,11 @@ PlanBuildStats Delta(const PlanBuildStats& after, const PlanBuildStats& before) 
   d.per_shape = after.per_shape - before.per_shape;
   d.failed = after.failed - before.failed;
   d.batch_chunked = after.batch_chunked - before.batch_chunked;
+  d.plans_read = after.plans_read - before.plans_read;
+  d.plan_read_failures = after.plan_read_failures - before.plan_read_failures;
+  d.plans_written = after.plans_written - before.plans_written;
+  d.plan_write_failures = after.plan_write_failures - before.plan_write_failures;
+  d.read_ms = after.read_ms - before.read_ms;
   d.kernel_caches_loaded = after.kernel_caches_loaded - before.kernel_caches_loaded;
   d.kernel_cache_load_failures = after.kernel_cache_load_failures - before.kernel_cache_load_failures;
   d.kernel_caches_saved = after.kernel_caches_saved - before.kernel_caches_saved;
@@ -227,6 +232,7 @@ TEST_P(CudnnShapes, EveryShapeOfAStructureMatchesWithPlansOfItsOwn) {
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   ScopedCudnnEnv env;
   env.set(kDynamicVariable, nullptr);  // the default, whatever the environment says
+  env.set("FUSEDATTN_CACHE_DIR", "off");  // builds, not plans an earlier run stored
   const ShapeCase& k = GetParam();
   cudnn::ClearPlanCache();
   const std::vector<PlanBuildStats> stats = RunShapes(k);
@@ -287,6 +293,7 @@ TEST(CudnnBatchChunks, ALargerBatchRunsInChunksUnlessTurnedOff) {
   ScopedCudnnEnv env;
   env.set(kDynamicVariable, nullptr);
   env.set("FUSEDATTN_CUDNN_BATCH_CHUNKS", nullptr);
+  env.set("FUSEDATTN_CACHE_DIR", "off");  // builds, not plans an earlier run stored
   ShapeCase k = ShapeCases()[0];  // BSHD causal, training
   k.shapes = {{2, 128, 128}, {5, 128, 128}};
   cudnn::ClearPlanCache();
@@ -393,9 +400,9 @@ int RunSelf(const std::string& filter, const std::vector<std::string>& extra_env
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-std::vector<std::string> CacheFiles(const std::string& dir) {
+std::vector<std::string> CacheFiles(const std::string& dir, const char* sub = "cudnn") {
   std::vector<std::string> files;
-  const std::string command = "ls '" + dir + "'/cudnn/*.fab 2>/dev/null";
+  const std::string command = "ls '" + dir + "'/" + sub + "/*.fab 2>/dev/null";
   if (FILE* p = popen(command.c_str(), "r")) {
     char line[4096];
     while (std::fgets(line, sizeof line, p)) {
@@ -510,6 +517,116 @@ TEST(CudnnDynamicDiskCacheChild, RunsTheStructureFromTheDiskCache) {
               (unsigned long long)second.builds, (unsigned long long)second.dynamic,
               second.build_ms);
   EXPECT_EQ(second.dynamic, second.builds);
+}
+
+// ------------------------------------------------------------------------------------------------
+// The on-disk plan store (the default): a second process reads the plans the first one built
+// ------------------------------------------------------------------------------------------------
+constexpr const char* kStoreChildVariable = "FUSEDATTN_TEST_PLAN_STORE_CHILD";
+
+// The parent: builds the structure's plans into a fresh store, then runs three children of this
+// binary on it: one that reads them, one that finds them truncated (ignored, rebuilt, rewritten)
+// and one that reads the rewritten ones. (Processes writing one file at once, keys of another
+// cuDNN or GPU, and corrupt payloads are the blob store's CPU tests, tests/cpu/blob_cache_test.cpp.)
+TEST(CudnnPlanStore, ASecondProcessReadsThePlansAndRepairsADamagedStore) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
+  ScopedCudnnEnv env;
+  env.set(kDynamicVariable, nullptr);
+  char pattern[] = "/tmp/fusedattn_plan_store_XXXXXX";
+  ASSERT_NE(mkdtemp(pattern), nullptr);
+  const std::string dir = pattern;
+  env.set("FUSEDATTN_CACHE_DIR", dir.c_str());
+  ASSERT_EQ(cudnn::PlanStoreDirectory(), dir + "/cudnn-plans") << cudnn::PlanStoreOffReason();
+
+  const PlanBuildStats before = GetPlanBuildStats();
+  RunAndCompare(DiskConfig(2), {}, RunOptions{});
+  const PlanBuildStats built = Delta(GetPlanBuildStats(), before);
+  std::printf("[ store    ] this process: %llu plans built in %.1f ms, %llu stored, %llu not "
+              "(%s)\n",
+              (unsigned long long)built.builds, built.build_ms,
+              (unsigned long long)built.plans_written,
+              (unsigned long long)built.plan_write_failures, Diagnostic(DiskConfig(2)).c_str());
+  ASSERT_EQ(built.builds, 2u);
+  ASSERT_EQ(built.plans_written, 2u) << Diagnostic(DiskConfig(2));
+  const std::vector<std::string> files = CacheFiles(dir, "cudnn-plans");
+  ASSERT_EQ(files.size(), 2u) << "a file per plan in " << dir << "/cudnn-plans";
+
+  const std::string dir_env = "FUSEDATTN_CACHE_DIR=" + dir;
+  const std::string filter = "CudnnPlanStoreChild.*";
+  const std::string ran_file = dir + "/child_ran";
+  const std::string ran_env = std::string(kChildRanVariable) + "=" + ran_file;
+  auto child = [&](const char* mode) {
+    return RunSelf(filter, {dir_env, ran_env, std::string(kStoreChildVariable) + "=" + mode});
+  };
+  EXPECT_EQ(child("hit"), 0) << "the child that reads the plans failed (its output is above)";
+  for (const std::string& f : files) {
+    struct stat st;
+    ASSERT_EQ(stat(f.c_str(), &st), 0);
+    ASSERT_EQ(truncate(f.c_str(), st.st_size / 2), 0);
+  }
+  EXPECT_EQ(child("damaged"), 0) << "the child that finds truncated plans failed";
+  EXPECT_EQ(child("hit"), 0) << "the rewritten plans were not read";
+  std::string text;
+  if (FILE* f = std::fopen(ran_file.c_str(), "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f)) text += line;
+    std::fclose(f);
+  }
+  EXPECT_EQ(text, "hit\ndamaged\nhit\n") << "each child process ran its test";
+  const std::string remove = "rm -rf '" + dir + "'";
+  EXPECT_EQ(std::system(remove.c_str()), 0);
+}
+
+// The child process of the test above (skipped when run on its own); it inherits the parent's
+// FUSEDATTN_CACHE_DIR.
+TEST(CudnnPlanStoreChild, RunsTheStructureFromTheStore) {
+  const char* mode = std::getenv(kStoreChildVariable);
+  if (mode == nullptr)
+    GTEST_SKIP() << "runs only as the child process of CudnnPlanStore.ASecondProcess...";
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
+  if (const char* ran = std::getenv(kChildRanVariable)) {
+    if (FILE* f = std::fopen(ran, "a")) {
+      std::fprintf(f, "%s\n", mode);
+      std::fclose(f);
+    }
+  }
+  // cuDNN's own start-up first (its first handle and engine libraries, paid by any process),
+  // so that the figure below is the structure's plans alone.
+  fusedattn_config start_up = Config(1, 1, 1, 64, 64, 64);
+  start_up.mask = FUSEDATTN_MASK_NONE;
+  {
+    ScopedCudnnEnv off;
+    off.set("FUSEDATTN_CACHE_DIR", "off");
+    RunOptions forward_only;
+    forward_only.backward = false;
+    RunAndCompare(start_up, {}, forward_only);
+  }
+  const PlanBuildStats before = GetPlanBuildStats();
+  const auto start = std::chrono::steady_clock::now();
+  char msg[4096];
+  fusedattn_backend chosen = FUSEDATTN_BACKEND_AUTO;
+  const fusedattn_config c = DiskConfig(2);
+  ASSERT_EQ(fusedattn_get_backend(&c, &chosen, msg, sizeof msg), FUSEDATTN_SUCCESS) << msg;
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const PlanBuildStats got = Delta(GetPlanBuildStats(), before);
+  std::printf("[ store    ] child (%s): forward + backward plans in %.1f ms: %llu read (%.1f ms), "
+              "%llu bad, %llu built (%.1f ms), %llu written\n",
+              mode, ms, (unsigned long long)got.plans_read, got.read_ms,
+              (unsigned long long)got.plan_read_failures, (unsigned long long)got.builds,
+              got.build_ms, (unsigned long long)got.plans_written);
+  if (std::strcmp(mode, "hit") == 0) {
+    EXPECT_EQ(got.plans_read, 2u);
+    EXPECT_EQ(got.builds, 0u);
+    EXPECT_EQ(got.plan_read_failures, 0u);
+    EXPECT_LE(ms, 100.0) << "the target for a structure's plans in a second process";
+  } else {
+    EXPECT_EQ(got.plan_read_failures, 2u) << "the truncated files were not noticed";
+    EXPECT_EQ(got.builds, 2u);
+    EXPECT_EQ(got.plans_written, 2u) << "the truncated files were not rewritten";
+  }
+  // The stored plans compute what built ones do.
+  RunAndCompare(c, {}, RunOptions{});
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -189,6 +189,11 @@ struct Settings {
   std::string dynamic_off;  // why no structure uses dynamic shapes, or empty
   std::unique_ptr<BlobCache> disk;  // never null; off with its reason when unusable
   std::string disk_off;     // why kernel caches are not written to disk, or empty
+  // The on-disk plan store (per-shape plans; never null): <cache dir>/cudnn-plans, off with its
+  // reason when the cache directory is off or unusable, or dynamic shapes are on (their kernels
+  // go to the kernel cache above).
+  std::unique_ptr<BlobCache> plans;
+  std::string plans_off;
   // FUSEDATTN_CUDNN_BATCH_CHUNKS (plan_spec.h ParseMaxBatchChunks): 1 when off.
   int64_t max_batch_chunks = kMaxBatchChunks;
   std::string batch_chunks_off;
@@ -220,6 +225,18 @@ std::shared_ptr<const Settings> MakeSettings() {
     }
   }
   if (!s->disk) s->disk = std::make_unique<BlobCache>(BlobCache::Disabled(s->disk_off));
+  if (s->dynamic != DynamicShapesMode::kOff) {
+    s->plans_off = "dynamic shapes are on: their kernels go to the kernel cache instead";
+  } else {
+    CacheLocation where = CacheLocationFromEnvironment();
+    if (!where.enabled) {
+      s->plans_off = where.reason;
+    } else {
+      s->plans = std::make_unique<BlobCache>(where.directory + "/cudnn-plans", where.max_bytes);
+      if (!s->plans->enabled()) s->plans_off = s->plans->status().message();
+    }
+  }
+  if (!s->plans) s->plans = std::make_unique<BlobCache>(BlobCache::Disabled(s->plans_off));
   return s;
 }
 
@@ -304,6 +321,8 @@ PlanCache& Cache() {
 struct Counters {
   std::atomic<uint64_t> builds{0}, unified{0}, dynamic{0}, per_shape{0}, failed{0};
   std::atomic<uint64_t> batch_chunked{0};
+  std::atomic<uint64_t> plans_read{0}, plan_read_failures{0}, plans_written{0};
+  std::atomic<uint64_t> plan_write_failures{0}, read_us{0};
   std::atomic<uint64_t> loaded{0}, load_failures{0}, saved{0}, save_failures{0};
   std::atomic<uint64_t> build_us{0};
 };
@@ -313,6 +332,14 @@ Counters& Count() {
 }
 std::mutex g_disk_error_mutex;
 std::string g_disk_error;  // the last failed write or read, for the diagnostic
+
+// Why the last stored plan could not be written or read, for the diagnostic.
+std::string g_plan_store_error;  // guarded by g_disk_error_mutex
+
+void NotePlanStoreError(const std::string& error) {
+  std::lock_guard<std::mutex> lock(g_disk_error_mutex);
+  g_plan_store_error = error;
+}
 
 void NoteDiskError(const std::string& error) {
   std::lock_guard<std::mutex> lock(g_disk_error_mutex);
@@ -359,6 +386,10 @@ void SaveKernelCache(Structure& st, const Settings& settings) {
   st.save = false;
 }
 
+const char* DirectionName(Direction d) {
+  return d == Direction::kForward ? "forward" : "backward";
+}
+
 // Builds the plan of spec (key) under its structure's lock; cuDNN's refusals are cached like
 // plans (check() of that graph fails fast next time), a missing handle is not.
 Status BuildPlan(const SdpaGraphSpec& spec, const DeviceInfo& device, const PlanKey& key,
@@ -379,6 +410,33 @@ Status BuildPlan(const SdpaGraphSpec& spec, const DeviceInfo& device, const Plan
 
   HandleLease handle;
   FUSEDATTN_RETURN_IF_ERROR(handle.acquire(device.ordinal));
+  Counters& count = Count();
+  // A per-shape plan an earlier process built: read, not compiled.
+  std::string store_key;
+  if (settings->plans->enabled()) {
+    store_key = PlanDiskKey(spec, Machine(device.ordinal));
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<uint8_t> bytes;
+    const BlobCache::Lookup lookup = settings->plans->get(store_key, &bytes);
+    if (lookup == BlobCache::Lookup::kHit) {
+      auto loaded = std::make_shared<PlanEntry>();
+      Status s = LoadSdpaGraph(bytes, handle.get(), &loaded->graph);
+      if (s.ok()) {
+        loaded->workspace = GraphWorkspaceBytes(*loaded->graph);
+        loaded->route = BuildRoute::kStored;
+        ++count.plans_read;
+        count.read_us += static_cast<uint64_t>(
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+                .count());
+        *entry = Cache().insert(key, std::move(loaded));
+        return Status::Ok();
+      }
+      NotePlanStoreError(Format("a stored plan in %s was not used (built and rewritten): %s",
+                                settings->plans->path_of(store_key).c_str(),
+                                s.message().c_str()));
+    }
+    if (lookup != BlobCache::Lookup::kMiss) ++count.plan_read_failures;
+  }
   BuildOptions options;
   options.skip_unified = st->unified_refused;
   options.execute_time_shapes = settings->dynamic == DynamicShapesMode::kOn;
@@ -406,7 +464,6 @@ Status BuildPlan(const SdpaGraphSpec& spec, const DeviceInfo& device, const Plan
     st->dynamic_off = "cuDNN refused the dynamic-shape graph: " + report.dynamic_refusal;
     st->kernel_cache.reset();
   }
-  Counters& count = Count();
   ++count.builds;
   count.build_us += static_cast<uint64_t>(ms * 1000.0);
   if (made->status.ok()) {
@@ -421,6 +478,18 @@ Status BuildPlan(const SdpaGraphSpec& spec, const DeviceInfo& device, const Plan
       const bool compiled = ms >= kSaveAfterMs && g_dynamic_built.exchange(true);
       g_dynamic_built = true;
       if (st->save || compiled) SaveKernelCache(*st, *settings);
+    }
+    if (!store_key.empty()) {
+      std::vector<uint8_t> bytes;
+      Status s = StoreSdpaGraph(*made->graph, &bytes);
+      if (s.ok()) s = settings->plans->put(store_key, bytes.data(), bytes.size());
+      if (s.ok()) {
+        ++count.plans_written;
+      } else {
+        ++count.plan_write_failures;
+        NotePlanStoreError(Format("the %s plan was not stored: %s",
+                                  DirectionName(spec.direction), s.message().c_str()));
+      }
     }
   } else {
     ++count.failed;
@@ -461,10 +530,6 @@ Status GetPlan(const SdpaGraphSpec& spec, const DeviceInfo& device,
   if ((*entry = Cache().find(key))) return Status::Ok();
   if ((*entry = FindChunkPlan(spec, device, key))) return Status::Ok();
   return BuildPlan(spec, device, key, entry);
-}
-
-const char* DirectionName(Direction d) {
-  return d == Direction::kForward ? "forward" : "backward";
 }
 
 Status PlanStatus(const PlanEntry& entry, Direction direction) {
@@ -710,6 +775,14 @@ class CudnnBackendImpl final : public Backend {
       std::lock_guard<std::mutex> lock(g_disk_error_mutex);
       if (!g_disk_error.empty()) text += "; " + g_disk_error;
     }
+    if (!text.empty()) {
+      std::shared_ptr<const Settings> settings = CurrentSettings();
+      text += settings->plans->enabled()
+                  ? "; plans stored in " + settings->plans->directory()
+                  : "; plans not stored (" + settings->plans_off + ")";
+      std::lock_guard<std::mutex> lock(g_disk_error_mutex);
+      if (!g_plan_store_error.empty()) text += "; " + g_plan_store_error;
+    }
     return text;
   }
 
@@ -950,6 +1023,7 @@ void ReloadSettings() {
   {
     std::lock_guard<std::mutex> lock(g_disk_error_mutex);
     g_disk_error.clear();
+    g_plan_store_error.clear();
   }
   ClearPlanCache();
 }
@@ -960,6 +1034,9 @@ PlanBuildStats GetPlanBuildStats() {
   s.builds = c.builds.load(), s.unified = c.unified.load(), s.dynamic = c.dynamic.load();
   s.per_shape = c.per_shape.load(), s.failed = c.failed.load();
   s.batch_chunked = c.batch_chunked.load();
+  s.plans_read = c.plans_read.load(), s.plan_read_failures = c.plan_read_failures.load();
+  s.plans_written = c.plans_written.load(), s.plan_write_failures = c.plan_write_failures.load();
+  s.read_ms = static_cast<double>(c.read_us.load()) / 1000.0;
   s.kernel_caches_loaded = c.loaded.load(), s.kernel_cache_load_failures = c.load_failures.load();
   s.kernel_caches_saved = c.saved.load(), s.kernel_cache_save_failures = c.save_failures.load();
   s.build_ms = static_cast<double>(c.build_us.load()) / 1000.0;
@@ -972,6 +1049,13 @@ std::string DiskCacheDirectory() {
 }
 
 std::string DiskCacheOffReason() { return CurrentSettings()->disk_off; }
+
+std::string PlanStoreDirectory() {
+  std::shared_ptr<const Settings> settings = CurrentSettings();
+  return settings->plans->enabled() ? settings->plans->directory() : std::string();
+}
+
+std::string PlanStoreOffReason() { return CurrentSettings()->plans_off; }
 
 std::string DynamicShapesOffReason() { return CurrentSettings()->dynamic_off; }
 

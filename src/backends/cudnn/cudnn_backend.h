@@ -33,12 +33,21 @@ struct PlanBuildStats {
   uint64_t kernel_caches_saved = 0;   // files written
   uint64_t kernel_cache_save_failures = 0;
   double build_ms = 0;     // total time of the builds
+  // The on-disk plan store (per-shape plans of earlier processes):
+  uint64_t plans_read = 0;           // plans read and made executable instead of built
+  uint64_t plan_read_failures = 0;   // damaged files, or stored plans cuDNN refused (rebuilt)
+  uint64_t plans_written = 0;
+  uint64_t plan_write_failures = 0;  // e.g. an engine cuDNN cannot serialize
+  double read_ms = 0;                // total time of the reads
 };
 PlanBuildStats GetPlanBuildStats();
 
 // Where kernel caches are written ("" when they are not) and, when not, why.
 std::string DiskCacheDirectory();
 std::string DiskCacheOffReason();
+// Where per-shape plans are stored for later processes ("" when they are not) and, when not, why.
+std::string PlanStoreDirectory();
+std::string PlanStoreOffReason();
 // Why no structure uses dynamic shapes: plans are per shape unless FUSEDATTN_CUDNN_DYNAMIC_SHAPES
 // asks for them (experimental; plan_spec.h ParseDynamicShapes); "" when they are on.
 std::string DynamicShapesOffReason();

@@ -900,6 +900,24 @@ std::string KernelCacheDiskKey(const SdpaGraphSpec& s, const MachineIdentity& m)
   return key;
 }
 
+std::string PlanDiskKey(const SdpaGraphSpec& s, const MachineIdentity& m) {
+  // The plan key's words with the ordinal zeroed, and the GPU by model (name, architecture, SM
+  // count), not by board: the eight GPUs of a machine share one file per plan.
+  const PlanKey plan = MakePlanKey(s, DeviceInfo{0, m.compute_capability, m.cudnn_version});
+  std::string key = Format(
+      "fusedattn cudnn plan v1\nfusedattn %s\ncudnn %lld\ncudnn-frontend %d\n"
+      "gpu %s | sm_%d | %d SMs\ndriver %d\nplan",
+      m.fusedattn_version.c_str(), (long long)m.cudnn_version, m.frontend_version,
+      m.gpu_name.c_str(), m.compute_capability, m.sm_count, m.driver_version);
+  for (size_t i = 0; i < plan.Used(); ++i)
+    key += Format(" %llx", (unsigned long long)plan.words[i]);
+  if (s.score_mod) {
+    key += "\nscore_mod";
+    for (uint64_t word : s.score_mod->words()) key += Format(" %llx", (unsigned long long)word);
+  }
+  return key;
+}
+
 namespace {
 // Room for the per-sequence lengths of a call: [batch], or the chunked layout's arrays, which
 // hold count * SeqLenChunkStride(plan_batch) <= count * (plan_batch + 3) < 2 * batch + 3 * count

@@ -206,6 +206,11 @@ struct MachineIdentity {
 // structure's words in hex). Specs of one structure on one machine share it.
 std::string KernelCacheDiskKey(const SdpaGraphSpec& spec, const MachineIdentity& machine);
 
+// The on-disk plan store's key of a spec's per-shape plan (readable text: the identity without
+// the board's uuid, then every word of the plan key but the device ordinal, then the score_mod's
+// words).
+std::string PlanDiskKey(const SdpaGraphSpec& spec, const MachineIdentity& machine);
+
 // The graph batch (see SdpaGraphSpec::batch).
 int64_t GraphBatch(const Problem& problem);
 
