@@ -1,8 +1,11 @@
 // The cuDNN backend's plans across shapes and processes, and its host path, on a GPU (each test
 // skips, saying why, without a device or the cuDNN backend):
 //   * shapes (default, per-shape plans): a structure run at several batch sizes and sequence
-//     lengths matches the reference at every one, each new shape building plans of its own and
-//     none of them dynamic; the variable's values that keep plans per shape;
+//     lengths matches the reference at every one, each new shape building plans of its own
+//     (none of them dynamic) except a larger batch, which runs in batch chunks of a built plan;
+//     the variable's values that keep plans per shape; FUSEDATTN_CUDNN_BATCH_CHUNKS;
+//   * the plan store (default): a second process reads the plans the first stored (within the
+//     100 ms target), a truncated store is rebuilt and rewritten;
 //   * dynamic shapes (CudnnDynamic*, experimental): the same structures with
 //     FUSEDATTN_CUDNN_DYNAMIC_SHAPES=1, every plan after the first from the structure's kernel
 //     cache; a structure's kernel cache read from disk by a child process of this binary, a
@@ -14,7 +17,7 @@
 //     reproduce the 2026-11-24 failure, else 1);
 //   * host path: strided sink logits staged for cuDNN, and dsink from the one-launch backward
 //     epilogue, bit-identical run to run.
-// Run them: build/tests/fusedattn_gpu_tests --gtest_filter='*CudnnShapes*:CudnnSink*'
+// Run them: build/tests/fusedattn_gpu_tests --gtest_filter='*CudnnShapes*:CudnnBatchChunks*:CudnnPlanStore*:CudnnSink*'
 //           FUSEDATTN_TEST_CUDNN_DYNAMIC=1 build/tests/fusedattn_gpu_tests --gtest_filter='*CudnnDynamic*'
 #ifdef FUSEDATTN_WITH_CUDNN
 
