@@ -11,8 +11,8 @@
 //              cuDNN 9.19 (2026-11-24) such plans gave wrong results after a shape change
 //              (src/backends/cudnn/README.md, "Dynamic shapes: status").
 //   device     device time of back-to-back forward + backward calls on a per-shape plan (and on a
-//              dynamic-shape plan of the same problem, with the dynamic rows); a batch one larger
-//              in batch chunks of that plan and on its own plan, per 4 sequences.
+//              dynamic-shape plan of the same problem, with the dynamic rows); larger batches in
+//              batch chunks of built plans and on plans of their own, per 4 sequences.
 //   host       warm host time per fusedattn_fwd / fusedattn_bwd call (median of back-to-back
 //              calls, the GPU work runs behind) for dense BSHD, padded BSHD and THD problems, with
 //              the number of our own kernel launches around cuDNN's graph; and where the time of
@@ -468,15 +468,22 @@ int main(int argc, char** argv) {
   fusedattn_config big = Structure(4, 2048);
   big.heads_q = big.heads_kv = 16, big.head_dim_qk = big.head_dim_v = 128;
   std::printf("| per shape | %.3f |\n", DeviceMsPerStep(big, 20));
-  // A new batch size of it: in batch chunks of the b=4 plan (the default), and on a plan of its
-  // own (batch chunks off).
-  fusedattn_config five = big;
-  five.batch = 5;
-  std::printf("| b=5 in batch chunks of the b=4 plan (2 launches; per sequence: x 4/5) | %.3f |\n",
+  // New batch sizes of it: in batch chunks of built plans (the default: 8 = 4 + 4, and 5 = 4 + 1
+  // once b=1 is built), and on plans of their own (batch chunks off); per 4 sequences.
+  fusedattn_config one = big, five = big, eight = big;
+  one.batch = 1, five.batch = 5, eight.batch = 8;
+  std::printf("| b=8 in batch chunks 4 + 4 (per 4 sequences) | %.3f |\n",
+              DeviceMsPerStep(eight, 20) / 2);
+  std::printf("| b=1 (per 4 sequences) | %.3f |\n", DeviceMsPerStep(one, 20) * 4);
+  std::printf("| b=5 in batch chunks 4 + 1 (per 4 sequences) | %.3f |\n",
               DeviceMsPerStep(five, 20) * 4 / 5);
   setenv("FUSEDATTN_CUDNN_BATCH_CHUNKS", "1", 1);
   cudnn::ReloadSettings();
-  std::printf("| b=5 on a plan of its own (FUSEDATTN_CUDNN_BATCH_CHUNKS=1; x 4/5) | %.3f |\n",
+  std::printf("| b=8 on a plan of its own (FUSEDATTN_CUDNN_BATCH_CHUNKS=1; per 4 sequences) | "
+              "%.3f |\n",
+              DeviceMsPerStep(eight, 20) / 2);
+  std::printf("| b=5 on a plan of its own (FUSEDATTN_CUDNN_BATCH_CHUNKS=1; per 4 sequences) | "
+              "%.3f |\n",
               DeviceMsPerStep(five, 20) * 4 / 5);
   unsetenv("FUSEDATTN_CUDNN_BATCH_CHUNKS");
   cudnn::ReloadSettings();

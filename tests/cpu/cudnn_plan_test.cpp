@@ -367,19 +367,45 @@ TEST(CudnnKey, ThdBatchesWithinOnePowerOfTwoShareAGraph) {
 // ------------------------------------------------------------------------------------------------
 // Batch chunks
 // ------------------------------------------------------------------------------------------------
-TEST(CudnnBatchChunks, CoverTheBatchWithTheLastChunkEndingAtItsEnd) {
-  const BatchChunks seven_by_three = ChunksOf(7, 3);
-  EXPECT_EQ(seven_by_three.plan_batch, 3);
-  EXPECT_EQ(seven_by_three.count, 3);
-  std::vector<int64_t> starts;
-  for (int64_t i = 0; i < seven_by_three.count; ++i) starts.push_back(seven_by_three.start(i, 7));
-  EXPECT_EQ(starts, (std::vector<int64_t>{0, 3, 4})) << "the last chunk overlaps the one before";
-  const BatchChunks six_by_two = ChunksOf(6, 2);
-  EXPECT_EQ(six_by_two.count, 3);
-  EXPECT_EQ(six_by_two.start(2, 6), 4) << "no overlap when the plan divides the batch";
-  EXPECT_EQ(ChunksOf(4, 0).count, 1) << "no plan batch: one launch";
-  EXPECT_EQ(ChunksOf(4, 4).count, 1) << "a plan of the whole batch: one launch";
-  EXPECT_EQ(ChunksOf(4, 4).plan_batch, 0);
+// The chunks a call runs, as first sequence and plan batch each.
+std::vector<std::pair<int64_t, int64_t>> ChunksOf(const BatchChunks& chunks) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (int i = 0; i < chunks.count; ++i) out.emplace_back(chunks.first[i], chunks.batch[i]);
+  return out;
+}
+using Chunks = std::vector<std::pair<int64_t, int64_t>>;
+
+TEST(CudnnBatchChunks, SumBuiltBatchesExactlyWithTheFewestLaunches) {
+  EXPECT_EQ(ChunksOf(ChooseBatchChunks(5, {4, 1}, 8)), (Chunks{{0, 4}, {4, 1}}));
+  EXPECT_EQ(ChunksOf(ChooseBatchChunks(8, {1}, 8)),
+            (Chunks{{0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 1}, {5, 1}, {6, 1}, {7, 1}}));
+  EXPECT_EQ(ChunksOf(ChooseBatchChunks(6, {1, 2, 3}, 8)), (Chunks{{0, 3}, {3, 3}}));
+  EXPECT_EQ(ChunksOf(ChooseBatchChunks(13, {1, 4, 8}, 8)), (Chunks{{0, 8}, {8, 4}, {12, 1}}));
+  EXPECT_EQ(ChooseBatchChunks(9, {1}, 8).count, 0) << "nine launches are more than eight";
+  EXPECT_EQ(ChooseBatchChunks(9, {1}, 4).count, 0);
+  EXPECT_EQ(ChooseBatchChunks(3, {3, 5}, 8).count, 0) << "no plan smaller than the batch";
+  EXPECT_EQ(ChooseBatchChunks(4, {}, 8).count, 0);
+  EXPECT_EQ(ChooseBatchChunks(4, {2}, 1).count, 0) << "off";
+}
+
+TEST(CudnnBatchChunks, OverlapTheLastChunkOnlyForAnEighthOfTheBatchAtMost) {
+  // 2 + 2 + 2 + 2 over 7 would compute one sequence twice, more than 7 / 8 (0): no chunks.
+  // 6 + 6 + 6 over 17 computes one twice, within 17 / 8 (2): the last chunk starts at 11.
+  EXPECT_EQ(ChooseBatchChunks(7, {2}, 8).count, 0);
+  EXPECT_EQ(ChunksOf(ChooseBatchChunks(17, {6}, 8)), (Chunks{{0, 6}, {6, 6}, {11, 6}}));
+  EXPECT_EQ(ChooseBatchChunks(5, {4}, 8).count, 0) << "4 + 4 over 5 computes 3 twice";
+  // Exact sums win over overlap even with more launches.
+  EXPECT_EQ(ChunksOf(ChooseBatchChunks(17, {6, 1}, 8)),
+            (Chunks{{0, 6}, {6, 6}, {12, 1}, {13, 1}, {14, 1}, {15, 1}, {16, 1}}));
+}
+
+TEST(CudnnBatchChunks, LengthArraysOfChunksStartOn16Bytes) {
+  const BatchChunks chunks = ChooseBatchChunks(13, {1, 4, 8}, 8);
+  EXPECT_EQ(chunks.seq_len_offset(0), 0);
+  EXPECT_EQ(chunks.seq_len_offset(1), 8);
+  EXPECT_EQ(chunks.seq_len_offset(2), 12);
+  const BatchChunks ones = ChooseBatchChunks(3, {1}, 8);
+  EXPECT_EQ(ones.seq_len_offset(2), 8) << "each array rounded up to four ints";
 }
 
 // The spec a smaller batch's plan was built with is the chunked call's spec with that batch: the
@@ -447,35 +473,37 @@ TEST(CudnnBatchChunks, RefusedWhereSequencesAreNotIndependentOrSlicesMisaligned)
   fusedattn_config c = BaseConfig();
   c.batch = 8;
   c.is_training = 1;
-  auto refusal = [](const fusedattn_config& config, Direction direction, int64_t plan_batch,
-                    int64_t max_chunks = kMaxBatchChunks) {
+  auto spec_of = [](const fusedattn_config& config, Direction direction) {
     Problem p = MakeCuda(config);
-    SdpaGraphSpec spec = direction == Direction::kForward
-                             ? ForwardSpec(p, CanonicalFwdTensors(p))
-                             : BackwardSpec(p, CanonicalBwdTensors(p));
-    return BatchChunkRefusal(spec, plan_batch, max_chunks);
+    return direction == Direction::kForward ? ForwardSpec(p, CanonicalFwdTensors(p))
+                                            : BackwardSpec(p, CanonicalBwdTensors(p));
   };
-  EXPECT_TRUE(refusal(c, Direction::kForward, 3).ok());
-  EXPECT_TRUE(refusal(c, Direction::kBackward, 1).ok()) << "eight launches are allowed";
-  EXPECT_THAT_MESSAGE(refusal(c, Direction::kForward, 1, 4), "more than 4");
-  EXPECT_THAT_MESSAGE(refusal(c, Direction::kForward, 8), "covers the batch");
+  auto refusal = [&](const fusedattn_config& config, Direction direction) {
+    return BatchChunkRefusal(spec_of(config, direction));
+  };
+  EXPECT_TRUE(refusal(c, Direction::kForward).ok());
+  EXPECT_TRUE(refusal(c, Direction::kBackward).ok());
   fusedattn_config other = c;
   other.dropout = 0.1;
-  EXPECT_THAT_MESSAGE(refusal(other, Direction::kForward, 4), "dropout");
+  EXPECT_THAT_MESSAGE(refusal(other, Direction::kForward), "dropout");
   other = c;
   SetThd(&other);
-  EXPECT_THAT_MESSAGE(refusal(other, Direction::kForward, 4), "THD");
+  EXPECT_THAT_MESSAGE(refusal(other, Direction::kForward), "THD");
   other = c;
   other.bias_type = FUSEDATTN_BIAS_POST_SCALE;
   other.bias_batch = 1, other.bias_heads = 1;
-  EXPECT_TRUE(refusal(other, Direction::kForward, 4).ok()) << "the forward reads it only";
+  EXPECT_TRUE(refusal(other, Direction::kForward).ok()) << "the forward reads it only";
   other.bias_requires_grad = 1;
-  EXPECT_THAT_MESSAGE(refusal(other, Direction::kBackward, 4), "summed over the batch");
+  EXPECT_THAT_MESSAGE(refusal(other, Direction::kBackward), "summed over the batch");
   other.bias_batch = 8;
-  EXPECT_TRUE(refusal(other, Direction::kBackward, 4).ok()) << "a per-sequence bias gradient";
+  EXPECT_TRUE(refusal(other, Direction::kBackward).ok()) << "a per-sequence bias gradient";
+  // Alignment of each chunk's slices.
+  const BatchChunks three_fives = ChooseBatchChunks(8, {3, 5}, 8);  // 5 + 3
+  EXPECT_TRUE(BatchChunkAlignment(spec_of(c, Direction::kBackward), three_fives).ok());
   other = c;
   other.max_seqlen_q = 3, other.heads_q = other.heads_kv = 1;  // LSE rows of 12 bytes
-  EXPECT_THAT_MESSAGE(refusal(other, Direction::kForward, 3), "LSE");
+  EXPECT_THAT_MESSAGE(BatchChunkAlignment(spec_of(other, Direction::kForward), three_fives),
+                      "LSE");
 }
 
 TEST(CudnnBatchChunks, OnUnlessTheVariableTurnsThemOff) {

@@ -131,9 +131,10 @@ bool TurnDynamicShapesOn(ScopedCudnnEnv* env) {
 // ------------------------------------------------------------------------------------------------
 struct Shape {
   int64_t batch, seqlen_q, seqlen_kv;
-  // Directions (forward, backward) that run in batch chunks of a plan an earlier, smaller batch
+  // Directions (forward, backward) that run in batch chunks of plans earlier, smaller batches
   // of the same lengths built, instead of building their own (by default; plan_spec.h
-  // BatchChunks): dense problems without dropout or a bias gradient summed over the batch.
+  // BatchChunks): dense problems without dropout or a bias gradient summed over the batch, whose
+  // batch is a sum of built batches (b=3 after 2 and 1).
   int chunked = 0;
 };
 
@@ -185,12 +186,12 @@ std::vector<ShapeCase> ShapeCases() {
   c.mask = FUSEDATTN_MASK_CAUSAL, c.is_training = 1;
   // The bias is broadcast over the batch: its gradient sums over it, so only the forward chunks.
   cases.push_back({"bshd_post_bias_dbias_causal_fp16", c, {},
-                   {{2, 64, 96}, {3, 64, 96, 1}, {2, 80, 112}}});
+                   {{2, 64, 96}, {4, 64, 96, 1}, {2, 80, 112}}});
   c = Config(2, 4, 4, 96, 96, 64, bf16);
   c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK, c.mask = FUSEDATTN_MASK_CAUSAL;
   c.is_training = 1;
   cases.push_back({"bshd_learnable_sink_causal", c, {},
-                   {{2, 96, 96}, {3, 96, 96, 2}, {2, 64, 64}}});
+                   {{2, 96, 96}, {6, 96, 96, 2}, {2, 64, 64}}});
   c = Config(2, 4, 4, 128, 128, 64, bf16);  // no mask, inference: the unified node where it runs
   cases.push_back({"bshd_nomask_forward", c, {}, {{2, 128, 128}, {4, 128, 128, 1}, {2, 64, 64}},
                    ShapeCase::kAny});
@@ -298,19 +299,29 @@ TEST(CudnnBatchChunks, ALargerBatchRunsInChunksUnlessTurnedOff) {
   env.set("FUSEDATTN_CUDNN_BATCH_CHUNKS", nullptr);
   env.set("FUSEDATTN_CACHE_DIR", "off");  // builds, not plans an earlier run stored
   ShapeCase k = ShapeCases()[0];  // BSHD causal, training
-  k.shapes = {{2, 128, 128}, {5, 128, 128}};
+  // After plans for 4 and 1: 5 = 4 + 1, 7 = 4 + 1 + 1 + 1, 6 = 4 + 1 + 1 (the chunked 5 and 7
+  // are no plans of their own).
+  k.shapes = {{4, 128, 128}, {1, 128, 128}, {5, 128, 128}, {7, 128, 128}, {6, 128, 128}};
   cudnn::ClearPlanCache();
   std::vector<PlanBuildStats> stats = RunShapes(k);
-  ASSERT_EQ(stats.size(), 2u);
-  EXPECT_EQ(stats[1].builds, 0u);
-  EXPECT_EQ(stats[1].batch_chunked, 2u);
+  ASSERT_EQ(stats.size(), 5u);
+  for (size_t i = 2; i < 5; ++i) {
+    EXPECT_EQ(stats[i].builds, 0u) << "shape " << i;
+    EXPECT_EQ(stats[i].batch_chunked, 2u) << "shape " << i;
+  }
   fusedattn_config five = k.config;
   five.batch = 5;
   const std::string diagnostic = Diagnostic(five);
-  EXPECT_NE(diagnostic.find("of batch 2, run in 3 launches (batch chunks)"), std::string::npos)
+  EXPECT_NE(diagnostic.find("in batch chunks of 4 + 1 sequences (2 launches)"), std::string::npos)
       << diagnostic;
 
+  k.shapes = {{4, 128, 128}, {5, 128, 128}};
+  stats = RunShapes(k);
+  ASSERT_EQ(stats.size(), 2u);
+  EXPECT_EQ(stats[1].builds, 2u) << "4 + 4 over 5 would compute 3 sequences twice: it builds";
+
   env.set("FUSEDATTN_CUDNN_BATCH_CHUNKS", "1");  // re-read settings, cleared plans
+  k.shapes = {{4, 128, 128}, {8, 128, 128}};
   stats = RunShapes(k);
   ASSERT_EQ(stats.size(), 2u);
   EXPECT_EQ(stats[1].builds, 2u) << "off: the larger batch builds its own plans";

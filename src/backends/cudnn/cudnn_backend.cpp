@@ -195,7 +195,7 @@ struct Settings {
   std::unique_ptr<BlobCache> plans;
   std::string plans_off;
   // FUSEDATTN_CUDNN_BATCH_CHUNKS (plan_spec.h ParseMaxBatchChunks): 1 when off.
-  int64_t max_batch_chunks = kMaxBatchChunks;
+  int max_batch_chunks = kMaxBatchChunks;
   std::string batch_chunks_off;
 };
 
@@ -305,9 +305,11 @@ struct PlanEntry {
   BuildRoute route = BuildRoute::kStatic;
   std::string per_shape_reason;  // route kStatic: why not dynamic shapes
   bool kernels_from_disk = false;
-  // Not 0: the entry of a spec whose calls run in batch chunks (plan_spec.h BatchChunks) of the
-  // plan built for this many sequences, which graph and workspace are.
-  int64_t chunk_batch = 0;
+  // The entry of a spec whose calls run in batch chunks (plan_spec.h BatchChunks): chunk i runs
+  // chunk_plans[i], built for chunks.batch[i] sequences; graph is null and workspace the
+  // largest of theirs.
+  BatchChunks chunks;
+  std::vector<std::shared_ptr<const PlanEntry>> chunk_plans;
 };
 
 using PlanCache = LruCache<PlanKey, PlanEntry, PlanKeyHash>;
@@ -498,25 +500,35 @@ Status BuildPlan(const SdpaGraphSpec& spec, const DeviceInfo& device, const Plan
   return Status::Ok();
 }
 
-// A plan of the same tensors for fewer sequences that calls of spec can run in batch chunks
-// (plan_spec.h BatchChunks): the one for the most sequences within the launch limit. Found, it
-// is cached under spec's key too, so a warm call finds it at once. Null when there is none.
-std::shared_ptr<PlanEntry> FindChunkPlan(const SdpaGraphSpec& spec, const DeviceInfo& device,
-                                         const PlanKey& key) {
-  const int64_t max_chunks = CurrentSettings()->max_batch_chunks;
-  if (spec.batch < 2 || max_chunks < 2) return nullptr;
-  for (int64_t batch = spec.batch - 1; batch >= 1 && batch * max_chunks >= spec.batch; --batch) {
+// Plans of the same tensors for fewer sequences that calls of spec can run in batch chunks
+// (plan_spec.h BatchChunks), chosen among the plans built so far. Found, the choice is cached
+// under spec's key, so a warm call finds it at once. Null when there is none.
+std::shared_ptr<PlanEntry> FindChunkPlans(const SdpaGraphSpec& spec, const DeviceInfo& device,
+                                          const PlanKey& key) {
+  constexpr int64_t kMaxScan = 4096;  // batch sizes looked up on a miss
+  const int max_chunks = CurrentSettings()->max_batch_chunks;
+  if (spec.batch < 2 || spec.batch > kMaxScan || max_chunks < 2) return nullptr;
+  if (!BatchChunkRefusal(spec).ok()) return nullptr;
+  std::vector<int64_t> built;
+  std::vector<std::shared_ptr<PlanEntry>> plan_of(static_cast<size_t>(spec.batch));
+  for (int64_t batch = 1; batch < spec.batch; ++batch) {
     std::shared_ptr<PlanEntry> found = Cache().peek(MakePlanKey(WithBatch(spec, batch), device));
-    if (!found || !found->status.ok()) continue;
-    // An entry that runs in chunks itself names the plan it runs.
-    const int64_t plan_batch = found->chunk_batch != 0 ? found->chunk_batch : batch;
-    if (!BatchChunkRefusal(spec, plan_batch, max_chunks).ok()) continue;
-    auto alias = std::make_shared<PlanEntry>(*found);
-    alias->chunk_batch = plan_batch;
-    ++Count().batch_chunked;
-    return Cache().insert(key, std::move(alias));
+    if (!found || !found->status.ok() || found->chunks.count != 0) continue;  // built ones only
+    built.push_back(batch);
+    plan_of[static_cast<size_t>(batch)] = std::move(found);
   }
-  return nullptr;
+  const BatchChunks chunks = ChooseBatchChunks(spec.batch, built, max_chunks);
+  if (chunks.count == 0 || !BatchChunkAlignment(spec, chunks).ok()) return nullptr;
+  auto alias = std::make_shared<PlanEntry>();
+  alias->chunks = chunks;
+  for (int i = 0; i < chunks.count; ++i) {
+    const std::shared_ptr<PlanEntry>& plan = plan_of[static_cast<size_t>(chunks.batch[i])];
+    alias->chunk_plans.push_back(plan);
+    alias->workspace = std::max(alias->workspace, plan->workspace);
+  }
+  alias->route = alias->chunk_plans.front()->route;
+  ++Count().batch_chunked;
+  return Cache().insert(key, std::move(alias));
 }
 
 // The plan of spec on the current device: from the cache (a warm call), else a smaller plan to
@@ -528,7 +540,7 @@ Status GetPlan(const SdpaGraphSpec& spec, const DeviceInfo& device,
     return InternalError("cuDNN plan key needs %zu words, more than %zu", key.used,
                          PlanKey::kWords);
   if ((*entry = Cache().find(key))) return Status::Ok();
-  if ((*entry = FindChunkPlan(spec, device, key))) return Status::Ok();
+  if ((*entry = FindChunkPlans(spec, device, key))) return Status::Ok();
   return BuildPlan(spec, device, key, entry);
 }
 
@@ -617,19 +629,20 @@ void Advance(GraphPointers* ptrs, Uid uid, int64_t bytes) {
     ptrs->at[uid] = static_cast<char*>(ptrs->at[uid]) + bytes;
 }
 
-// Runs the plan: once, or once per batch chunk over each tensor's slice of the chunk's
-// sequences (the per-sequence lengths: that chunk's own array, written so by the prepare kernel).
+// Runs the plan: once, or once per batch chunk with that chunk's plan over each tensor's slice
+// of its sequences (the per-sequence lengths: the chunk's own array, written so by the prepare
+// kernel).
 Status Execute(const PlanEntry& entry, const SdpaGraphSpec& spec, int device, void* stream,
                const GraphPointers& ptrs, void* workspace) {
   HandleLease handle;
   FUSEDATTN_RETURN_IF_ERROR(handle.acquire(device));
   FUSEDATTN_RETURN_IF_ERROR(handle.set_stream(static_cast<cudaStream_t>(stream)));
-  const BatchChunks chunks = ChunksOf(spec.batch, entry.chunk_batch);
-  if (chunks.count == 1) return ExecuteSdpaGraph(*entry.graph, handle.get(), ptrs, workspace);
+  const BatchChunks& chunks = entry.chunks;
+  if (chunks.count == 0) return ExecuteSdpaGraph(*entry.graph, handle.get(), ptrs, workspace);
   const SequenceBytes per = SequenceBytesOf(spec);
-  const int64_t lengths = SeqLenChunkStride(chunks.plan_batch) * int64_t{sizeof(int32_t)};
-  for (int64_t i = 0; i < chunks.count; ++i) {
-    const int64_t first = chunks.start(i, spec.batch);
+  for (int i = 0; i < chunks.count; ++i) {
+    const int64_t first = chunks.first[i];
+    const int64_t lengths = chunks.seq_len_offset(i) * int64_t{sizeof(int32_t)};
     GraphPointers at = ptrs;
     const struct {
       Uid uid;
@@ -639,22 +652,13 @@ Status Execute(const PlanEntry& entry, const SdpaGraphSpec& spec, int device, vo
                  {kUidDO, per.d_o * first},       {kUidDQ, per.dq * first},
                  {kUidDK, per.dk * first},        {kUidDV, per.dv * first},
                  {kUidStats, per.stats * first},  {kUidBias, per.bias * first},
-                 {kUidDBias, per.dbias * first},  {kUidSeqLenQ, lengths * i},
-                 {kUidSeqLenKv, lengths * i}};
+                 {kUidDBias, per.dbias * first},  {kUidSeqLenQ, lengths},
+                 {kUidSeqLenKv, lengths}};
     for (const auto& m : moves) Advance(&at, m.uid, m.bytes);
-    FUSEDATTN_RETURN_IF_ERROR(ExecuteSdpaGraph(*entry.graph, handle.get(), at, workspace));
+    FUSEDATTN_RETURN_IF_ERROR(
+        ExecuteSdpaGraph(*entry.chunk_plans[i]->graph, handle.get(), at, workspace));
   }
   return Status::Ok();
-}
-
-// The prepare kernel writes the per-sequence lengths in the chunked layout when the call runs
-// in batch chunks.
-void SetChunkLayout(const PlanEntry& entry, const SdpaGraphSpec& spec, PrepareParams* prep) {
-  const BatchChunks chunks = ChunksOf(spec.batch, entry.chunk_batch);
-  if (chunks.count == 1) return;
-  prep->chunk_batch = chunks.plan_batch;
-  prep->chunk_count = chunks.count;
-  prep->seq_len_chunk_stride = SeqLenChunkStride(chunks.plan_batch);
 }
 
 class CudnnBackendImpl final : public Backend {
@@ -750,10 +754,12 @@ class CudnnBackendImpl final : public Backend {
       if (!e || !e->status.ok()) return;
       text += Format("%s%s: %s", text.empty() ? "plans: " : "; ", direction, RouteName(e->route));
       if (e->kernels_from_disk) text += " (kernels read from disk)";
-      if (e->chunk_batch != 0)
-        text += Format(" of batch %lld, run in %lld launches (batch chunks)",
-                       (long long)e->chunk_batch,
-                       (long long)ChunksOf(spec.batch, e->chunk_batch).count);
+      if (e->chunks.count != 0) {
+        text += " in batch chunks of";
+        for (int i = 0; i < e->chunks.count; ++i)
+          text += Format("%s%lld", i == 0 ? " " : " + ", (long long)e->chunks.batch[i]);
+        text += Format(" sequences (%d launches)", e->chunks.count);
+      }
       if (e->route == BuildRoute::kStatic && !e->per_shape_reason.empty())
         text += e->per_shape_reason == last_reason ? " (as the forward)"
                                                    : " (" + e->per_shape_reason + ")";
@@ -826,7 +832,7 @@ Status CudnnBackendImpl::forward(const Problem& problem, const FwdTensors& t, vo
     prep.graph_batch = spec.batch;
     prep.seq_len_q = At<int32_t>(ws, scratch.seq_len_q);
     prep.seq_len_kv = At<int32_t>(ws, scratch.seq_len_kv);
-    SetChunkLayout(*entry, spec, &prep);
+    prep.chunks = entry->chunks;
     const TensorView* ragged_views[kRaggedSlots] = {&t.q, &t.k, &t.v, &t.o};
     for (int slot : {kRaggedQ, kRaggedK, kRaggedV, kRaggedO}) {
       prep.ragged[slot] = At<int32_t>(ws, scratch.ragged[slot]);
@@ -921,7 +927,7 @@ Status CudnnBackendImpl::backward(const Problem& problem, const BwdTensors& t, v
     prep.graph_batch = spec.batch;
     prep.seq_len_q = At<int32_t>(ws, scratch.seq_len_q);
     prep.seq_len_kv = At<int32_t>(ws, scratch.seq_len_kv);
-    SetChunkLayout(*entry, spec, &prep);
+    prep.chunks = entry->chunks;
     const TensorView* ragged_views[kRaggedSlots] = {&t.q,   &t.k,  &t.v,  &t.o,
                                                     &t.d_o, &t.dq, &t.dk, &t.dv};
     for (int slot = 0; slot < kRaggedSlots; ++slot) {

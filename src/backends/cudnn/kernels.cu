@@ -81,7 +81,7 @@ __global__ void PrepareKernel(PrepareParams p) {
   const int64_t start = GridStart(), stride = GridStride();
   for (int64_t b = start; b <= p.graph_batch; b += stride) {
     Seq s = SequenceOf(p.seq, b);
-    if (b < p.graph_batch && p.chunk_batch == 0) {
+    if (b < p.graph_batch && p.chunks.count == 0) {
       if (p.seq_len_q != nullptr) p.seq_len_q[b] = static_cast<int32_t>(s.len_q);
       if (p.seq_len_kv != nullptr) p.seq_len_kv[b] = static_cast<int32_t>(s.len_kv);
     }
@@ -93,17 +93,13 @@ __global__ void PrepareKernel(PrepareParams p) {
       p.ragged[slot][b] = static_cast<int32_t>(offset > kInt32Max ? kInt32Max : offset);
     }
   }
-  if (p.chunk_batch > 0) {
-    // Chunk i holds sequences from min(i * chunk_batch, graph_batch - chunk_batch) on
-    // (BatchChunks::start), so the last chunk may repeat sequences of the one before.
-    for (int64_t e = start; e < p.chunk_count * p.chunk_batch; e += stride) {
-      const int64_t i = e / p.chunk_batch, j = e % p.chunk_batch;
-      int64_t first = i * p.chunk_batch;
-      if (first + p.chunk_batch > p.graph_batch) first = p.graph_batch - p.chunk_batch;
-      Seq s = SequenceOf(p.seq, first + j);
-      const int64_t at = i * p.seq_len_chunk_stride + j;
-      if (p.seq_len_q != nullptr) p.seq_len_q[at] = static_cast<int32_t>(s.len_q);
-      if (p.seq_len_kv != nullptr) p.seq_len_kv[at] = static_cast<int32_t>(s.len_kv);
+  // Chunked layout: chunk i's lengths from its offset on (plan_spec.h BatchChunks).
+  for (int i = 0; i < p.chunks.count; ++i) {
+    const int64_t at = p.chunks.seq_len_offset(i);
+    for (int64_t j = start; j < p.chunks.batch[i]; j += stride) {
+      Seq s = SequenceOf(p.seq, p.chunks.first[i] + j);
+      if (p.seq_len_q != nullptr) p.seq_len_q[at + j] = static_cast<int32_t>(s.len_q);
+      if (p.seq_len_kv != nullptr) p.seq_len_kv[at + j] = static_cast<int32_t>(s.len_kv);
     }
   }
   if (p.sink != nullptr)
@@ -285,7 +281,6 @@ cudaError_t ProbeKernels() {
 cudaError_t LaunchPrepare(const PrepareParams& p, cudaStream_t stream) {
   int64_t work = p.graph_batch + 1;
   if (p.heads_q > work) work = p.heads_q;
-  if (p.chunk_count * p.chunk_batch > work) work = p.chunk_count * p.chunk_batch;
   if (p.stats != nullptr && p.graph_batch * p.heads_q * p.seq.max_seqlen_q > work)
     work = p.graph_batch * p.heads_q * p.seq.max_seqlen_q;
   PrepareKernel<<<Blocks(work), kThreads, 0, stream>>>(p);

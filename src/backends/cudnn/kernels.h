@@ -41,11 +41,10 @@ struct PrepareParams {
   int64_t graph_batch = 0;
   int32_t* seq_len_q = nullptr;   // [graph_batch], or null
   int32_t* seq_len_kv = nullptr;
-  // A call in batch chunks (plan_spec.h BatchChunks): the lengths are written as one array per
-  // chunk instead, chunk i's at i * seq_len_chunk_stride, holding sequences start(i) ...
-  int64_t chunk_batch = 0;        // 0: not chunked
-  int64_t chunk_count = 0;
-  int64_t seq_len_chunk_stride = 0;
+  // A call in batch chunks (plan_spec.h BatchChunks; count 0: not chunked): the lengths are
+  // written as one array per chunk instead, chunk i's at chunks.seq_len_offset(i), holding
+  // sequences chunks.first[i] ... + chunks.batch[i] - 1.
+  BatchChunks chunks;
   int32_t* ragged[kRaggedSlots] = {};        // [graph_batch + 1] element offsets, or null
   int64_t ragged_stride[kRaggedSlots] = {};  // token stride of that tensor
   bool ragged_kv_side[kRaggedSlots] = {};

@@ -1,5 +1,6 @@
 #include "backends/cudnn/plan_spec.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
@@ -419,12 +420,45 @@ int64_t GraphBatch(const Problem& p) {
   return capacity;
 }
 
-BatchChunks ChunksOf(int64_t batch, int64_t plan_batch) {
-  BatchChunks chunks;
-  if (plan_batch <= 0 || plan_batch >= batch) return chunks;
-  chunks.plan_batch = plan_batch;
-  chunks.count = (batch + plan_batch - 1) / plan_batch;
-  return chunks;
+BatchChunks ChooseBatchChunks(int64_t batch, const std::vector<int64_t>& plan_batches,
+                              int max_chunks) {
+  BatchChunks best;
+  std::vector<int64_t> sizes;
+  for (int64_t b : plan_batches)
+    if (b >= 1 && b < batch) sizes.push_back(b);
+  if (sizes.empty() || max_chunks < 2) return best;
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  // launches[n]: fewest plans whose batches sum to exactly n (unbounded), for n up to the
+  // largest total allowed; from[n]: the last plan's batch on that way.
+  const int64_t limit = batch + batch / kMaxChunkWaste;
+  constexpr int kNone = 1 << 30;
+  std::vector<int> launches(static_cast<size_t>(limit + 1), kNone);
+  std::vector<int64_t> from(static_cast<size_t>(limit + 1), 0);
+  launches[0] = 0;
+  for (int64_t n = 1; n <= limit; ++n)
+    for (int64_t b : sizes)
+      if (b <= n && launches[n - b] + 1 < launches[n]) {
+        launches[n] = launches[n - b] + 1;
+        from[n] = b;
+      }
+  for (int64_t n = batch; n <= limit; ++n) {  // fewest twice-computed sequences first
+    if (launches[n] > max_chunks) continue;
+    std::vector<int64_t> used;
+    for (int64_t at = n; at > 0; at -= from[at]) used.push_back(from[at]);
+    std::sort(used.rbegin(), used.rend());
+    if (n - used.back() > batch) continue;  // the chunks before the last would run past the end
+    best.count = static_cast<int>(used.size());
+    int64_t first = 0;
+    for (int i = 0; i < best.count; ++i) {
+      best.batch[i] = used[i];
+      // The last chunk ends at the batch's end (overlapping the one before when n > batch).
+      best.first[i] = i + 1 == best.count ? batch - used[i] : first;
+      first += used[i];
+    }
+    return best;
+  }
+  return best;
 }
 
 SequenceBytes SequenceBytesOf(const SdpaGraphSpec& s) {
@@ -445,7 +479,7 @@ SequenceBytes SequenceBytesOf(const SdpaGraphSpec& s) {
   return b;
 }
 
-Status BatchChunkRefusal(const SdpaGraphSpec& s, int64_t plan_batch, int64_t max_chunks) {
+Status BatchChunkRefusal(const SdpaGraphSpec& s) {
   if (s.ragged) return NotSupported("THD plans serve a power of two of batch sizes already");
   if (s.dropout > 0.0f)
     return NotSupported("dropout: cuDNN numbers its random stream over the whole batch");
@@ -453,12 +487,10 @@ Status BatchChunkRefusal(const SdpaGraphSpec& s, int64_t plan_batch, int64_t max
     return NotSupported("a score_mod on cuDNN's callbacks may read the batch index");
   if (s.dbias && s.dbias_desc.dim[0] == 1 && s.batch > 1)
     return NotSupported("the bias gradient is summed over the batch");
-  const BatchChunks chunks = ChunksOf(s.batch, plan_batch);
-  if (chunks.plan_batch == 0) return NotSupported("a plan of %lld sequences covers the batch",
-                                                  (long long)plan_batch);
-  if (chunks.count > max_chunks)
-    return NotSupported("%lld launches of the plan for %lld sequences are more than %lld",
-                        (long long)chunks.count, (long long)plan_batch, (long long)max_chunks);
+  return Status::Ok();
+}
+
+Status BatchChunkAlignment(const SdpaGraphSpec& s, const BatchChunks& chunks) {
   const SequenceBytes b = SequenceBytesOf(s);
   const struct {
     const char* name;
@@ -466,14 +498,12 @@ Status BatchChunkRefusal(const SdpaGraphSpec& s, int64_t plan_batch, int64_t max
   } tensors[] = {{"q", b.q},   {"k", b.k},   {"v", b.v},         {"o", b.o},
                  {"dO", b.d_o}, {"dQ", b.dq}, {"dK", b.dk},       {"dV", b.dv},
                  {"LSE", b.stats}, {"bias", b.bias}, {"dbias", b.dbias}};
-  for (int64_t i = 1; i < chunks.count; ++i) {
-    const int64_t start = chunks.start(i, s.batch);
+  for (int i = 0; i < chunks.count; ++i)
     for (const auto& t : tensors)
-      if (t.bytes * start % 16 != 0)
+      if (t.bytes * chunks.first[i] % 16 != 0)
         return NotSupported("the slice of %s from sequence %lld would start off 16-byte "
                             "alignment",
-                            t.name, (long long)start);
-  }
+                            t.name, (long long)chunks.first[i]);
   return Status::Ok();
 }
 
@@ -487,7 +517,7 @@ SdpaGraphSpec WithBatch(const SdpaGraphSpec& spec, int64_t batch) {
   return s;
 }
 
-int64_t ParseMaxBatchChunks(const char* value, std::string* off_reason) {
+int ParseMaxBatchChunks(const char* value, std::string* off_reason) {
   off_reason->clear();
   if (value == nullptr || *value == '\0') return kMaxBatchChunks;
   char* end = nullptr;
@@ -501,7 +531,7 @@ int64_t ParseMaxBatchChunks(const char* value, std::string* off_reason) {
     *off_reason = Format("FUSEDATTN_CUDNN_BATCH_CHUNKS = %lld: batch chunks off", n);
     return 1;
   }
-  return n > kMaxBatchChunks ? kMaxBatchChunks : n;
+  return n > kMaxBatchChunks ? kMaxBatchChunks : static_cast<int>(n);
 }
 
 FwdTensors CanonicalFwdTensors(const Problem& p) {
@@ -919,9 +949,9 @@ std::string PlanDiskKey(const SdpaGraphSpec& s, const MachineIdentity& m) {
 }
 
 namespace {
-// Room for the per-sequence lengths of a call: [batch], or the chunked layout's arrays, which
-// hold count * SeqLenChunkStride(plan_batch) <= count * (plan_batch + 3) < 2 * batch + 3 * count
-// ints (count * plan_batch < batch + plan_batch, plan_batch < batch).
+// Room for the per-sequence lengths of a call: [batch], or the chunked layout's arrays
+// (BatchChunks::seq_len_offset), which hold at most the chunks' batches plus 3 per chunk:
+// batch + batch / kMaxChunkWaste + 3 * kMaxBatchChunks ints.
 int64_t SeqLenInts(int64_t batch) {
   return batch < 2 ? batch : 2 * batch + 4 * kMaxBatchChunks;
 }

@@ -217,32 +217,43 @@ int64_t GraphBatch(const Problem& problem);
 // ------------------------------------------------------------------------------------------------
 // Batch chunks: a new batch size of a built problem without a new plan.
 // ------------------------------------------------------------------------------------------------
-// A graph bakes in its batch, and building one costs 100-150 ms (cuDNN 9.19, H100); cuDNN's
+// A graph bakes in its batch, and building one costs 100-160 ms (cuDNN 9.19, H100); cuDNN's
 // dynamic shapes, which would avoid it, gave wrong results there (README.md "Dynamic shapes:
 // status"). Sequences of a dense problem are independent, so a call of batch b can run as
-// launches of a plan built for plan_batch < b sequences, each over its own slice of every tensor:
-// chunk i starts at sequence min(i * plan_batch, b - plan_batch), so the last chunk may overlap
-// the one before it. The overlapped sequences are computed twice and written twice: with the
-// same values by the forward, and by the backward with values either launch may produce.
-constexpr int64_t kMaxBatchChunks = 8;  // the most launches a call makes (and scratch reserves)
+// launches of plans already built for fewer sequences of the same tensors, each over its own
+// slice of every tensor: b = 5 as the plans for 4 and 1. Where no sum of built batch sizes is b,
+// the last chunk may start before the previous one ends (b = 7 as 2 + 2 + 2 + 2, the last over
+// sequences 5 and 6): the overlapped sequences are computed twice and written twice, with the
+// same values by the forward and by the backward with values either launch may produce. That
+// costs device time, so it is allowed for at most an eighth of the batch (kMaxChunkWaste).
+constexpr int kMaxBatchChunks = 8;     // the most launches a call makes (and scratch reserves)
+constexpr int64_t kMaxChunkWaste = 8;  // sequences computed twice: at most batch / this
 struct BatchChunks {
-  int64_t plan_batch = 0;  // 0: one launch of a plan for the whole batch
-  int64_t count = 1;
-  int64_t start(int64_t i, int64_t batch) const {
-    const int64_t at = i * plan_batch;
-    return at + plan_batch > batch ? batch - plan_batch : at;
+  int count = 0;                        // 0: one launch of a plan for the whole batch
+  int64_t first[kMaxBatchChunks] = {};  // each chunk's first sequence
+  int64_t batch[kMaxBatchChunks] = {};  // and its plan's batch
+  // Where chunk i's per-sequence lengths start in the chunked layout the prepare kernel writes:
+  // each chunk's array on a 16-byte boundary (cuDNN's alignment).
+  FUSEDATTN_BAND_HD int64_t seq_len_offset(int i) const {
+    int64_t at = 0;
+    for (int j = 0; j < i; ++j) at += (batch[j] + 3) / 4 * 4;
+    return at;
   }
 };
-// The chunks of a batch for a plan of plan_batch sequences (0 or >= batch: one launch).
-BatchChunks ChunksOf(int64_t batch, int64_t plan_batch);
+// Chunks covering sequences [0, batch) with plans of the given batch sizes (each < batch,
+// repeats allowed): fewest sequences computed twice (at most batch / kMaxChunkWaste), then fewest
+// launches, at most max_chunks; the largest chunks first. count 0 when there is none.
+BatchChunks ChooseBatchChunks(int64_t batch, const std::vector<int64_t>& plan_batches,
+                              int max_chunks);
 
-// Why calls of spec cannot run in batch chunks of a plan for plan_batch sequences, or OK: THD
-// (its plans already serve every batch size up to a power of two, and sequences are placed by
-// ragged offsets), dropout (cuDNN numbers its random stream over the whole batch), a score_mod
-// on cuDNN's callbacks (it may read the batch index), a bias gradient summed over the batch, more
-// than max_chunks launches, or a chunk's slice of a tensor that would start off cuDNN's 16-byte
-// alignment.
-Status BatchChunkRefusal(const SdpaGraphSpec& spec, int64_t plan_batch, int64_t max_chunks);
+// Why calls of spec cannot run in batch chunks at all, or OK: THD (its plans already serve every
+// batch size up to a power of two, and sequences are placed by ragged offsets), dropout (cuDNN
+// numbers its random stream over the whole batch), a score_mod on cuDNN's callbacks (it may read
+// the batch index), a bias gradient summed over the batch.
+Status BatchChunkRefusal(const SdpaGraphSpec& spec);
+// Why these chunks cannot run: a chunk's slice of a tensor would start off cuDNN's 16-byte
+// alignment (LSE rows of heads * seqlen_q floats not a multiple of 4, say); or OK.
+Status BatchChunkAlignment(const SdpaGraphSpec& spec, const BatchChunks& chunks);
 
 // spec with its batch (and every batch extent but a broadcast bias's) set to batch; strides stay:
 // the spec a plan for `batch` sequences of the same tensors has.
@@ -256,15 +267,10 @@ struct SequenceBytes {
 };
 SequenceBytes SequenceBytesOf(const SdpaGraphSpec& spec);
 
-// FUSEDATTN_CUDNN_BATCH_CHUNKS: the most launches of a smaller plan a call may make instead of
-// building its own (default and maximum kMaxBatchChunks; 0 or 1 turns batch chunks off).
-// value: the variable's value, null when unset. *off_reason says why, when off.
-int64_t ParseMaxBatchChunks(const char* value, std::string* off_reason);
-
-// The per-sequence lengths the prepare kernel writes for a chunked call: one int32 array per
-// chunk, each starting on a 16-byte boundary (cuDNN's alignment), chunk i at
-// i * SeqLenChunkStride(plan_batch) elements.
-inline int64_t SeqLenChunkStride(int64_t plan_batch) { return (plan_batch + 3) / 4 * 4; }
+// FUSEDATTN_CUDNN_BATCH_CHUNKS: the most launches a call may make instead of building a plan of
+// its own (default and maximum kMaxBatchChunks; 0 or 1 turns batch chunks off). value: the
+// variable's value, null when unset. *off_reason says why, when off.
+int ParseMaxBatchChunks(const char* value, std::string* off_reason);
 
 // Canonical (contiguous) views of every tensor of a problem, the ones check() plans for. Data
 // pointers are null.
@@ -298,7 +304,7 @@ enum RaggedSlot { kRaggedQ, kRaggedK, kRaggedV, kRaggedO, kRaggedDO, kRaggedDQ, 
                   kRaggedDV, kRaggedSlots };
 struct Scratch {
   static constexpr size_t kNone = ~size_t{0};
-  // int32 [graph batch], or for a chunked call one array per chunk (SeqLenChunkStride); room
+  // int32 [graph batch], or for a chunked call one array per chunk (BatchChunks); room
   // for either is reserved.
   size_t seq_len_q = kNone, seq_len_kv = kNone;
   size_t ragged[kRaggedSlots] = {kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone};
