@@ -519,6 +519,45 @@ TEST(CudnnBatchChunks, OnUnlessTheVariableTurnsThemOff) {
   EXPECT_NE(off.find("not a count"), std::string::npos) << off;
 }
 
+TEST(CudnnThdBuckets, FourStepsPerOctaveAbove64) {
+  EXPECT_EQ(ThdSeqlenBucket(1), 1);
+  EXPECT_EQ(ThdSeqlenBucket(16), 16);
+  EXPECT_EQ(ThdSeqlenBucket(17), 32);
+  EXPECT_EQ(ThdSeqlenBucket(64), 64);
+  EXPECT_EQ(ThdSeqlenBucket(65), 80);
+  EXPECT_EQ(ThdSeqlenBucket(97), 112);
+  EXPECT_EQ(ThdSeqlenBucket(112), 112);
+  EXPECT_EQ(ThdSeqlenBucket(1000), 1024);
+  EXPECT_EQ(ThdSeqlenBucket(1025), 1280);
+  for (int64_t n = 1; n <= 20000; ++n) {
+    const int64_t b = ThdSeqlenBucket(n);
+    ASSERT_GE(b, n);
+    ASSERT_LE(b * 4, n * 5 + 60) << n << " -> " << b << ": at most a quarter more (or 16 rows)";
+  }
+}
+
+TEST(CudnnThdBuckets, ThdProblemsPlanForTheBucketUnlessATensorHasTheExtent) {
+  fusedattn_config c = BaseConfig();  // max_seqlen_q 16, max_seqlen_kv 24
+  SetThd(&c);
+  c.max_seqlen_q = 100, c.max_seqlen_kv = 200;
+  const Problem widened = EffectiveProblem(MakeCuda(c));
+  EXPECT_EQ(widened.config.max_seqlen_q, 112);
+  EXPECT_EQ(widened.config.max_seqlen_kv, 224);
+  fusedattn_config other = c;
+  other.max_seqlen_q = 105, other.max_seqlen_kv = 210;
+  DeviceInfo device{0, 90, 91900};
+  auto key_of = [&](const Problem& p) {
+    return MakePlanKey(ForwardSpec(p, CanonicalFwdTensors(p)), device);
+  };
+  EXPECT_EQ(key_of(widened), key_of(EffectiveProblem(MakeCuda(other)))) << "one bucket, one plan";
+  other = c, other.dropout = 0.1;
+  EXPECT_EQ(EffectiveProblem(MakeCuda(other)).config.max_seqlen_q, 100) << "dropout";
+  other = c, other.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+  EXPECT_EQ(EffectiveProblem(MakeCuda(other)).config.max_seqlen_q, 100) << "a bias tensor";
+  other = BaseConfig(), other.max_seqlen_q = 100;
+  EXPECT_EQ(EffectiveProblem(MakeCuda(other)).config.max_seqlen_q, 100) << "dense layouts";
+}
+
 TEST(CudnnKey, TheLargestSpecFitsTheKey) {
   fusedattn_config c = BaseConfig();
   SetThd(&c);

@@ -316,6 +316,7 @@ TEST(CudnnBatchChunks, ALargerBatchRunsInChunksUnlessTurnedOff) {
   EXPECT_NE(diagnostic.find("in batch chunks of 4 + 1 sequences (2 launches)"), std::string::npos)
       << diagnostic;
 
+  cudnn::ClearPlanCache();  // no plan for 1 this time
   k.shapes = {{4, 128, 128}, {5, 128, 128}};
   stats = RunShapes(k);
   ASSERT_EQ(stats.size(), 2u);
@@ -327,6 +328,24 @@ TEST(CudnnBatchChunks, ALargerBatchRunsInChunksUnlessTurnedOff) {
   ASSERT_EQ(stats.size(), 2u);
   EXPECT_EQ(stats[1].builds, 2u) << "off: the larger batch builds its own plans";
   EXPECT_EQ(stats[1].batch_chunked, 0u);
+}
+
+// THD batches whose longest sequences fall in one bucket (plan_spec.h ThdSeqlenBucket: 97..112)
+// share the plans of the first, and every one matches the reference.
+TEST(CudnnThdBuckets, LongestSequencesInOneBucketShareThePlans) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
+  ScopedCudnnEnv env;
+  env.set(kDynamicVariable, nullptr);
+  env.set("FUSEDATTN_CACHE_DIR", "off");  // builds, not plans an earlier run stored
+  fusedattn_config c = Config(3, 4, 2, 97, 97, 64);
+  SetFormats(&c, FUSEDATTN_FORMAT_THD);
+  c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT, c.is_training = 1;
+  ShapeCase k{"thd_buckets", c, {}, {{3, 97, 97}, {3, 105, 100}, {3, 112, 112}, {4, 100, 112}}};
+  cudnn::ClearPlanCache();
+  const std::vector<PlanBuildStats> stats = RunShapes(k);
+  ASSERT_EQ(stats.size(), 4u);
+  EXPECT_EQ(stats[0].builds, 2u);
+  for (size_t i = 1; i < 4; ++i) EXPECT_EQ(stats[i].builds, 0u) << "shape " << i;
 }
 
 // Dynamic shapes (FUSEDATTN_TEST_CUDNN_DYNAMIC=1): every shape matches, and every plan after the

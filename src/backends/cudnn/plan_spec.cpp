@@ -333,12 +333,45 @@ ScoreModPath ScoreModPathOf(const Problem& p) {
   return ScoreModPath::kCallback;
 }
 
+int64_t ThdSeqlenBucket(int64_t n) {
+  if (n <= 16) return n;
+  if (n <= 64) return (n + 15) / 16 * 16;
+  int64_t octave = 64;  // the largest power of two below n
+  while (octave * 2 < n) octave *= 2;
+  const int64_t step = octave / 4;
+  return (n + step - 1) / step * step;
+}
+
+namespace {
+// THD problems whose sequence extent can grow to its bucket: nothing of the graph but the
+// sequences' own rows depends on it (a bias or score_mod tensor has the extent as a dimension;
+// a score_mod's callbacks bake it in; cuDNN's dropout numbers elements over it), and the ragged
+// offsets still fit int32.
+bool WidensToBucket(const Problem& p) {
+  const auto& c = p.config;
+  if (!p.thd || p.has_score_mod() || p.has_tensor_bias() || c.dropout > 0.0) return false;
+  const int64_t dim = c.head_dim_qk > c.head_dim_v ? c.head_dim_qk : c.head_dim_v;
+  const int64_t batch = GraphBatch(p);
+  return batch * ThdSeqlenBucket(c.max_seqlen_q) * c.heads_q * dim <= kInt32Max &&
+         batch * ThdSeqlenBucket(c.max_seqlen_kv) * c.heads_kv * dim <= kInt32Max;
+}
+}  // namespace
+
 const Problem& EffectiveProblem(const Problem& p, Problem* storage) {
-  if (ScoreModPathOf(p) != ScoreModPath::kNativeBand) return p;  // no copy on the common path
-  flex::MaskBand band;
-  flex::RecognizeBandMask(p.score_mod->forward(), &band);
-  CombineBands(p, band, storage);
-  return *storage;
+  const Problem* effective = &p;  // no copy on the dense path
+  if (ScoreModPathOf(p) == ScoreModPath::kNativeBand) {
+    flex::MaskBand band;
+    flex::RecognizeBandMask(p.score_mod->forward(), &band);
+    CombineBands(p, band, storage);
+    effective = storage;
+  }
+  if (WidensToBucket(*effective)) {
+    if (effective != storage) *storage = *effective;
+    storage->config.max_seqlen_q = ThdSeqlenBucket(storage->config.max_seqlen_q);
+    storage->config.max_seqlen_kv = ThdSeqlenBucket(storage->config.max_seqlen_kv);
+    effective = storage;
+  }
+  return *effective;
 }
 
 Problem EffectiveProblem(const Problem& p) {

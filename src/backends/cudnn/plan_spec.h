@@ -62,13 +62,22 @@ enum class ScoreModPath {
 };
 ScoreModPath ScoreModPathOf(const Problem& problem);
 
-// The problem cuDNN runs: the problem itself, or on the native-band path the problem without
-// its score_mod and with the combined band. check(), the workspace sizes, forward and backward
-// all plan from it, so a band mask_mod and the equal config mask share one plan.
+// The problem cuDNN runs: the problem itself; on the native-band path the problem without its
+// score_mod and with the combined band; and for THD (without a bias or score_mod tensor,
+// dropout or callbacks) max_seqlen_q / max_seqlen_kv rounded up to ThdSeqlenBucket. check(), the
+// workspace sizes, forward and backward all plan from it, so a band mask_mod and the equal
+// config mask share one plan, and so do THD batches whose longest sequences fall in one bucket.
 Problem EffectiveProblem(const Problem& problem);
 // The same without a copy when the problem is its own effective problem (the per-call path):
-// the problem itself, or the combined one written into *storage.
+// the problem itself, or the changed one written into *storage.
 const Problem& EffectiveProblem(const Problem& problem, Problem* storage);
+
+// The sequence extent of a THD graph for a longest sequence of n: n up to 16, then up to 64 in
+// steps of 16, then four steps per octave (at most a quarter more rows than n). A serving batch's
+// longest sequence changes every batch; a graph per bucket, not per length, is built. The rows
+// past a sequence's length are never read or written (cuDNN reads the lengths from tensors), so
+// the extent only sizes the grid (the extra tiles exit at once) and our staged LSE.
+int64_t ThdSeqlenBucket(int64_t n);
 
 // At most this many score_mod tensors reach one cuDNN graph (each is one more graph input).
 constexpr int kMaxScoreModTensors = 8;
