@@ -878,6 +878,7 @@ Status CudnnBackendImpl::forward(const Problem& problem, const FwdTensors& t, vo
     fix.stats = At<float>(ws, scratch.stats);
     fix.lse = ViewOf(t.lse);
     fix.lse_packed = t.lse_packed;
+    fix.lse_rows = problem.config.max_seqlen_q;  // the caller's, not the bucket's
     fix.empty_by_stats = call.empty_by_stats;
     FUSEDATTN_CUDA_CHECK(LaunchForwardFixup(fix, cuda_stream));
   }

@@ -133,7 +133,7 @@ __global__ void ForwardFixupKernel(ForwardFixupParams p) {
                        (p.empty_by_stats && !(p.stats[r] > kEmptyStats));
     if (in_tensor && empty) ZeroRow16(p.o, b, h, i, s.start_q, p.head_dim_v);
     if (p.lse.data == nullptr) continue;
-    if (p.lse_packed && !in_tensor) continue;
+    if (p.lse_packed ? !in_tensor : i >= p.lse_rows) continue;
     float value = -INFINITY;
     if (!empty && p.stats != nullptr) value = p.stats[r];  // staged rows share r's layout
     float* lse = static_cast<float*>(p.lse.data);

@@ -75,6 +75,9 @@ struct ForwardFixupParams {
   const float* stats = nullptr;   // staged [graph_batch, heads_q, max_seqlen_q], or null
   DeviceView lse;                 // float32 output, data null when not asked for
   bool lse_packed = false;
+  // Rows of the caller's [batch, heads, rows] LSE: its max_seqlen_q, which the graph's extent
+  // (seq.max_seqlen_q, a THD bucket) may exceed.
+  int64_t lse_rows = 0;
   // A score_mod decided visibility: a row is also empty where its staged stats show that no key
   // was visible (-inf, NaN, or cuDNN's "lowest" mask value plus a log; see kEmptyStats).
   bool empty_by_stats = false;
