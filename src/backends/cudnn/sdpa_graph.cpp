@@ -875,7 +875,12 @@ Status LoadSdpaGraph(const std::vector<uint8_t>& bytes, cudnnHandle_t handle,
   const std::vector<uint8_t> plan(bytes.begin() + static_cast<std::ptrdiff_t>(at), bytes.end());
   auto graph = std::make_shared<fe::graph::Graph>();
   try {
-    FUSEDATTN_RETURN_IF_ERROR(FromFrontend(graph->deserialize(handle, plan, true)));
+    // No warm-up: the frontend's warm-up captures a throwaway CUDA graph on a blocking stream,
+    // during which another thread's work on the legacy default stream fails (H100, 2026-11-25:
+    // CudnnCache.EightThreadsSelectAndRunConcurrently). A built plan gets no warm-up either.
+    FUSEDATTN_RETURN_IF_ERROR(
+        FromFrontend(graph->deserialize(handle, plan, /*enforce_precompiled=*/true,
+                                        /*run_warmup=*/false)));
   } catch (const std::exception& e) {
     return Status(FUSEDATTN_ERROR_CUDNN, Format("cudnn-frontend: %s", e.what()));
   }
