@@ -11,7 +11,9 @@ import fusedattn  # noqa: E402
 from fusedattn import flash_attn as fa  # noqa: E402
 from helpers import TOLERANCE  # noqa: E402
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# CUDA runs are marked `gpu` (`pytest -m gpu` on the GPU machine selects them).
+DEVICES = ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")])]
 
 
 def reference(q, k, v, causal=False, window=(-1, -1), softcap=0.0, alibi=None, scale=None):

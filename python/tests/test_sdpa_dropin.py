@@ -13,7 +13,9 @@ from helpers import TOLERANCE  # noqa: E402
 
 F = torch.nn.functional
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# CUDA runs are marked `gpu` (`pytest -m gpu` on the GPU machine selects them).
+DEVICES = ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")])]
 
 
 def _rel(out, ref):

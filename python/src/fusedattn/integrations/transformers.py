@@ -84,19 +84,20 @@ class Plan:
     kind: "dense", "varlen" or "flex". mask / window: the library's mask name and (left,
     right) window. q_length / kv_length: the query and key array lengths it was made for.
     varlen: cu_seqlens_q/kv, seq_offsets_q/kv (int32 [batch + 1]) and max_seqlen_q/kv (ints).
-    flex: score_mod, a fusedattn.flex.ScoreMod holding the mask."""
+    flex: score_mod, a fusedattn.flex.ScoreMod holding the mask, and `visible`, a function that
+    materializes the same mask ([batch|1, 1, seq_q, seq_kv] booleans) for the devices and dtypes
+    where no backend runs score modifiers (float32 on CUDA); `bias` holds it once made."""
 
-    __slots__ = ("kind", "mask", "window", "q_length", "kv_length", "cu_seqlens_q",
-                 "cu_seqlens_kv", "seq_offsets_q", "seq_offsets_kv", "max_seqlen_q",
-                 "max_seqlen_kv", "score_mod")
+    _FIELDS = ("cu_seqlens_q", "cu_seqlens_kv", "seq_offsets_q", "seq_offsets_kv",
+               "max_seqlen_q", "max_seqlen_kv", "score_mod", "visible", "bias")
+    __slots__ = ("kind", "mask", "window", "q_length", "kv_length") + _FIELDS
 
     def __init__(self, kind, mask=None, window=(-1, -1), q_length=None, kv_length=None,
-                 **varlen):
+                 **fields):
         self.kind, self.mask, self.window = kind, mask, window
         self.q_length, self.kv_length = q_length, kv_length
-        for name in ("cu_seqlens_q", "cu_seqlens_kv", "seq_offsets_q", "seq_offsets_kv",
-                     "max_seqlen_q", "max_seqlen_kv", "score_mod"):
-            setattr(self, name, varlen.get(name))
+        for name in self._FIELDS:
+            setattr(self, name, fields.get(name))
 
     def __repr__(self):
         return "Plan(%s, mask=%s, window=%s, q_length=%s, kv_length=%s)" % (
@@ -271,9 +272,29 @@ def _flex_plan(pattern, q_offset, q_length, kv_length, device, padding=None,
         conditions.append(flex.kv_idx <= query + pattern.right)
     if not conditions:
         return Plan("dense", None, (-1, -1), q_length, kv_length)
-    visible = functools.reduce(lambda a, b: a & b, conditions)
+    expression = functools.reduce(lambda a, b: a & b, conditions)
+
+    def visible():
+        """The same mask as booleans [batch|1, 1, q_length, kv_length]."""
+        query = torch.arange(q_length, device=device)[:, None] + (
+            q_offset if isinstance(q_offset, int) else q_offset.reshape(1, 1))
+        key = torch.arange(kv_length, device=device)[None, :]
+        ok = torch.ones(q_length, kv_length, dtype=torch.bool, device=device)
+        if pattern.causal:
+            ok = ok & (key <= query)
+        if pattern.left >= 0:
+            ok = ok & (key >= query - pattern.left)
+        if pattern.right >= 0 and not pattern.causal:
+            ok = ok & (key <= query + pattern.right)
+        ok = ok[None, None]
+        if padding is not None:
+            ok = ok & padding[:, None, None, :]
+        if sequence_ids is not None:
+            ok = ok & (sequence_ids[:, None, :, None] == sequence_ids[:, None, None, :])
+        return ok
+
     return Plan("flex", None, (-1, -1), q_length, kv_length,
-                score_mod=flex.ScoreMod(mask=visible))
+                score_mod=flex.ScoreMod(mask=expression), visible=visible)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -338,6 +359,11 @@ def attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
     (True = a real key, in the key array's positions) carrying its Plan, or, for a mask it does
     not recognize, transformers' SDPA mask [batch, 1, q_length, kv_length] (exact, materialized).
     The layers' attention function reads the plan."""
+    if getattr(attention_mask, _PLAN, None) is not None:
+        # Already one of ours: generate() makes the masks ahead (create_masks_for_generate) and
+        # the model passes them through mask creation again, which would read this key-position
+        # mask as a 2-D mask over all positions.
+        return attention_mask
     recognized = recognize(mask_function)
     if recognized is None:
         return _masks.sdpa_mask(
@@ -490,10 +516,23 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
             plan.seq_offsets_kv, plan.max_seqlen_q, plan.max_seqlen_kv, False, "auto", False,
             None, None)
         return out.view(batch, q_length, heads, out.shape[-1]), None
+    if plan.kind == "flex" and plan.bias is None:
+        try:
+            return _torch.attention(
+                q, k, v, "bshd", None, (-1, -1), None, "post_scale", None, softcap, sinks, None,
+                p, seed, scaling, None, None, None, None, None, None, False, "auto", False,
+                plan.score_mod, None), None
+        except NotSupportedError as error:
+            # No backend here runs score modifiers for this problem (float32 on CUDA): the
+            # same mask, materialized, from now on for every layer of this plan.
+            _warn_once(("flex", query.device.type, query.dtype), (
+                "fusedattn: this attention mask runs as a materialized [batch, 1, seq_q, "
+                "seq_kv] mask on %s %s tensors (%s)" % (query.device.type, query.dtype, error)))
+            plan.bias = additive_bias(plan.visible(), query, kv_length, torch)
     return _torch.attention(
-        q, k, v, "bshd", plan.mask, plan.window, None, "post_scale", None, softcap, sinks, None,
-        p, seed, scaling, None, None, None, None, None, None, False, "auto", False,
-        plan.score_mod, None), None
+        q, k, v, "bshd", plan.mask, plan.window, plan.bias, "post_scale", None, softcap, sinks,
+        None, p, seed, scaling, None, None, None, None, None, None, False, "auto", False, None,
+        None), None
 
 
 def _flattened(q, k, v, plan, varlen, p, seed, scaling, softcap, sinks):
