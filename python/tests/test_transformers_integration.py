@@ -250,6 +250,26 @@ def test_greedy_generation_matches_eager(name, cache, device, read_masks):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["llama", "mistral"])
+def test_prefill_in_chunks_with_cache_matches_eager(name, device, read_masks):
+    """A left-padded prompt fed in two chunks through the cache (the second: 4 queries after
+    6 cached positions, bottom-right), then one more token."""
+    reference, ours = _models(name, device)
+    ids, mask, _ = _batch(PADDINGS["left"], device)
+    logits = []
+    for model in (reference, ours):
+        cache = transformers.DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(ids[:, :6], attention_mask=mask[:, :6], past_key_values=cache)
+            second = model(ids[:, 6:], attention_mask=mask, past_key_values=cache).logits
+            step_mask = torch.cat((mask, mask.new_ones(3, 1)), 1)
+            third = model(ids[:, :1], attention_mask=step_mask, past_key_values=cache).logits
+        logits.append((second, third))
+    assert _rel(logits[1][0], logits[0][0]) < TOLERANCE
+    assert _rel(logits[1][1], logits[0][1]) < TOLERANCE
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_dropout_in_training(device):
     """The layers' attention_dropout applies in train mode (a seed from torch's generator, so
     torch.manual_seed repeats a step) and not in eval mode."""

@@ -254,9 +254,8 @@ def _flex_plan(pattern, q_offset, q_length, kv_length, device, padding=None,
     if sequence_ids is not None:
         ids = flex.Tensor(sequence_ids.to(torch.int32), name="sequence_ids")
         conditions.append(ids[flex.batch, flex.q_idx] == ids[flex.batch, flex.kv_idx])
-    if isinstance(q_offset, int) and q_offset == 0:
-        query = flex.q_idx
-    else:
+    query = flex.q_idx  # the query's position relative to the first key
+    if pattern.aligned and not (isinstance(q_offset, int) and q_offset == 0):
         # A tensor even for an int offset: the graph is then the same at every decoding step
         # (its text, which backends compile and cache, holds no offset).
         if isinstance(q_offset, int):
