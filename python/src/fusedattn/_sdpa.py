@@ -89,8 +89,7 @@ def additive_bias(mask, query, seqlen_kv, torch):
         raise InvalidArgumentError("attn_mask must be a torch tensor (boolean or float), got %s"
                                    % type(mask).__name__)
     if mask.dtype == torch.bool:
-        mask = torch.zeros(mask.shape, dtype=query.dtype, device=mask.device).masked_fill_(
-            mask.logical_not(), float("-inf"))
+        mask = query.new_full(mask.shape, float("-inf")).masked_fill_(mask, 0.0)
     elif mask.dtype.is_floating_point:
         if mask.dtype != query.dtype and mask.dtype != torch.float32:
             mask = mask.to(query.dtype)

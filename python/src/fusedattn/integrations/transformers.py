@@ -177,7 +177,6 @@ def _offsets(starts, row_length):
 def _padded_plan(pattern, padding, q_offset, q_length, kv_length, read):
     """The plan for a padding mask `padding` (bool [batch, kv_length], True = a real key, in the
     key array's positions) and the pattern; q_offset as in _dense."""
-    batch = padding.shape[0]
     kv_start, kv_len, kv_contiguous = _runs(padding)
     if not pattern.aligned:
         # Queries are not masked by padding (as in SDPA): each sequence takes every query.
