@@ -207,3 +207,14 @@ def test_numpy_arrays_are_refused():
     x = np.zeros((1, 4, 2, 8), dtype=np.float32)
     with pytest.raises(TypeError, match="torch tensors"):
         fa.flash_attn_func(x, x, x)
+
+
+def test_varlen_compiles_without_graph_breaks():
+    q, k, v = _tensors([(10, 4, 16), (10, 2, 16), (10, 2, 16)], "cpu")
+    cu = torch.tensor([0, 3, 10], dtype=torch.int32)
+
+    def attention(q, k, v, cu):
+        return fa.flash_attn_varlen_func(q, k, v, cu, cu, 7, 7, causal=True, window_size=(2, 0))
+
+    compiled = torch.compile(attention, backend="eager", fullgraph=True)
+    assert torch.allclose(compiled(q, k, v, cu), attention(q, k, v, cu), rtol=0, atol=1e-6)

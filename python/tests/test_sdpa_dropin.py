@@ -233,3 +233,15 @@ def test_numpy_arrays_are_refused():
     x = np.zeros((1, 1, 4, 8), dtype=np.float32)
     with pytest.raises(TypeError, match="torch tensors"):
         fusedattn.scaled_dot_product_attention(x, x, x)
+
+
+def test_compiles_without_graph_breaks():
+    """torch.compile(fullgraph=True) traces the drop-in, mask conversion included."""
+    q, k, v = _inputs((2, 4, 9, 16), (2, 2, 11, 16), "cpu")
+    mask = _key_padding(2, 11, [11, 6], "cpu")
+
+    def attention(q, k, v, mask):
+        return fusedattn.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+    compiled = torch.compile(attention, backend="eager", fullgraph=True)
+    assert torch.allclose(compiled(q, k, v, mask), attention(q, k, v, mask), rtol=0, atol=1e-6)
