@@ -343,6 +343,23 @@ def test_flex_plan_mask_is_transformers_mask(q_length, kv_length, q_offset, kv_o
     assert torch.equal(plan.visible().expand(expected.shape), expected)
 
 
+def test_gradient_checkpointing_recomputes_the_same_dropout():
+    """Dropout seeds come from torch's CPU generator, whose state activation checkpointing saves
+    and restores: the recomputed forward draws the same masks, so gradients are the same as
+    without checkpointing."""
+    _, ours = _models("llama", "cpu", attention_dropout=0.5)
+    ids, mask, labels = _batch(PADDINGS["right"], "cpu")
+    ours.train()
+    grads = []
+    for checkpointing in (False, True):
+        if checkpointing:
+            ours.gradient_checkpointing_enable()
+        torch.manual_seed(11)
+        grads.append(_step(ours, ids, mask, labels)[2])
+    for name, grad in grads[0].items():
+        assert torch.allclose(grads[1][name], grad, rtol=1e-5, atol=1e-7), name
+
+
 # ---------------------------------------------------------------------------------------------
 # The mask function's plans
 # ---------------------------------------------------------------------------------------------
