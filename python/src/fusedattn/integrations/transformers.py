@@ -43,8 +43,12 @@ DataCollatorWithFlattening passes them) are taken too.
 
 Differences from "eager"/"sdpa" that do not change a model's results: outputs at padded query
 positions are 0 (eager and SDPA compute values there that nothing reads); dropout masks differ
-(random). Refused with an error: output_attentions weights (None is returned, as SDPA does),
-position_bias (T5-style relative bias), flex BlockMasks, float64.
+(random). Refused with an error: position_bias (T5-style relative bias), flex BlockMasks,
+float64. output_attentions=True warns and returns no weights (as SDPA does).
+
+Written against transformers 5.x (tested with 5.17): the mask functions are recognized by what
+transformers builds them from (causal_mask_function, and_masks, the sliding-window and
+packed-sequence overlays); a version that builds them otherwise gets the exact general plan.
 """
 
 import functools
