@@ -465,6 +465,24 @@ def _eager(q, k, v, allowed):
     return (p @ v).transpose(1, 2)
 
 
+@pytest.mark.parametrize("read", [True, False], ids=["read_masks", "no_reads"])
+def test_cross_attention_with_encoder_padding(read):
+    """A bidirectional mask over an encoder's keys (decoder queries, q_length != kv_length): every
+    query sees the real keys; queries are not masked."""
+    q, k, v = _layer_inputs(q_length=4, kv_length=7)
+    padding = torch.tensor([[1, 1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    hf.register(read_masks=read)
+    try:
+        mask = hf.attention_mask(batch_size=2, q_length=4, kv_length=7,
+                                 mask_function=masking_utils.bidirectional_mask_function,
+                                 attention_mask=padding, device="cpu")
+    finally:
+        hf.register(read_masks=True)
+    assert mask._fusedattn_plan.kind == ("varlen" if read else "flex")
+    out, _ = hf.attention_forward(_Layer(), q, k, v, mask)
+    assert _rel(out, _eager(q, k, v, padding[:, None, None, :])) < 1e-5
+
+
 def test_plain_2d_mask_follows_flash_attention_contract():
     """A [batch, seq_kv] mask without a plan (another mask function's, or one moved to another
     device): causal from the layer, keys where the mask is 1, the last column the last query."""
