@@ -166,6 +166,23 @@ step_bench_host() {
   python3 "$ROOT/bench/bench.py" --grid host --out "$OUT" ${BENCH_HOST_ARGS:-}
 }
 
+# The drop-in entry points (issue 19) on CUDA: the gpu-marked tests of the SDPA and flash_attn
+# drop-ins, the transformers integration (tiny Llama, Mistral, Gemma 2, Qwen2, gpt-oss against
+# eager in float32 and bfloat16, padded batches, generation) and the examples; then
+# bench/hf_train_step.py (Llama 8 layers, GQA 16/4, 4 x 2048 tokens, bf16: train step with
+# "fusedattn" against "sdpa", full and padded batches). Give it TIMEOUT_dropin=540 (score-modifier
+# kernels compile with NVRTC on first use).
+step_dropin() {
+  step_python_build >/dev/null || return 1
+  export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
+  local rc=0
+  (cd "$ROOT/python" && python3 -m pytest -q -m gpu tests/test_sdpa_dropin.py \
+    tests/test_flash_attn_dropin.py tests/test_transformers_integration.py \
+    tests/test_examples.py) || rc=1
+  python3 "$ROOT/bench/hf_train_step.py" --out "$OUT" || rc=1
+  return $rc
+}
+
 # Times fusedattn with score modifiers against compiled FlexAttention (bench/flex_bench.py).
 step_flex_bench() {
   step_python_build >/dev/null || return 1
