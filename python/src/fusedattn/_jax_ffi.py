@@ -27,7 +27,8 @@ FWD_TARGET = "fusedattn_fwd_v1"
 BWD_TARGET = "fusedattn_bwd_v1"
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_LIBRARY = "_jax_ffi.so"
+# Not a Python module name: an importable name would shadow this file.
+_LIBRARY = "libfusedattn_jax_ffi.so"
 
 
 def _version_tuple(text):
@@ -42,7 +43,7 @@ def _prebuilt():
     """The handler library built with the package, when the running jaxlib is the one it was
     built against or newer."""
     path = os.path.join(_HERE, _LIBRARY)
-    stamp = os.path.join(_HERE, "_jax_ffi.jaxlib_version")
+    stamp = os.path.join(_HERE, "libfusedattn_jax_ffi.jaxlib_version")
     if not (os.path.exists(path) and os.path.exists(stamp)):
         return None, "not built with the package (jaxlib was not importable at build time)"
     with open(stamp) as f:
