@@ -264,12 +264,12 @@ def _layout_dims(layout, batch, seq, heads, dim):
     return dims
 
 
-def _factors(role, shape, layout, unique):
-    """The Shardy factors of one array's dimensions. b: batch, s/t: query/key positions,
-    (g r): query heads as kv heads g times the group r, d/e: head dims of q/k and v."""
+def _factors(role, shape, layout, heads, unique):
+    """The Shardy factors of one array's dimensions. b: batch, s/t: query/key positions, g: kv
+    heads, heads: the query heads' factors ("(g r)": kv heads g times the group r), d/e: head
+    dims of q/k and v."""
     if layout == "thd":
         return [unique() for _ in shape]
-    heads = "(g r)"
     if role == "q":
         return _layout_dims(layout, "b", "s", heads, "d")
     if role == "o":
@@ -306,17 +306,26 @@ def _sharding_rule(static, backward, mesh, value_types, result_types):
         uniques.append("u%d" % len(uniques))
         return uniques[-1]
 
+    sizes = {}
+    heads = None
+    if layout != "thd":
+        h = _BSH[layout][2]
+        heads_q, heads_kv = shapes_in[0][h], shapes_in[1][h]
+        # A compound factor may not have a factor of size 1.
+        if heads_q == heads_kv:
+            heads = "g"
+        elif heads_kv == 1:
+            heads = "r"
+        else:
+            heads, sizes["r"] = "(g r)", heads_q // heads_kv
+
     def text(roles, shapes):
-        return ", ".join(" ".join(_factors(role, shape, layout, unique))
+        return ", ".join(" ".join(_factors(role, shape, layout, heads, unique))
                          for role, shape in zip(roles, shapes))
 
     rule = "%s -> %s" % (text(roles_in, shapes_in), text(roles_out, shapes_out))
-    sizes = {}
     replicated = set(uniques)
     if layout != "thd":
-        q, k = shapes_in[0], shapes_in[1]
-        h = _BSH[layout][2]
-        sizes["r"] = q[h] // k[h]
         replicated |= {"s", "t", "d", "e"}
     # Shardy wants them in the order in which the factors first appear.
     order = []
