@@ -578,6 +578,31 @@ _SHARDING_SCRIPT = textwrap.dedent('''
           sinks=rng.standard_normal(4).astype(np.float32))
     check("sequence_sharded_is_gathered", P(None, "data", None, None), q, k, v,
           kv_spec=P(None, None, None, None))
+    check("lengths", P("data", None, "model", None), q, k, v, mask="causal",
+          lengths_q=jnp.array([8, 3, 5, 0]), lengths_kv=jnp.array([9, 4, 2, 9]))
+    # A score_mod tensor without a head axis: its gradient is summed over the head shards.
+    from fusedattn import flex
+    def table_loss(q, k, v, table):
+        t = flex.Tensor(table, name="per_token")
+        o = fj.attention(q, k, v, score_mod=flex.score * t[flex.batch, flex.kv_idx])
+        return jnp.sum(o ** 2)
+    table = rng.standard_normal((4, 9)).astype(np.float32)
+    grad = jax.jit(jax.grad(table_loss, argnums=(0, 3)))
+    spec = P("data", None, "model", None)
+    sharded = [jax.device_put(x, NamedSharding(mesh, spec)) for x in (q, k, v)]
+    table_sharded = jax.device_put(table, NamedSharding(mesh, P("data", None)))
+    want, got = grad(q, k, v, table), grad(*sharded, table_sharded)
+    hlo = grad.lower(*sharded, table_sharded).compile().as_text()
+    results["score_mod_tensor_without_head_axis"] = dict(
+        gradients_error=max(float(jnp.abs(a - b).max()) for a, b in zip(want, got)),
+        gradients_all_gather="all-gather" in hlo, reduced="all-reduce" in hlo)
+
+    def thd(q, k, v):
+        return dict(layout="thd", cu_seqlens_q=jnp.array([0, 5, 8, 16, 32]),
+                    cu_seqlens_kv=jnp.array([0, 9, 18, 20, 36]), max_seqlen_q=16,
+                    max_seqlen_kv=16)
+    tq, tk, tv = (x.reshape((-1,) + x.shape[2:]) for x in (q, k, v))
+    check("thd_runs_whole", P(None, "model", None), tq, tk, tv, **thd(tq, tk, tv))
 
     drop = jax.jit(lambda q, k, v, key: fj.attention(q, k, v, dropout_p=0.3, dropout_rng=key))
     sharded = [jax.device_put(x, NamedSharding(mesh, P("data", None, "model", None)))
@@ -605,7 +630,7 @@ def sharding_results():
 
 
 @pytest.mark.parametrize("name", ["batch_and_heads", "batch_over_both_axes",
-                                  "bias_shared_by_batch", "sinks"])
+                                  "bias_shared_by_batch", "sinks", "lengths"])
 def test_sharded_run_equals_unsharded_without_gathering_batch_or_heads(sharding_results, name):
     r = sharding_results[name]
     assert r["forward_error"] <= 1e-6 and r["gradients_error"] <= 1e-5, r
@@ -622,9 +647,17 @@ def test_sharded_heads_keep_their_sharding_and_mqa_heads_are_whole(sharding_resu
     assert r["forward_calls"] and all(s.startswith("(f32[2,8,4,") for s in r["forward_calls"]), r
 
 
-def test_a_sequence_sharded_input_is_made_whole_and_stays_right(sharding_results):
-    r = sharding_results["sequence_sharded_is_gathered"]
+def test_a_score_mod_tensor_gradient_is_summed_over_head_shards(sharding_results):
+    r = sharding_results["score_mod_tensor_without_head_axis"]
+    assert r["gradients_error"] <= 1e-5 and not r["gradients_all_gather"] and r["reduced"], r
+
+
+@pytest.mark.parametrize("name", ["sequence_sharded_is_gathered", "thd_runs_whole"])
+def test_what_cannot_stay_sharded_is_made_whole_and_stays_right(sharding_results, name):
+    r = sharding_results[name]
     assert r["forward_error"] <= 1e-6 and r["gradients_error"] <= 1e-5, r
+    assert r["forward_calls"] and all(s.startswith(("(f32[4,8,4,", "(f32[32,4,"))
+                                      for s in r["forward_calls"]), r
 
 
 def test_sharded_dropout_is_repeatable_and_shard_map_runs_local_parts(sharding_results):

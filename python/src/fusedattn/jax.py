@@ -234,7 +234,7 @@ def _operand_roles(static, backward):
     if dense and o.mask.startswith("padding"):
         roles += ["batch", "batch"]
     if not dense:
-        roles += ["whole", "whole"] + (["whole", "whole"] if static.seq_offsets else [])
+        roles += ["whole"] * (2 + sum(static.seq_offsets))  # cu_seqlens, seq_offsets
     if o.dropout_p > 0:
         roles.append("whole")
     roles += [("mod", axes) for axes in _mod_axes(static.score_mod)]
