@@ -105,6 +105,10 @@ CASES = [
          dropout_seed=77),
     Case("everything", hq=4, hkv=2, sq=6, skv=10, mask="causal_bottom_right", window=(5, 0),
          bias="1h", softcap=3.0, sinks=True, input_scale=1.5),
+    # One query token against a short K/V (the small_seq backend's problems).
+    Case("small_seq_cross", batch=3, sq=1, skv=9, hq=4, hkv=2, d=64),
+    Case("small_seq_padding", sq=1, skv=16, d=64, padding_lens=([1, 1], [16, 5]),
+         mask="padding"),
 ]
 
 DTYPE_CASES = ["plain", "causal_bottom_right", "gqa", "thd_uneven", "bias_post_scale",

@@ -3,9 +3,12 @@ forward and gradients against the float64 oracle for every feature, jit, vmap, s
 host-platform devices, score modifiers, dropout, dot_product_attention against jax.nn, and the
 errors. Skipped when jax is not installed.
 
-FUSEDATTN_TEST_JAX_BACKEND=cudnn|flash|small_seq (the GPU machine) forces a backend on the cases
-it runs and puts the arrays on the GPU: the same tests then check that backend."""
+FUSEDATTN_TEST_JAX_BACKEND=auto|cudnn|flash|small_seq (the GPU machine: scripts/gpu_run.sh jax)
+puts the oracle cases' arrays on the GPU and forces that backend (auto: the library's choice),
+in float32, float16 and bfloat16; cases the backend refuses are skipped with its reason. The
+other tests run where JAX's default device is (run them with JAX_PLATFORMS=cpu there)."""
 
+import functools
 import json
 import os
 import subprocess
@@ -26,8 +29,8 @@ from helpers import TOLERANCE, relative_error  # noqa: E402
 from oracle import Problem  # noqa: E402
 
 # Which backend the oracle cases run on, and where: the reference on the CPU by default.
-BACKEND = os.environ.get("FUSEDATTN_TEST_JAX_BACKEND", "auto")
-DEVICE = jax.devices("gpu")[0] if BACKEND != "auto" else jax.devices("cpu")[0]
+BACKEND = os.environ.get("FUSEDATTN_TEST_JAX_BACKEND")
+DEVICE = jax.devices("gpu")[0] if BACKEND else jax.devices("cpu")[0]
 
 # The keyword arguments of a case that are arrays (operands under jit); the rest are static.
 ARRAYS = ("bias", "alibi_slopes", "sinks", "cu_seqlens_q", "cu_seqlens_kv", "seq_offsets_q",
@@ -58,9 +61,20 @@ def split(kwargs):
         for side in ("q", "kv"):
             cu = np.asarray(kwargs["cu_seqlens_" + side])
             static.setdefault("max_seqlen_" + side, int(np.diff(cu).max()))
-    if BACKEND != "auto":
+    if BACKEND:
         static["backend"] = BACKEND
     return arrays, static, oracle
+
+
+def skip_unless_backend_runs(q, k, v, arrays, static, direction):
+    """Skips (saying why) when the forced backend refuses the case on the GPU (auto always has
+    one: the reference backend runs every problem)."""
+    if BACKEND in (None, "auto"):
+        return
+    line = [text for text in fj.explain(*on_device(q, k, v), **arrays, **static).splitlines()
+            if text.startswith(direction + ":")][0]
+    if not line[len(direction) + 1:].strip().startswith(BACKEND):
+        pytest.skip(line[:300])
 
 
 def on_device(*xs):
@@ -70,7 +84,7 @@ def on_device(*xs):
 def _params():
     for case in CASES:
         yield pytest.param(case, "float32", id="%s-float32" % case.name)
-        if case.name in DTYPE_CASES:
+        if case.name in DTYPE_CASES or BACKEND:
             for dtype in ("float16", "bfloat16"):
                 yield pytest.param(case, dtype, id="%s-%s" % (case.name, dtype))
 
@@ -83,6 +97,7 @@ def _params():
 def test_forward_matches_oracle(case, dtype):
     q, k, v, kwargs = case.make(dtype)
     arrays, static, oracle = split(kwargs)
+    skip_unless_backend_runs(q, k, v, arrays, static, "forward")
     run = jax.jit(lambda q, k, v, arrays: fj.attention(q, k, v, return_lse=True, **arrays,
                                                        **static))
     o, lse = run(*on_device(q, k, v), arrays)
@@ -99,6 +114,7 @@ def test_forward_matches_oracle(case, dtype):
 def test_gradients_match_oracle(case, dtype):
     q, k, v, kwargs = case.make(dtype)
     arrays, static, oracle = split(kwargs)
+    skip_unless_backend_runs(q, k, v, arrays, static, "forward+backward")
     d_o = np.random.default_rng(1).standard_normal(
         q.shape[:-1] + (v.shape[-1],)).astype(np.float32).astype(q.dtype)
     # Differentiable: q, k, v, and the bias and sinks when the case has them.
@@ -489,9 +505,14 @@ def test_dot_product_attention_matches_jax_nn(name):
                                                       jnp.int32))
     if c.get("unbatched"):
         q, k, v = q[0], k[0], v[0]
-    got, got_lse = fj.dot_product_attention(q, k, v, return_residual=True, **kwargs)
-    want, want_lse = jax.nn.dot_product_attention(q, k, v, return_residual=True,
-                                                  implementation="xla", **kwargs)
+    def ours(q, k, v, **extra):
+        return fj.dot_product_attention(q, k, v, **kwargs, **extra)
+
+    def theirs(q, k, v, **extra):
+        return jax.nn.dot_product_attention(q, k, v, implementation="xla", **kwargs, **extra)
+
+    got, got_lse = jax.jit(functools.partial(ours, return_residual=True))(q, k, v)
+    want, want_lse = jax.jit(functools.partial(theirs, return_residual=True))(q, k, v)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-5)
     assert got_lse.shape == want_lse.shape and got_lse.dtype == want_lse.dtype
     # Padded query rows have no key: -inf here, a large negative number's log-sum-exp in jax.nn.
@@ -502,9 +523,11 @@ def test_dot_product_attention_matches_jax_nn(name):
     assert padded.sum() == (2 * N if "query_seq_lengths" in kwargs else 0)
     np.testing.assert_allclose(got_lse[~padded], want_lse[~padded], rtol=2e-5, atol=2e-5)
     d_o = rng.standard_normal(np.shape(q)).astype(np.float32)
-    grad = jax.grad(lambda q, k, v, f: jnp.sum(f(q, k, v, **kwargs) * d_o), argnums=(0, 1, 2))
-    for g, w in zip(grad(q, k, v, fj.dot_product_attention),
-                    grad(q, k, v, jax.nn.dot_product_attention)):
+
+    def grad(f):
+        return jax.jit(jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) * d_o), argnums=(0, 1, 2)))
+
+    for g, w in zip(grad(ours)(q, k, v), grad(theirs)(q, k, v)):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-5)
 
 
@@ -532,6 +555,7 @@ def test_dot_product_attention_rows_without_keys_give_zero():
 _SHARDING_SCRIPT = textwrap.dedent('''
     import json, os
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    os.environ["JAX_PLATFORMS"] = "cpu"  # also on a machine with a GPU
     import numpy as np, jax, jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     import fusedattn.jax as fj
@@ -663,3 +687,27 @@ def test_what_cannot_stay_sharded_is_made_whole_and_stays_right(sharding_results
 def test_sharded_dropout_is_repeatable_and_shard_map_runs_local_parts(sharding_results):
     assert sharding_results["dropout"] == dict(repeatable=True, finite=True)
     assert sharding_results["shard_map_error"] <= 1e-6
+
+
+# ---------------------------------------------------------------------------------------------
+# The GPU benchmark's harness (bench/jax_bench.py), dry run on the CPU
+# ---------------------------------------------------------------------------------------------
+
+def test_jax_bench_dry_run_writes_its_tables(tmp_path):
+    bench_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench")
+    sys.path.insert(0, bench_dir)
+    try:
+        import jax_bench
+    finally:
+        sys.path.remove(bench_dir)
+    assert jax_bench.main(["--grid", "smoke", "--platform", "cpu", "--quick",
+                           "--out", str(tmp_path)]) == 0
+    [md] = tmp_path.glob("jax-smoke-cpu-*.md")
+    [js] = tmp_path.glob("jax-smoke-cpu-*.json")
+    data = json.loads(js.read_text())
+    assert len(data["rows"]) == 4 and all(c["reference_o"] == 0 for c in data["checks"].values())
+    ours = [row["impls"]["fusedattn.jax"] for row in data["rows"]]
+    assert all(e["status"] == "ok" and e["device"]["time_ms"] > 0 for e in ours)
+    assert all(row["impls"]["jax.nn:xla"]["status"] == "ok" for row in data["rows"])
+    text = md.read_text()
+    assert "Back to back" in text and "Device only" in text and "(reference)" in text
