@@ -432,13 +432,17 @@ struct Platform {
       *out = heap->data();
       return ffi::Error::Success();
     }
-    // 256-byte alignment: what cudaMalloc gives, and more than any backend's workspace needs.
-    std::optional<void*> memory = scratch->Allocate(bytes, 256);
+    // The workspace starts on a 256-byte boundary (what cudaMalloc gives; the backends lay their
+    // parts out from there). XLA's allocator takes no alignment above 16 ("Unsupported
+    // alignment"), so ask for 255 bytes more and align here.
+    constexpr size_t kAlignment = 256;
+    std::optional<void*> memory = scratch->Allocate(bytes + kAlignment - 1, 16);
     if (!memory.has_value())
       return Failure(FUSEDATTN_ERROR_OUT_OF_MEMORY,
                      "XLA's scratch allocator could not give the " + std::to_string(bytes) +
                          " bytes of workspace this call needs");
-    *out = *memory;
+    uintptr_t base = reinterpret_cast<uintptr_t>(*memory);
+    *out = reinterpret_cast<void*>((base + kAlignment - 1) / kAlignment * kAlignment);
     return ffi::Error::Success();
   }
 };
