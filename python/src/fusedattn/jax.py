@@ -294,7 +294,7 @@ def _factors(role, shape, layout, heads, unique):
 
 def _sharding_rule(static, backward, mesh, value_types, result_types):
     """The Shardy rule of a call (custom_partitioning's sharding_rule callable)."""
-    from jax._src.lib.mlir import ir
+    from jax.extend.mlir import ir
     shapes_in = [tuple(ir.RankedTensorType(t).shape) for t in value_types]
     shapes_out = [tuple(ir.RankedTensorType(t).shape) for t in result_types]
     roles_in = _operand_roles(static, backward)
@@ -640,8 +640,12 @@ _PADDING_FORM = {"none": "padding", "causal": "padding_causal",
                  "causal_bottom_right": "padding_causal_bottom_right"}
 
 
-def _is_traced(x):
-    return isinstance(x, jax.core.Tracer)
+def _concrete(x):
+    """x's values as a NumPy array, or None when x is traced (its values are not known yet)."""
+    try:
+        return np.asarray(x)
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):
+        return None
 
 
 def _check_shape(name, x, expected, what):
@@ -653,11 +657,12 @@ def _check_shape(name, x, expected, what):
 def _max_length(name, cu, given):
     if given:
         return int(given)
-    if _is_traced(cu):
+    values = _concrete(cu)
+    if values is None:
         raise InvalidArgumentError(
             "layout 'thd' under jax.jit needs max_seqlen_q and max_seqlen_kv as Python ints "
             "(%s is traced, so its longest sequence is not known when the call is traced)" % name)
-    return NumpyArrays.max_length(np.asarray(cu), name)
+    return NumpyArrays.max_length(values, name)
 
 
 def _index_array(x, name):
@@ -828,11 +833,9 @@ def _check_operands(layout, dims, q, k, v, bias, alibi_slopes, sinks, lengths_q,
 def _platform_of(x):
     """"cuda" or "cpu": where an array lives (a ShapeDtypeStruct or tracer: JAX's default
     backend)."""
-    devices = None
     try:
-        if not _is_traced(x) and hasattr(x, "devices"):
-            devices = x.devices()
-    except Exception:  # an abstract array without devices
+        devices = x.devices()
+    except Exception:  # a tracer or a ShapeDtypeStruct: no devices to ask
         devices = None
     platform = next(iter(devices)).platform if devices else jax.default_backend()
     return "cuda" if platform in ("gpu", "cuda") else "cpu"
