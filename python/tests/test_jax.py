@@ -3,7 +3,7 @@ forward and gradients against the float64 oracle for every feature, jit, vmap, s
 host-platform devices, score modifiers, dropout, dot_product_attention against jax.nn, and the
 errors. Skipped when jax is not installed.
 
-FUSEDATTN_TEST_JAX_BACKEND=auto|cudnn|flash|small_seq (the GPU machine: scripts/gpu_run.sh jax)
+FUSEDATTN_TEST_JAX_BACKEND=auto|cudnn|flash|small_seq (the GPU machine: gpu_run.sh jax_tests)
 puts the oracle cases' arrays on the GPU and forces that backend (auto: the library's choice),
 in float32, float16 and bfloat16; cases the backend refuses are skipped with its reason. The
 other tests run where JAX's default device is (run them with JAX_PLATFORMS=cpu there)."""
