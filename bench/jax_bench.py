@@ -2,7 +2,7 @@
 """fusedattn.jax against jax.nn.dot_product_attention (implementation "cudnn", and "xla" where
 its score matrix fits), on the same JAX arrays, in one process; with a correctness check first.
 
-    python bench/jax_bench.py --grid headline|prefill|small_seq|all [--check] [--out DIR]
+    python bench/jax_bench.py --grid headline|prefill|small_seq|all [--filter TEXT] [--out DIR]
     python bench/jax_bench.py --grid smoke --platform cpu --quick    # a dry run of the harness
 
 writes <out>/jax-<grid>-<device>-<date>.{md,json} (default out: bench/results).
@@ -372,6 +372,8 @@ def main(argv=None):
     parser.add_argument("--platform", default="gpu", choices=("gpu", "cpu"))
     parser.add_argument("--no-check", dest="check", action="store_false")
     parser.add_argument("--only", default="", help="comma-separated implementations")
+    parser.add_argument("--filter", default="",
+                        help="only the points whose label contains this text, e.g. 'd64'")
     parser.add_argument("--quick", action="store_true",
                         help="short timing loops (a dry run of the harness)")
     args = parser.parse_args(argv)
@@ -395,7 +397,7 @@ def main(argv=None):
     failed_checks = []
     for grid in grids:
         rows, checks = [], {}
-        points = GRIDS[grid]()
+        points = [p for p in GRIDS[grid]() if args.filter in p.label]
         for point in points:
             print("==", point.label, flush=True)
             if args.check:
@@ -425,7 +427,8 @@ def main(argv=None):
                                   cell(results[impl], point.unit, True)) for impl in IMPLS)),
                       flush=True)
         os.makedirs(args.out, exist_ok=True)
-        paths = bench.output_paths(args.out, "jax-" + grid, info["device"], date)
+        name = "jax-" + grid + ("-" + bench.device_slug(args.filter) if args.filter else "")
+        paths = bench.output_paths(args.out, name, info["device"], date)
         write_outputs(paths, grid, rows, info, checks)
         print("wrote", paths["md"], paths["json"])
     if failed_checks:
