@@ -344,6 +344,13 @@ typedef struct fusedattn_fwd_args {
    * dtypes as the graph declares them). */
   int64_t num_score_mod_tensors;
   const fusedattn_tensor* score_mod_tensors;
+  /* Added after 0.1.0: the dropout seed and offset held in memory instead of the two fields
+   * above, for callers that have them only there (a PRNG key traced by jax.jit, a generator's
+   * state on the device): NULL, or two uint64 values {seed, offset} where the tensors live
+   * (device memory for config.device CUDA). Read only when config.dropout > 0, and then they
+   * replace dropout_seed and dropout_offset. On CUDA the library reads them with one 16-byte
+   * copy on the stream, which waits for the stream (a host synchronization per call). */
+  const uint64_t* dropout_seed_offset;
 } fusedattn_fwd_args;
 
 typedef struct fusedattn_bwd_args {
@@ -364,10 +371,13 @@ typedef struct fusedattn_bwd_args {
   int64_t num_score_mod_tensors;
   const fusedattn_tensor* score_mod_tensors;
   const fusedattn_tensor* d_score_mod_tensors;
+  /* Added after 0.1.0: as in fusedattn_fwd_args (NULL: dropout_seed and dropout_offset). */
+  const uint64_t* dropout_seed_offset;
 } fusedattn_bwd_args;
 
-/* Zero-filled args with struct_size set. (struct_size may also be 0.1.0's size: the fields
- * added since then are then zero.) */
+/* Zero-filled args with struct_size set. (struct_size may also be that of an earlier layout:
+ * 0.1.0's, or the one that ends with the score_mod fields; the fields added since then are then
+ * zero.) */
 FUSEDATTN_API fusedattn_fwd_args fusedattn_fwd_args_init(void);
 FUSEDATTN_API fusedattn_bwd_args fusedattn_bwd_args_init(void);
 

@@ -759,13 +759,16 @@ Status CheckShared(const Problem& p, const SharedInputs& in, Out* out) {
 
 Status MakeFwdTensors(const Problem& p, const fusedattn_fwd_args* user, FwdTensors* out) {
   if (user == nullptr) return InvalidArgument("args is NULL");
+  // The layouts callers may have compiled against: 0.1.0's, then with the score_mod fields.
   constexpr size_t kSize_0_1 = offsetof(fusedattn_fwd_args, num_score_mod_tensors);
-  if (user->struct_size != sizeof(fusedattn_fwd_args) && user->struct_size != kSize_0_1)
+  constexpr size_t kSizeScoreMod = offsetof(fusedattn_fwd_args, dropout_seed_offset);
+  if (user->struct_size != sizeof(fusedattn_fwd_args) && user->struct_size != kSize_0_1 &&
+      user->struct_size != kSizeScoreMod)
     return InvalidArgument(
         "args.struct_size = %llu but this library's fusedattn_fwd_args has %llu bytes (or %llu "
-        "as in version 0.1.0): use fusedattn_fwd_args_init()",
+        "as in version 0.1.0, %llu with the score_mod fields): use fusedattn_fwd_args_init()",
         (unsigned long long)user->struct_size, (unsigned long long)sizeof(fusedattn_fwd_args),
-        (unsigned long long)kSize_0_1);
+        (unsigned long long)kSize_0_1, (unsigned long long)kSizeScoreMod);
   // Read the caller's struct as far as it goes; later fields stay zero.
   fusedattn_fwd_args copy;
   std::memset(&copy, 0, sizeof copy);
@@ -812,19 +815,23 @@ Status MakeFwdTensors(const Problem& p, const fusedattn_fwd_args* user, FwdTenso
                                                  &t.score_mod_tensors, nullptr));
   t.dropout_seed = args->dropout_seed;
   t.dropout_offset = args->dropout_offset;
+  t.dropout_seed_offset = args->dropout_seed_offset;
   *out = t;
   return Status::Ok();
 }
 
 Status MakeBwdTensors(const Problem& p, const fusedattn_bwd_args* user, BwdTensors* out) {
   if (user == nullptr) return InvalidArgument("args is NULL");
+  // The layouts callers may have compiled against: 0.1.0's, then with the score_mod fields.
   constexpr size_t kSize_0_1 = offsetof(fusedattn_bwd_args, num_score_mod_tensors);
-  if (user->struct_size != sizeof(fusedattn_bwd_args) && user->struct_size != kSize_0_1)
+  constexpr size_t kSizeScoreMod = offsetof(fusedattn_bwd_args, dropout_seed_offset);
+  if (user->struct_size != sizeof(fusedattn_bwd_args) && user->struct_size != kSize_0_1 &&
+      user->struct_size != kSizeScoreMod)
     return InvalidArgument(
         "args.struct_size = %llu but this library's fusedattn_bwd_args has %llu bytes (or %llu "
-        "as in version 0.1.0): use fusedattn_bwd_args_init()",
+        "as in version 0.1.0, %llu with the score_mod fields): use fusedattn_bwd_args_init()",
         (unsigned long long)user->struct_size, (unsigned long long)sizeof(fusedattn_bwd_args),
-        (unsigned long long)kSize_0_1);
+        (unsigned long long)kSize_0_1, (unsigned long long)kSizeScoreMod);
   fusedattn_bwd_args copy;
   std::memset(&copy, 0, sizeof copy);
   std::memcpy(&copy, user, user->struct_size);
@@ -886,6 +893,7 @@ Status MakeBwdTensors(const Problem& p, const fusedattn_bwd_args* user, BwdTenso
                                                  &t.score_mod_grads));
   t.dropout_seed = args->dropout_seed;
   t.dropout_offset = args->dropout_offset;
+  t.dropout_seed_offset = args->dropout_seed_offset;
   *out = t;
   return Status::Ok();
 }
