@@ -708,7 +708,8 @@ Status CheckPagePool(const char* name, const fusedattn_tensor& t, fusedattn_form
                      int64_t pages_of_k, TensorView* view, int64_t* num_pages) {
   if (t.data == nullptr) return InvalidArgument("%s.data is NULL", name);
   const bool sbhd = format == FUSEDATTN_FORMAT_SBHD;
-  const int page_axis = sbhd ? 1 : 0, token_axis = format == FUSEDATTN_FORMAT_BHSD ? 2 : sbhd ? 0 : 1;
+  const int page_axis = sbhd ? 1 : 0;
+  const int token_axis = format == FUSEDATTN_FORMAT_BHSD ? 2 : sbhd ? 0 : 1;
   const char* layout = format == FUSEDATTN_FORMAT_BHSD ? "[num_pages, heads_kv, page_size, d]"
                        : sbhd                          ? "[page_size, num_pages, heads_kv, d]"
                                                        : "[num_pages, page_size, heads_kv, d]";
@@ -749,9 +750,6 @@ Status CheckPagedInputs(const Problem& p, const fusedattn_tensor& page_table,
     return InvalidArgument("args.page_table.data is NULL but config.page_size = %lld (paged "
                            "K/V) needs it: int32 [batch, max_pages_per_seq]",
                            (long long)c.page_size);
-  if (page_table.dtype != FUSEDATTN_DTYPE_INT32)
-    return InvalidArgument("args.page_table.dtype = %s but int32 is expected",
-                           DtypeName(page_table.dtype));
   if (page_table.ndim != 2)
     return InvalidArgument("args.page_table.ndim = %d but 2 is expected [batch, "
                            "max_pages_per_seq]",

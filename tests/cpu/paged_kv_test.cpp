@@ -168,7 +168,9 @@ std::vector<Variant> Variants() {
       {"OffByOne", [](auto& c) { c.softmax_type = FUSEDATTN_SOFTMAX_OFF_BY_ONE; }},
       {"LearnableSink", [](auto& c) { c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK; }},
       {"Alibi",
-       [](auto& c) { c.bias_type = FUSEDATTN_BIAS_ALIBI, c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT; }},
+       [](auto& c) {
+         c.bias_type = FUSEDATTN_BIAS_ALIBI, c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+       }},
       {"PreScaleBias",
        [](auto& c) {
          c.bias_type = FUSEDATTN_BIAS_PRE_SCALE, c.bias_batch = c.batch, c.bias_heads = c.heads_q;

@@ -468,7 +468,8 @@ void FillPaged(FuzzedDataProvider& in, Tensor* table, Tensor* lengths, int64_t n
     if (!t->present) return;
     if (t->dtype != FUSEDATTN_DTYPE_INT32) return FillInput(t, rng, -4, 4);
     for (int64_t i = 0; i < t->elements(); ++i) {
-      int64_t v = static_cast<int64_t>(rng->next() % static_cast<uint64_t>(std::max<int64_t>(hi, 1)));
+      const uint64_t range = static_cast<uint64_t>(std::max<int64_t>(hi, 1));
+      int64_t v = static_cast<int64_t>(rng->next() % range);
       if (Rare(in, 16)) v = in.PickValueInArray<int64_t>({-1, hi, hi + 1, INT32_MAX, INT32_MIN});
       int32_t value = static_cast<int32_t>(std::clamp<int64_t>(v, INT32_MIN, INT32_MAX));
       std::memcpy(t->storage.data() + 4 * i, &value, 4);

@@ -103,8 +103,8 @@ def normalize_options(layout="bshd", mask=None, window=(-1, -1), bias_type="post
 
 
 # page_size: 0 for contiguous K/V, else the pages' length (paged K/V).
-Dims = namedtuple("Dims", "batch max_seqlen_q max_seqlen_kv heads_q heads_kv head_dim_qk head_dim_v "
-                          "page_size", defaults=(0,))
+Dims = namedtuple("Dims", "batch max_seqlen_q max_seqlen_kv heads_q heads_kv head_dim_qk "
+                          "head_dim_v page_size", defaults=(0,))
 
 
 def pool_layout(layout):
