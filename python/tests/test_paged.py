@@ -293,3 +293,48 @@ def test_paged_decode_compiles_fullgraph():
         compiled = torch.compile(step, fullgraph=True)(tq, tk, tv, args["page_table"],
                                                        args["seqlens_kv"])
     assert torch.equal(eager, compiled)
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA tensors (the GPU machine): no GPU backend has a paged kernel yet, so auto selection names
+# each one's reason, and the reference runs them when forced, equal to the CPU run.
+# ---------------------------------------------------------------------------------------------
+
+
+def _cuda_torch():
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device visible to PyTorch")
+    return torch
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=repr)
+def test_paged_cuda_reference_equals_the_cpu_run(case):
+    torch = _cuda_torch()
+    q, cache, paged, _ = case.make("bfloat16")
+    expected, expected_lse = fusedattn.attention(q, cache.k, cache.v, return_lse=True, **paged)
+    args = {name: (value.to("cuda") if isinstance(value, torch.Tensor) else value)
+            for name, value in _torch_args(torch, paged).items()}
+
+    def cuda(x):  # bfloat16 through float32: exact both ways
+        return torch.from_numpy(x.astype(np.float32)).to(device="cuda", dtype=torch.bfloat16)
+
+    with torch.no_grad():
+        o, lse = fusedattn.attention(cuda(q), cuda(cache.k), cuda(cache.v), return_lse=True,
+                                     backend="reference", **args)
+    np.testing.assert_array_equal(o.float().cpu().numpy(), expected.astype(np.float32))
+    np.testing.assert_array_equal(lse.cpu().numpy(), expected_lse)
+
+
+@pytest.mark.gpu
+def test_paged_cuda_auto_names_every_gpu_backends_reason():
+    torch = _cuda_torch()
+    q, cache, paged, _ = CASES[0].make("float32")
+    args = {name: (value.to("cuda") if isinstance(value, torch.Tensor) else value)
+            for name, value in _torch_args(torch, paged).items()}
+    with pytest.raises(fusedattn.NotSupportedError) as error, torch.no_grad():
+        fusedattn.attention(torch.from_numpy(q).cuda(), torch.from_numpy(cache.k).cuda(),
+                            torch.from_numpy(cache.v).cuda(), **args)
+    for backend in ("small_seq", "cudnn", "flash"):
+        assert "%s: paged K/V (page_size = 4)" % backend in str(error.value), str(error.value)
