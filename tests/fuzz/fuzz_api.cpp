@@ -39,16 +39,18 @@ constexpr double kMaxWork = 1 << 15;          // b * hq * sq * skv * d of a call
 // decoder reaches successful runs, whose outputs get the strongest checks).
 struct Stats {
   uint64_t inputs = 0, selected = 0, fwd_calls = 0, fwd_ok = 0, bwd_calls = 0, bwd_ok = 0;
-  uint64_t finite_checked = 0;
+  uint64_t finite_checked = 0, paged_fwd_calls = 0, paged_fwd_ok = 0;
   ~Stats() {
     if (std::getenv("FUSEDATTN_FUZZ_STATS"))
       std::fprintf(stderr,
                    "fuzz_api stats: inputs %llu, get_backend ok %llu, fwd calls %llu (ok %llu), "
-                   "bwd calls %llu (ok %llu), successful calls with finiteness checked %llu\n",
+                   "bwd calls %llu (ok %llu), successful calls with finiteness checked %llu, "
+                   "paged fwd calls %llu (ok %llu)\n",
                    (unsigned long long)inputs, (unsigned long long)selected,
                    (unsigned long long)fwd_calls, (unsigned long long)fwd_ok,
                    (unsigned long long)bwd_calls, (unsigned long long)bwd_ok,
-                   (unsigned long long)finite_checked);
+                   (unsigned long long)finite_checked, (unsigned long long)paged_fwd_calls,
+                   (unsigned long long)paged_fwd_ok);
   }
 } g_stats;
 
@@ -456,7 +458,9 @@ Paging DecodePaging(FuzzedDataProvider& in, const fusedattn_config& c) {
   p.num_pages = in.ConsumeIntegralInRange<int64_t>(1, 8);
   if (c.page_size > 0 && c.max_seqlen_kv > 0)
     p.width = c.max_seqlen_kv / c.page_size + (c.max_seqlen_kv % c.page_size != 0);
-  if (Rare(in, 8)) p.width = std::max<int64_t>(1, p.width + in.ConsumeIntegralInRange(-1, 2));
+  if (Rare(in, 8))  // (a huge max_seqlen_kv gives a huge width: stay clear of overflow)
+    p.width = std::max<int64_t>(1, std::min<int64_t>(p.width, INT64_MAX - 2) +
+                                       in.ConsumeIntegralInRange(-1, 2));
   return p;
 }
 
@@ -703,6 +707,8 @@ void RunForward(Run& r, fusedattn_status workspace_status) {
                                       msg.length);
   ++g_stats.fwd_calls;
   if (st == FUSEDATTN_SUCCESS) ++g_stats.fwd_ok, g_stats.finite_checked += r.finite_check;
+  g_stats.paged_fwd_calls += paged;
+  g_stats.paged_fwd_ok += paged && st == FUSEDATTN_SUCCESS;
   CheckStatus("fusedattn_fwd", st, msg);
   for (Tensor* t : all)
     if (t->role != Role::kOutput || st != FUSEDATTN_SUCCESS) CheckUnchanged("fusedattn_fwd", *t);
