@@ -1,8 +1,9 @@
 // The cuDNN backend's plan and host costs, on a GPU, as markdown tables on stdout:
 //
 //   plans      cuDNN's start-up; the cold forward + backward build of a structure; each new batch
-//              size 1..8 of it; new sequence lengths; a repeated size; the forward of a no-mask
-//              problem (the unified node's plans). All per shape: the library's default.
+//              size 1..8 of it (in batch chunks of the plans built before: the library's default);
+//              new sequence lengths; a repeated size; the forward of a no-mask problem (the
+//              unified node's plans). All per shape: the library's default.
 //   dynamic    only when FUSEDATTN_CUDNN_DYNAMIC_SHAPES asks for dynamic shapes (1, or
 //              no-override) in this program's environment: the same sweep with dynamic-shape
 //              plans from a structure's kernel cache, and a second process of this program started
@@ -10,7 +11,8 @@
 //              cuDNN 9.19 (2026-11-24) such plans gave wrong results after a shape change
 //              (src/backends/cudnn/README.md, "Dynamic shapes: status").
 //   device     device time of back-to-back forward + backward calls on a per-shape plan (and on a
-//              dynamic-shape plan of the same problem, with the dynamic rows).
+//              dynamic-shape plan of the same problem, with the dynamic rows); larger batches in
+//              batch chunks of built plans and on plans of their own, per 4 sequences.
 //   host       warm host time per fusedattn_fwd / fusedattn_bwd call (median of back-to-back
 //              calls, the GPU work runs behind) for dense BSHD, padded BSHD and THD problems, with
 //              the number of our own kernel launches around cuDNN's graph; and where the time of
@@ -96,6 +98,9 @@ Build TimeBuild(const fusedattn_config& c) {
   b.delta.per_shape = after.per_shape - before.per_shape;
   b.delta.kernel_caches_loaded = after.kernel_caches_loaded - before.kernel_caches_loaded;
   b.delta.kernel_caches_saved = after.kernel_caches_saved - before.kernel_caches_saved;
+  b.delta.batch_chunked = after.batch_chunked - before.batch_chunked;
+  b.delta.plans_read = after.plans_read - before.plans_read;
+  b.delta.plans_written = after.plans_written - before.plans_written;
   std::string how;
   auto add = [&](uint64_t n, const char* what) {
     if (n) how += Format("%s%llu %s", how.empty() ? "" : ", ", (unsigned long long)n, what);
@@ -105,6 +110,9 @@ Build TimeBuild(const fusedattn_config& c) {
   add(b.delta.per_shape, "per-shape");
   add(b.delta.kernel_caches_loaded, "kernel caches read");
   add(b.delta.kernel_caches_saved, "kernel caches written");
+  add(b.delta.batch_chunked, "in batch chunks of a built plan");
+  add(b.delta.plans_read, "read from the plan store");
+  add(b.delta.plans_written, "stored");
   b.how = how.empty() ? "cached plans" : how;
   return b;
 }
@@ -132,7 +140,7 @@ double WarmCheckUs(const fusedattn_config& c) {
 // The second process
 // ------------------------------------------------------------------------------------------------
 // --child: cuDNN's start-up (a tiny no-mask forward, as in the parent), then the structure at
-// batch 2 and at batch 5; one line of figures for the parent.
+// batch 1 (the plans the parent built first) and at batch 5; one line of figures for the parent.
 int Child() {
   if (!testing::CudaDeviceAvailable()) return 1;
   const auto t0 = Clock::now();
@@ -140,46 +148,47 @@ int Child() {
   warmup.mask = FUSEDATTN_MASK_NONE, warmup.is_training = 0;
   Build start = TimeBuild(warmup);
   const double startup_ms = Ms(Clock::now() - t0);
-  Build first = TimeBuild(Structure(2, 128));
+  Build first = TimeBuild(Structure(1, 128));  // the parent's first plans of the structure
   Build batch5 = TimeBuild(Structure(5, 128));
   if (start.ms < 0 || first.ms < 0 || batch5.ms < 0) return 1;
   std::printf("CHILD startup_ms=%.3f build_ms=%.3f build_plans=%llu loaded=%llu dynamic=%llu "
-              "saved=%llu new_batch_ms=%.3f\n",
+              "saved=%llu read=%llu new_batch_ms=%.3f\n",
               startup_ms, first.ms, (unsigned long long)first.delta.builds,
               (unsigned long long)first.delta.kernel_caches_loaded,
               (unsigned long long)first.delta.dynamic,
-              (unsigned long long)first.delta.kernel_caches_saved, batch5.ms);
+              (unsigned long long)first.delta.kernel_caches_saved,
+              (unsigned long long)first.delta.plans_read, batch5.ms);
   return 0;
 }
 
-void SecondProcess(const char* self) {
+// label: "experimental: " for the dynamic rows, "" for the default (plans from the plan store).
+void SecondProcess(const char* self, const char* label) {
   const std::string command = std::string("'") + self + "' --child";
   FILE* p = popen(command.c_str(), "r");
   double startup = -1, build = -1, new_batch = -1;
-  unsigned long long plans = 0, loaded = 0, dynamic = 0, saved = 0;
+  unsigned long long plans = 0, loaded = 0, dynamic = 0, saved = 0, read = 0;
   if (p != nullptr) {
     char line[1024];
     while (std::fgets(line, sizeof line, p))
       if (std::strncmp(line, "CHILD ", 6) == 0)
         std::sscanf(line,
                     "CHILD startup_ms=%lf build_ms=%lf build_plans=%llu loaded=%llu dynamic=%llu "
-                    "saved=%llu new_batch_ms=%lf",
-                    &startup, &build, &plans, &loaded, &dynamic, &saved, &new_batch);
+                    "saved=%llu read=%llu new_batch_ms=%lf",
+                    &startup, &build, &plans, &loaded, &dynamic, &saved, &read, &new_batch);
     pclose(p);
   }
   if (build < 0) {
-    std::printf("| experimental: second process | failed (run `%s --child` to see why) | | |\n",
+    std::printf("| %ssecond process | failed (run `%s --child` to see why) | | |\n", label,
                 self);
     return;
   }
-  std::printf("| experimental: second process, cuDNN start-up (first handle, tiny forward) | "
-              "%.1f | 1 | |\n",
-              startup);
-  std::printf("| experimental: second process, forward + backward of the structure, b=2 | %.1f "
-              "| %llu | "
-              "%llu dynamic, %llu kernel caches read from disk, %llu written |\n",
-              build, plans, dynamic, loaded, saved);
-  std::printf("| experimental: second process, then batch 5 | %.1f | 2 | |\n", new_batch);
+  std::printf("| %ssecond process, cuDNN start-up (first handle, tiny forward) | %.1f | | |\n",
+              label, startup);
+  std::printf("| %ssecond process, forward + backward of the structure, b=1 | %.1f | %llu | "
+              "%llu dynamic, %llu kernel caches read from disk, %llu written, %llu plans read "
+              "from the plan store |\n",
+              label, build, plans, dynamic, loaded, saved, read);
+  std::printf("| %ssecond process, then batch 5 | %.1f | | |\n", label, new_batch);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -365,10 +374,12 @@ int main(int argc, char** argv) {
   const bool dynamic_rows = dynamic_setting.mode != cudnn::DynamicShapesMode::kOff;
   auto per_shape = [] {
     unsetenv("FUSEDATTN_CUDNN_DYNAMIC_SHAPES");
+    unsetenv("FUSEDATTN_CUDNN_BATCH_CHUNKS");
     cudnn::ReloadSettings();
   };
   auto dynamic = [&] {
     setenv("FUSEDATTN_CUDNN_DYNAMIC_SHAPES", dynamic_value.c_str(), 1);
+    setenv("FUSEDATTN_CUDNN_BATCH_CHUNKS", "1", 1);  // every new shape builds, dynamically
     cudnn::ReloadSettings();
   };
   char dir[] = "/tmp/fusedattn_cudnn_overhead_XXXXXX";
@@ -386,7 +397,8 @@ int main(int argc, char** argv) {
   std::printf("## cuDNN backend: plans and host cost\n\n");
   std::printf("%s, cuDNN %lld, fusedattn %s, %d iterations per host figure\n\n", prop.name,
               (long long)fusedattn_cudnn_version(), fusedattn_version_string(), iterations);
-  std::printf("- plans: per shape (the default)\n");
+  std::printf("- plans: per shape, a larger batch in batch chunks of a built plan, plans stored on "
+              "disk for later processes (the defaults)\n");
   if (dynamic_rows)
     std::printf("- dynamic-shape rows: EXPERIMENTAL, FUSEDATTN_CUDNN_DYNAMIC_SHAPES=%s (%s; "
                 "check their results with FUSEDATTN_TEST_CUDNN_DYNAMIC=1 "
@@ -412,8 +424,12 @@ int main(int argc, char** argv) {
                    : Format("new batch size b=%lld", (long long)batch),
         TimeBuild(Structure(batch, 128)));
   Row("new sequence length s=256, b=2", TimeBuild(Structure(2, 256)));
+  Row("smaller batch b=1, s=256 (builds: no smaller plan to chunk)",
+      TimeBuild(Structure(1, 256)));
   Row("new sequence length s=200, b=3", TimeBuild(Structure(3, 200)));
   Row("repeated size b=3, s=128 (selection cache)", TimeBuild(Structure(3, 128)));
+  std::fflush(stdout);
+  SecondProcess(argv[0], "");  // reads the plans this process stored
   std::printf("| repeated size b=3, s=128: the plan lookup of check() alone | %.4f | 0 | |\n",
               WarmCheckUs(Structure(3, 128)) / 1000.0);
 
@@ -442,7 +458,7 @@ int main(int argc, char** argv) {
     Row("experimental: new sequence length s=256, b=2", TimeBuild(Structure(2, 256)));
     Row("experimental: new sequence length s=200, b=3", TimeBuild(Structure(3, 200)));
     std::fflush(stdout);
-    SecondProcess(argv[0]);
+    SecondProcess(argv[0], "experimental: ");
     per_shape();
   }
 
@@ -452,6 +468,25 @@ int main(int argc, char** argv) {
   fusedattn_config big = Structure(4, 2048);
   big.heads_q = big.heads_kv = 16, big.head_dim_qk = big.head_dim_v = 128;
   std::printf("| per shape | %.3f |\n", DeviceMsPerStep(big, 20));
+  // New batch sizes of it: in batch chunks of built plans (the default: 8 = 4 + 4, and 5 = 4 + 1
+  // once b=1 is built), and on plans of their own (batch chunks off); per 4 sequences.
+  fusedattn_config one = big, five = big, eight = big;
+  one.batch = 1, five.batch = 5, eight.batch = 8;
+  std::printf("| b=8 in batch chunks 4 + 4 (per 4 sequences) | %.3f |\n",
+              DeviceMsPerStep(eight, 20) / 2);
+  std::printf("| b=1 (per 4 sequences) | %.3f |\n", DeviceMsPerStep(one, 20) * 4);
+  std::printf("| b=5 in batch chunks 4 + 1 (per 4 sequences) | %.3f |\n",
+              DeviceMsPerStep(five, 20) * 4 / 5);
+  setenv("FUSEDATTN_CUDNN_BATCH_CHUNKS", "1", 1);
+  cudnn::ReloadSettings();
+  std::printf("| b=8 on a plan of its own (FUSEDATTN_CUDNN_BATCH_CHUNKS=1; per 4 sequences) | "
+              "%.3f |\n",
+              DeviceMsPerStep(eight, 20) / 2);
+  std::printf("| b=5 on a plan of its own (FUSEDATTN_CUDNN_BATCH_CHUNKS=1; per 4 sequences) | "
+              "%.3f |\n",
+              DeviceMsPerStep(five, 20) * 4 / 5);
+  unsetenv("FUSEDATTN_CUDNN_BATCH_CHUNKS");
+  cudnn::ReloadSettings();
   if (dynamic_rows) {
     dynamic();
     std::printf("| experimental: dynamic shapes (kernel cache) | %.3f |\n",

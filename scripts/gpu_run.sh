@@ -172,6 +172,55 @@ step_bench_host() {
   python3 "$ROOT/bench/bench.py" --grid host --out "$OUT" ${BENCH_HOST_ARGS:-}
 }
 
+# The drop-in entry points (issue 19) on CUDA: the gpu-marked tests of the SDPA and flash_attn
+# drop-ins, the transformers integration (tiny Llama, Mistral, Gemma 2, Qwen2, gpt-oss against
+# eager in float32 and bfloat16, padded batches, generation) and the examples; then
+# bench/hf_train_step.py (Llama 8 layers, GQA 16/4, 4 x 2048 tokens, bf16: train step with
+# "fusedattn" against "sdpa", full and padded batches). Give it TIMEOUT_dropin=540 (score-modifier
+# kernels compile with NVRTC on first use).
+step_dropin() {
+  step_python_build >/dev/null || return 1
+  export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
+  local rc=0
+  (cd "$ROOT/python" && python3 -m pytest -q -m gpu tests/test_sdpa_dropin.py \
+    tests/test_flash_attn_dropin.py tests/test_transformers_integration.py \
+    tests/test_examples.py) || rc=1
+  python3 "$ROOT/bench/hf_train_step.py" --out "$OUT" || rc=1
+  return $rc
+}
+
+# fusedattn.jax on the GPU (jax 0.11.2 there). step_python_build also builds the JAX FFI handlers
+# (libfusedattn_jax_ffi.so) when python3 imports jax. jax_tests: test_jax.py whole on the CPU
+# platform (the CI tests under this jax), then its oracle cases on the GPU with the library's
+# choice and with each GPU backend forced (float32, float16, bfloat16; a case the backend refuses
+# is skipped with the reason; JAX_BACKENDS picks, default "auto cudnn flash small_seq";
+# JAX_CPU_TESTS=0 leaves out the CPU part); several minutes: TIMEOUT_jax_tests=580. jax_bench: bench/jax_bench.py, its check against the CPU
+# reference and jax.nn's cuDNN, then the timing against jax.nn.dot_product_attention;
+# JAX_BENCH_ARGS, e.g. "--grid all" (default: the headline points, b1 h16 d128 s16384 causal and
+# not).
+step_jax_tests() {
+  step_python_build || return 1
+  export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
+  ls "$BUILD/python/package/fusedattn/" | grep jax_ffi
+  local rc=0
+  if [ "${JAX_CPU_TESTS:-1}" = 1 ]; then  # JAX_CPU_TESTS=0: only the GPU oracle cases
+    (cd "$ROOT/python" && JAX_PLATFORMS=cpu python3 -m pytest -q tests/test_jax.py) || rc=1
+  fi
+  for backend in ${JAX_BACKENDS:-auto cudnn flash small_seq}; do
+    echo "== oracle cases on the GPU, backend $backend"
+    (cd "$ROOT/python" && FUSEDATTN_TEST_JAX_BACKEND=$backend \
+      python3 -m pytest -q -rs tests/test_jax.py -k matches_oracle) || rc=1
+  done
+  return $rc
+}
+
+step_jax_bench() {
+  step_python_build >/dev/null || return 1
+  export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
+  # JAX_BENCH_ARGS may quote: "--grid prefill --filter 'd128 h16 b'"
+  eval python3 "$ROOT/bench/jax_bench.py" --out "$OUT" ${JAX_BENCH_ARGS:-}
+}
+
 # Times fusedattn with score modifiers against compiled FlexAttention (bench/flex_bench.py).
 step_flex_bench() {
   step_python_build >/dev/null || return 1

@@ -30,8 +30,11 @@ print(" ".join(b["name"] for b in json.load(sys.stdin)["backends"]
   # its nvidia-* wheels, cached by pip), and matplotlib for the benchmark harness's plots. The
   # wheel above was built without torch, so the first torch test compiles the operator library
   # (fusedattn/_torch.py, about a minute) into the user's cache directory.
-  # JAX (CPU) for the tests that hand JAX arrays to the DLPack API.
+  # JAX (CPU) for fusedattn.jax's tests (test_jax.py; the wheel was built without jax, so the
+  # first of them compiles the XLA FFI handlers, a few seconds, into the user's cache directory)
+  # and the tests that hand JAX arrays to the DLPack API. transformers, pinned to the GPU
+  # machine's version, for the integration's tests (tiny random models on the CPU).
   "$PY" -m pip install -q "torch==${FUSEDATTN_TEST_TORCH_VERSION:-2.11.0}" "matplotlib>=3.7" \
-    "jax==0.10.2" "jaxlib==0.10.2"
+    "jax==0.10.2" "jaxlib==0.10.2" "transformers==5.17.0"
   (cd "$ROOT/python" && "$PY" -m pytest -q tests)
 fi

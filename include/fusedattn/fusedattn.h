@@ -290,7 +290,8 @@ typedef struct fusedattn_score_mod fusedattn_score_mod;
 /* The problem: everything that decides which backend can run it and how. No tensor pointers;
  * a score_mod graph is part of the problem (by its structure, never by its address). */
 typedef struct fusedattn_config {
-  size_t struct_size; /* sizeof(fusedattn_config) as the caller compiled it (or 0.1.0's size) */
+  size_t struct_size; /* sizeof(fusedattn_config) as the caller compiled it (or an earlier
+                         layout's: 0.1.0's, or the one that ends with score_mod) */
 
   int32_t is_training; /* forward saves LSE and the backend must also support the backward */
   int64_t batch;
@@ -378,6 +379,13 @@ typedef struct fusedattn_fwd_args {
    * dtypes as the graph declares them). */
   int64_t num_score_mod_tensors;
   const fusedattn_tensor* score_mod_tensors;
+  /* Added after 0.1.0: the dropout seed and offset held in memory instead of the two fields
+   * above, for callers that have them only there (a PRNG key traced by jax.jit, a generator's
+   * state on the device): NULL, or two uint64 values {seed, offset} where the tensors live
+   * (device memory for config.device CUDA). Read only when config.dropout > 0, and then they
+   * replace dropout_seed and dropout_offset. On CUDA the library reads them with one 16-byte
+   * copy on the stream, which waits for the stream (a host synchronization per call). */
+  const uint64_t* dropout_seed_offset;
   /* Added after 0.1.0: paged K/V (config.page_size > 0; absent otherwise): int32
    * [batch, max_pages_per_seq] and int32 [batch]. */
   fusedattn_tensor page_table;
@@ -402,10 +410,13 @@ typedef struct fusedattn_bwd_args {
   int64_t num_score_mod_tensors;
   const fusedattn_tensor* score_mod_tensors;
   const fusedattn_tensor* d_score_mod_tensors;
+  /* Added after 0.1.0: as in fusedattn_fwd_args (NULL: dropout_seed and dropout_offset). */
+  const uint64_t* dropout_seed_offset;
 } fusedattn_bwd_args;
 
-/* Zero-filled args with struct_size set. (struct_size may also be 0.1.0's size: the fields
- * added since then are then zero.) */
+/* Zero-filled args with struct_size set. (struct_size may also be that of an earlier layout:
+ * 0.1.0's, the one that ends with the score_mod fields, or (fusedattn_fwd_args) the one that
+ * ends with dropout_seed_offset; the fields added since then are then zero.) */
 FUSEDATTN_API fusedattn_fwd_args fusedattn_fwd_args_init(void);
 FUSEDATTN_API fusedattn_bwd_args fusedattn_bwd_args_init(void);
 

@@ -45,6 +45,24 @@ fusedattn_status Guarded(char* msg, size_t msg_len, Body&& body) {
   }
 }
 
+// Replaces the tensors' dropout seed and offset by the {seed, offset} the caller holds in memory
+// (args.dropout_seed_offset), when dropout is on. On CUDA this is a 16-byte copy that waits for
+// the stream: the kernels take the seed and offset as host values.
+template <typename Tensors>
+Status ReadDropoutSeedOffset(const Problem& problem, void* stream, Tensors* tensors) {
+  if (tensors->dropout_seed_offset == nullptr || !problem.has_dropout()) return Status::Ok();
+  uint64_t seed_offset[2];
+  if (problem.device == Device::kCuda) {
+    FUSEDATTN_RETURN_IF_ERROR(
+        CopyToHost(seed_offset, tensors->dropout_seed_offset, sizeof seed_offset, stream));
+  } else {
+    std::memcpy(seed_offset, tensors->dropout_seed_offset, sizeof seed_offset);
+  }
+  tensors->dropout_seed = seed_offset[0];
+  tensors->dropout_offset = seed_offset[1];
+  return Status::Ok();
+}
+
 Status Prepare(const fusedattn_config* config, bool need_backward, Problem* problem,
                Backend** backend, std::string* diagnostic) {
   FUSEDATTN_RETURN_IF_ERROR(MakeProblem(config, HasCudaDevice(), problem));
@@ -114,6 +132,7 @@ fusedattn_status fusedattn_fwd(const fusedattn_config* config, const fusedattn_f
     FUSEDATTN_RETURN_IF_ERROR(MakeProblem(config, HasCudaDevice(), &problem));
     FwdTensors tensors;
     FUSEDATTN_RETURN_IF_ERROR(MakeFwdTensors(problem, args, &tensors));
+    FUSEDATTN_RETURN_IF_ERROR(ReadDropoutSeedOffset(problem, stream, &tensors));
     return RunForward(problem, tensors, workspace, workspace_bytes, stream);
   });
 }
@@ -126,6 +145,7 @@ fusedattn_status fusedattn_bwd(const fusedattn_config* config, const fusedattn_b
     FUSEDATTN_RETURN_IF_ERROR(MakeProblem(config, HasCudaDevice(), &problem));
     BwdTensors tensors;
     FUSEDATTN_RETURN_IF_ERROR(MakeBwdTensors(problem, args, &tensors));
+    FUSEDATTN_RETURN_IF_ERROR(ReadDropoutSeedOffset(problem, stream, &tensors));
     return RunBackward(problem, tensors, workspace, workspace_bytes, stream);
   });
 }

@@ -189,16 +189,18 @@ bool MulOverflows(int64_t a, int64_t b, int64_t* out) {
 Status MakeProblem(const fusedattn_config* user, bool has_cuda_device, Problem* problem) {
   if (user == nullptr) return InvalidArgument("config is NULL");
   if (problem == nullptr) return InvalidArgument("problem is NULL");
-  // The config as 0.1.0 laid it out ended where score_mod begins; such callers get the defaults
-  // of the later fields.
+  // The layouts callers may have compiled against: 0.1.0's ended where score_mod begins, the
+  // next one where page_size begins; such callers get the defaults of the later fields.
   constexpr size_t kConfigSize_0_1 = offsetof(fusedattn_config, score_mod);
-  if (user->struct_size != sizeof(fusedattn_config) && user->struct_size != kConfigSize_0_1)
+  constexpr size_t kConfigSizeScoreMod = offsetof(fusedattn_config, page_size);
+  if (user->struct_size != sizeof(fusedattn_config) && user->struct_size != kConfigSize_0_1 &&
+      user->struct_size != kConfigSizeScoreMod)
     return InvalidArgument(
         "config.struct_size = %llu but this library's fusedattn_config has %llu bytes (or %llu "
-        "as in version 0.1.0): initialize the config with FUSEDATTN_CONFIG_INIT and the header "
-        "of this library",
+        "as in version 0.1.0, %llu with score_mod): initialize the config with "
+        "FUSEDATTN_CONFIG_INIT and the header of this library",
         (unsigned long long)user->struct_size, (unsigned long long)sizeof(fusedattn_config),
-        (unsigned long long)kConfigSize_0_1);
+        (unsigned long long)kConfigSize_0_1, (unsigned long long)kConfigSizeScoreMod);
 
   Problem p;
   p.config = FUSEDATTN_CONFIG_INIT;
@@ -884,13 +886,20 @@ Status CheckShared(const Problem& p, const SharedInputs& in, Out* out) {
 
 Status MakeFwdTensors(const Problem& p, const fusedattn_fwd_args* user, FwdTensors* out) {
   if (user == nullptr) return InvalidArgument("args is NULL");
+  // The layouts callers may have compiled against: 0.1.0's, then with the score_mod fields,
+  // then with dropout_seed_offset.
   constexpr size_t kSize_0_1 = offsetof(fusedattn_fwd_args, num_score_mod_tensors);
-  if (user->struct_size != sizeof(fusedattn_fwd_args) && user->struct_size != kSize_0_1)
+  constexpr size_t kSizeScoreMod = offsetof(fusedattn_fwd_args, dropout_seed_offset);
+  constexpr size_t kSizeSeedOffset = offsetof(fusedattn_fwd_args, page_table);
+  if (user->struct_size != sizeof(fusedattn_fwd_args) && user->struct_size != kSize_0_1 &&
+      user->struct_size != kSizeScoreMod && user->struct_size != kSizeSeedOffset)
     return InvalidArgument(
         "args.struct_size = %llu but this library's fusedattn_fwd_args has %llu bytes (or %llu "
-        "as in version 0.1.0): use fusedattn_fwd_args_init()",
+        "as in version 0.1.0, %llu with the score_mod fields, %llu with dropout_seed_offset): "
+        "use fusedattn_fwd_args_init()",
         (unsigned long long)user->struct_size, (unsigned long long)sizeof(fusedattn_fwd_args),
-        (unsigned long long)kSize_0_1);
+        (unsigned long long)kSize_0_1, (unsigned long long)kSizeScoreMod,
+        (unsigned long long)kSizeSeedOffset);
   // Read the caller's struct as far as it goes; later fields stay zero.
   fusedattn_fwd_args copy;
   std::memset(&copy, 0, sizeof copy);
@@ -948,19 +957,23 @@ Status MakeFwdTensors(const Problem& p, const fusedattn_fwd_args* user, FwdTenso
                                                  &t.score_mod_tensors, nullptr));
   t.dropout_seed = args->dropout_seed;
   t.dropout_offset = args->dropout_offset;
+  t.dropout_seed_offset = args->dropout_seed_offset;
   *out = t;
   return Status::Ok();
 }
 
 Status MakeBwdTensors(const Problem& p, const fusedattn_bwd_args* user, BwdTensors* out) {
   if (user == nullptr) return InvalidArgument("args is NULL");
+  // The layouts callers may have compiled against: 0.1.0's, then with the score_mod fields.
   constexpr size_t kSize_0_1 = offsetof(fusedattn_bwd_args, num_score_mod_tensors);
-  if (user->struct_size != sizeof(fusedattn_bwd_args) && user->struct_size != kSize_0_1)
+  constexpr size_t kSizeScoreMod = offsetof(fusedattn_bwd_args, dropout_seed_offset);
+  if (user->struct_size != sizeof(fusedattn_bwd_args) && user->struct_size != kSize_0_1 &&
+      user->struct_size != kSizeScoreMod)
     return InvalidArgument(
         "args.struct_size = %llu but this library's fusedattn_bwd_args has %llu bytes (or %llu "
-        "as in version 0.1.0): use fusedattn_bwd_args_init()",
+        "as in version 0.1.0, %llu with the score_mod fields): use fusedattn_bwd_args_init()",
         (unsigned long long)user->struct_size, (unsigned long long)sizeof(fusedattn_bwd_args),
-        (unsigned long long)kSize_0_1);
+        (unsigned long long)kSize_0_1, (unsigned long long)kSizeScoreMod);
   FUSEDATTN_RETURN_IF_ERROR(CheckHasBackward(p));
   fusedattn_bwd_args copy;
   std::memset(&copy, 0, sizeof copy);
@@ -1023,6 +1036,7 @@ Status MakeBwdTensors(const Problem& p, const fusedattn_bwd_args* user, BwdTenso
                                                  &t.score_mod_grads));
   t.dropout_seed = args->dropout_seed;
   t.dropout_offset = args->dropout_offset;
+  t.dropout_seed_offset = args->dropout_seed_offset;
   *out = t;
   return Status::Ok();
 }

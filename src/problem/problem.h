@@ -139,6 +139,9 @@ struct FwdTensors {
   const int32_t* seq_offsets_kv = nullptr;
   uint64_t dropout_seed = 0;
   uint64_t dropout_offset = 0;
+  // Where the caller holds {seed, offset} instead (args.dropout_seed_offset), or null. The API
+  // layer reads it into the two fields above before a backend runs (ReadDropoutSeedOffset).
+  const uint64_t* dropout_seed_offset = nullptr;
   std::vector<AuxTensorView> score_mod_tensors;  // one per declared tensor
   // Paged K/V (problem.paged; else null and 0): k and v hold num_pages pages (see TensorView);
   // row b of the page table starts at page_table + b * page_table_stride and holds
@@ -166,6 +169,9 @@ struct BwdTensors {
   const int32_t* seq_offsets_kv = nullptr;
   uint64_t dropout_seed = 0;
   uint64_t dropout_offset = 0;
+  // Where the caller holds {seed, offset} instead (args.dropout_seed_offset), or null. The API
+  // layer reads it into the two fields above before a backend runs (ReadDropoutSeedOffset).
+  const uint64_t* dropout_seed_offset = nullptr;
   TensorView dq, dk, dv;
   BiasView dbias;            // present when bias_requires_grad
   float* dsink = nullptr;    // [heads_q] for LEARNABLE_SINK

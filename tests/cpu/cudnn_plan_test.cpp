@@ -364,6 +364,200 @@ TEST(CudnnKey, ThdBatchesWithinOnePowerOfTwoShareAGraph) {
   EXPECT_EQ(GraphBatch(MakeCuda(bshd)), 5);
 }
 
+// ------------------------------------------------------------------------------------------------
+// Batch chunks
+// ------------------------------------------------------------------------------------------------
+// The chunks a call runs, as first sequence and plan batch each.
+std::vector<std::pair<int64_t, int64_t>> ChunksOf(const BatchChunks& chunks) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (int i = 0; i < chunks.count; ++i) out.emplace_back(chunks.first[i], chunks.batch[i]);
+  return out;
+}
+using Chunks = std::vector<std::pair<int64_t, int64_t>>;
+
+TEST(CudnnBatchChunks, SumBuiltBatchesExactlyWithTheFewestLaunches) {
+  EXPECT_EQ(ChunksOf(ChooseBatchChunks(5, {4, 1}, 8)), (Chunks{{0, 4}, {4, 1}}));
+  EXPECT_EQ(ChunksOf(ChooseBatchChunks(8, {1}, 8)),
+            (Chunks{{0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 1}, {5, 1}, {6, 1}, {7, 1}}));
+  EXPECT_EQ(ChunksOf(ChooseBatchChunks(6, {1, 2, 3}, 8)), (Chunks{{0, 3}, {3, 3}}));
+  EXPECT_EQ(ChunksOf(ChooseBatchChunks(13, {1, 4, 8}, 8)), (Chunks{{0, 8}, {8, 4}, {12, 1}}));
+  EXPECT_EQ(ChooseBatchChunks(9, {1}, 8).count, 0) << "nine launches are more than eight";
+  EXPECT_EQ(ChooseBatchChunks(9, {1}, 4).count, 0);
+  EXPECT_EQ(ChooseBatchChunks(3, {3, 5}, 8).count, 0) << "no plan smaller than the batch";
+  EXPECT_EQ(ChooseBatchChunks(4, {}, 8).count, 0);
+  EXPECT_EQ(ChooseBatchChunks(4, {2}, 1).count, 0) << "off";
+}
+
+TEST(CudnnBatchChunks, OverlapTheLastChunkOnlyForAnEighthOfTheBatchAtMost) {
+  // 2 + 2 + 2 + 2 over 7 would compute one sequence twice, more than 7 / 8 (0): no chunks.
+  // 6 + 6 + 6 over 17 computes one twice, within 17 / 8 (2): the last chunk starts at 11.
+  EXPECT_EQ(ChooseBatchChunks(7, {2}, 8).count, 0);
+  EXPECT_EQ(ChunksOf(ChooseBatchChunks(17, {6}, 8)), (Chunks{{0, 6}, {6, 6}, {11, 6}}));
+  EXPECT_EQ(ChooseBatchChunks(5, {4}, 8).count, 0) << "4 + 4 over 5 computes 3 twice";
+  // Exact sums win over overlap even with more launches.
+  EXPECT_EQ(ChunksOf(ChooseBatchChunks(17, {6, 1}, 8)),
+            (Chunks{{0, 6}, {6, 6}, {12, 1}, {13, 1}, {14, 1}, {15, 1}, {16, 1}}));
+}
+
+TEST(CudnnBatchChunks, LengthArraysOfChunksStartOn16Bytes) {
+  const BatchChunks chunks = ChooseBatchChunks(13, {1, 4, 8}, 8);
+  EXPECT_EQ(chunks.seq_len_offset(0), 0);
+  EXPECT_EQ(chunks.seq_len_offset(1), 8);
+  EXPECT_EQ(chunks.seq_len_offset(2), 12);
+  const BatchChunks ones = ChooseBatchChunks(3, {1}, 8);
+  EXPECT_EQ(ones.seq_len_offset(2), 8) << "each array rounded up to four ints";
+}
+
+// The spec a smaller batch's plan was built with is the chunked call's spec with that batch: the
+// cache finds the plan by it.
+TEST(CudnnBatchChunks, ASmallerBatchsSpecIsTheCallsSpecWithThatBatch) {
+  DeviceInfo device{0, 90, 91900};
+  for (fusedattn_format format : {FUSEDATTN_FORMAT_BSHD, FUSEDATTN_FORMAT_BHSD}) {
+    fusedattn_config c = BaseConfig();
+    c.is_training = 1;
+    c.q_format = c.kv_format = c.o_format = c.do_format = c.dqkv_format = format;
+    c.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+    c.bias_batch = 3, c.bias_heads = 4;
+    c.bias_requires_grad = 1;
+    fusedattn_config two = c;
+    two.batch = two.bias_batch = 2;
+    Problem p3 = MakeCuda(c), p2 = MakeCuda(two);
+    EXPECT_EQ(MakePlanKey(WithBatch(ForwardSpec(p3, CanonicalFwdTensors(p3)), 2), device),
+              MakePlanKey(ForwardSpec(p2, CanonicalFwdTensors(p2)), device))
+        << "forward, format " << format;
+    EXPECT_EQ(MakePlanKey(WithBatch(BackwardSpec(p3, CanonicalBwdTensors(p3)), 2), device),
+              MakePlanKey(BackwardSpec(p2, CanonicalBwdTensors(p2)), device))
+        << "backward, format " << format;
+  }
+  // SBHD's sequence stride holds the batch: a smaller batch's plan reads other strides.
+  fusedattn_config c = BaseConfig();
+  c.q_format = c.kv_format = c.o_format = FUSEDATTN_FORMAT_SBHD;
+  fusedattn_config two = c;
+  two.batch = 2;
+  Problem p3 = MakeCuda(c), p2 = MakeCuda(two);
+  EXPECT_FALSE(MakePlanKey(WithBatch(ForwardSpec(p3, CanonicalFwdTensors(p3)), 2), device) ==
+               MakePlanKey(ForwardSpec(p2, CanonicalFwdTensors(p2)), device));
+}
+
+TEST(CudnnBatchChunks, SlicesStepOverWholeSequencesAndABroadcastBiasStays) {
+  fusedattn_config c = BaseConfig();  // BSHD, sq 16, skv 24, hq 4, hkv 2, d 64, bf16
+  c.is_training = 1;
+  c.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+  c.bias_batch = 1, c.bias_heads = 4;
+  Problem p = MakeCuda(c);
+  const SequenceBytes fwd = SequenceBytesOf(ForwardSpec(p, CanonicalFwdTensors(p)));
+  EXPECT_EQ(fwd.q, 16 * 4 * 64 * 2);
+  EXPECT_EQ(fwd.k, 24 * 2 * 64 * 2);
+  EXPECT_EQ(fwd.o, 16 * 4 * 64 * 2);
+  EXPECT_EQ(fwd.stats, 4 * 16 * 4);
+  EXPECT_EQ(fwd.bias, 0) << "broadcast over the batch";
+  EXPECT_EQ(fwd.dq, 0) << "the forward has no gradients";
+  const SequenceBytes bwd = SequenceBytesOf(BackwardSpec(p, CanonicalBwdTensors(p)));
+  EXPECT_EQ(bwd.dk, 24 * 2 * 64 * 2);
+  EXPECT_EQ(bwd.d_o, 16 * 4 * 64 * 2);
+  c.bias_batch = 3;
+  Problem per_sequence = MakeCuda(c);
+  EXPECT_EQ(SequenceBytesOf(ForwardSpec(per_sequence, CanonicalFwdTensors(per_sequence))).bias,
+            4 * 16 * 24 * 2);
+}
+
+// A refusal whose message names the reason.
+#define EXPECT_THAT_MESSAGE(status, text)                                        \
+  do {                                                                           \
+    const Status s_ = (status);                                                  \
+    EXPECT_FALSE(s_.ok()) << "expected a refusal naming: " << (text);            \
+    EXPECT_NE(s_.message().find(text), std::string::npos) << s_.message();      \
+  } while (0)
+
+TEST(CudnnBatchChunks, RefusedWhereSequencesAreNotIndependentOrSlicesMisaligned) {
+  fusedattn_config c = BaseConfig();
+  c.batch = 8;
+  c.is_training = 1;
+  auto spec_of = [](const fusedattn_config& config, Direction direction) {
+    Problem p = MakeCuda(config);
+    return direction == Direction::kForward ? ForwardSpec(p, CanonicalFwdTensors(p))
+                                            : BackwardSpec(p, CanonicalBwdTensors(p));
+  };
+  auto refusal = [&](const fusedattn_config& config, Direction direction) {
+    return BatchChunkRefusal(spec_of(config, direction));
+  };
+  EXPECT_TRUE(refusal(c, Direction::kForward).ok());
+  EXPECT_TRUE(refusal(c, Direction::kBackward).ok());
+  fusedattn_config other = c;
+  other.dropout = 0.1;
+  EXPECT_THAT_MESSAGE(refusal(other, Direction::kForward), "dropout");
+  other = c;
+  SetThd(&other);
+  EXPECT_THAT_MESSAGE(refusal(other, Direction::kForward), "THD");
+  other = c;
+  other.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+  other.bias_batch = 1, other.bias_heads = 1;
+  EXPECT_TRUE(refusal(other, Direction::kForward).ok()) << "the forward reads it only";
+  other.bias_requires_grad = 1;
+  EXPECT_THAT_MESSAGE(refusal(other, Direction::kBackward), "summed over the batch");
+  other.bias_batch = 8;
+  EXPECT_TRUE(refusal(other, Direction::kBackward).ok()) << "a per-sequence bias gradient";
+  // Alignment of each chunk's slices.
+  const BatchChunks three_fives = ChooseBatchChunks(8, {3, 5}, 8);  // 5 + 3
+  EXPECT_TRUE(BatchChunkAlignment(spec_of(c, Direction::kBackward), three_fives).ok());
+  other = c;
+  other.max_seqlen_q = 3, other.heads_q = other.heads_kv = 1;  // LSE rows of 12 bytes
+  EXPECT_THAT_MESSAGE(BatchChunkAlignment(spec_of(other, Direction::kForward), three_fives),
+                      "LSE");
+}
+
+TEST(CudnnBatchChunks, OnUnlessTheVariableTurnsThemOff) {
+  std::string off;
+  EXPECT_EQ(ParseMaxBatchChunks(nullptr, &off), kMaxBatchChunks);
+  EXPECT_TRUE(off.empty());
+  EXPECT_EQ(ParseMaxBatchChunks("4", &off), 4);
+  EXPECT_EQ(ParseMaxBatchChunks("100", &off), kMaxBatchChunks) << "capped: scratch is sized for it";
+  EXPECT_EQ(ParseMaxBatchChunks("1", &off), 1);
+  EXPECT_NE(off.find("off"), std::string::npos) << off;
+  EXPECT_EQ(ParseMaxBatchChunks("0", &off), 1);
+  EXPECT_EQ(ParseMaxBatchChunks("many", &off), 1);
+  EXPECT_NE(off.find("not a count"), std::string::npos) << off;
+}
+
+TEST(CudnnThdBuckets, FourStepsPerOctaveAbove64) {
+  EXPECT_EQ(ThdSeqlenBucket(1), 1);
+  EXPECT_EQ(ThdSeqlenBucket(16), 16);
+  EXPECT_EQ(ThdSeqlenBucket(17), 32);
+  EXPECT_EQ(ThdSeqlenBucket(64), 64);
+  EXPECT_EQ(ThdSeqlenBucket(65), 80);
+  EXPECT_EQ(ThdSeqlenBucket(97), 112);
+  EXPECT_EQ(ThdSeqlenBucket(112), 112);
+  EXPECT_EQ(ThdSeqlenBucket(1000), 1024);
+  EXPECT_EQ(ThdSeqlenBucket(1025), 1280);
+  for (int64_t n = 1; n <= 20000; ++n) {
+    const int64_t b = ThdSeqlenBucket(n);
+    ASSERT_GE(b, n);
+    ASSERT_LE(b * 4, n * 5 + 60) << n << " -> " << b << ": at most a quarter more (or 16 rows)";
+  }
+}
+
+TEST(CudnnThdBuckets, ThdProblemsPlanForTheBucketUnlessATensorHasTheExtent) {
+  fusedattn_config c = BaseConfig();  // max_seqlen_q 16, max_seqlen_kv 24
+  SetThd(&c);
+  c.max_seqlen_q = 100, c.max_seqlen_kv = 200;
+  const Problem widened = EffectiveProblem(MakeCuda(c));
+  EXPECT_EQ(widened.config.max_seqlen_q, 112);
+  EXPECT_EQ(widened.config.max_seqlen_kv, 224);
+  fusedattn_config other = c;
+  other.max_seqlen_q = 105, other.max_seqlen_kv = 210;
+  DeviceInfo device{0, 90, 91900};
+  auto key_of = [&](const Problem& p) {
+    return MakePlanKey(ForwardSpec(p, CanonicalFwdTensors(p)), device);
+  };
+  EXPECT_EQ(key_of(widened), key_of(EffectiveProblem(MakeCuda(other)))) << "one bucket, one plan";
+  other = c, other.dropout = 0.1;
+  EXPECT_EQ(EffectiveProblem(MakeCuda(other)).config.max_seqlen_q, 100) << "dropout";
+  other = c, other.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+  EXPECT_EQ(EffectiveProblem(MakeCuda(other)).config.max_seqlen_q, 100) << "a bias tensor";
+  other = BaseConfig(), other.max_seqlen_q = 100;
+  EXPECT_EQ(EffectiveProblem(MakeCuda(other)).config.max_seqlen_q, 100) << "dense layouts";
+}
+
 TEST(CudnnKey, TheLargestSpecFitsTheKey) {
   fusedattn_config c = BaseConfig();
   SetThd(&c);
@@ -504,6 +698,47 @@ TEST(CudnnDiskKey, NamesTheMachineAndTheStructure) {
   // The device ordinal is not part of it: CUDA_VISIBLE_DEVICES renumbers GPUs between processes.
   Problem p = MakeCuda(c);
   EXPECT_EQ(KernelCacheDiskKey(ForwardSpec(p, CanonicalFwdTensors(p)), m), key);
+}
+
+TEST(CudnnPlanDiskKey, NamesTheGpuModelAndEveryWordOfThePlan) {
+  MachineIdentity m;
+  m.gpu_name = "NVIDIA H100 80GB HBM3", m.gpu_uuid = "0a1b2c3d4e5f60718293a4b5c6d7e8f9";
+  m.sm_count = 132, m.compute_capability = 90, m.driver_version = 13000;
+  m.cudnn_version = 91900, m.frontend_version = 13200, m.fusedattn_version = "0.1.0";
+  fusedattn_config c = BaseConfig();
+  c.mask = FUSEDATTN_MASK_CAUSAL;
+  c.is_training = 1;
+  auto spec_of = [](const fusedattn_config& config, Direction direction) {
+    Problem p = MakeCuda(config);
+    return direction == Direction::kForward ? ForwardSpec(p, CanonicalFwdTensors(p))
+                                            : BackwardSpec(p, CanonicalBwdTensors(p));
+  };
+  const std::string key = PlanDiskKey(spec_of(c, Direction::kForward), m);
+  EXPECT_NE(key.find("cudnn plan"), std::string::npos) << key;
+  EXPECT_NE(key.find("NVIDIA H100 80GB HBM3"), std::string::npos) << key;
+  EXPECT_EQ(key, PlanDiskKey(spec_of(c, Direction::kForward), m)) << "stable";
+  EXPECT_NE(key, PlanDiskKey(spec_of(c, Direction::kBackward), m)) << "direction";
+  fusedattn_config other = c;
+  other.batch = 7;
+  EXPECT_NE(key, PlanDiskKey(spec_of(other, Direction::kForward), m)) << "a plan per shape";
+  other = c, other.max_seqlen_kv = 200;
+  EXPECT_NE(key, PlanDiskKey(spec_of(other, Direction::kForward), m)) << "sequence length";
+  other = c, other.mask = FUSEDATTN_MASK_NONE;
+  EXPECT_NE(key, PlanDiskKey(spec_of(other, Direction::kForward), m)) << "mask";
+  auto differs = [&](MachineIdentity changed, const char* what) {
+    EXPECT_NE(key, PlanDiskKey(spec_of(c, Direction::kForward), changed)) << what;
+  };
+  MachineIdentity x = m;
+  x.cudnn_version = 91400, differs(x, "cuDNN version");
+  x = m, x.gpu_name = "NVIDIA H200", differs(x, "GPU model");
+  x = m, x.sm_count = 114, differs(x, "SM count");
+  x = m, x.compute_capability = 100, differs(x, "architecture");
+  x = m, x.driver_version = 12080, differs(x, "driver");
+  x = m, x.frontend_version = 13300, differs(x, "cudnn-frontend");
+  x = m, x.fusedattn_version = "0.2.0", differs(x, "fusedattn");
+  // A plan is compiled for a GPU model, not a board: the GPUs of one machine share the files.
+  x = m, x.gpu_uuid = "ffffffffffffffffffffffffffffffff";
+  EXPECT_EQ(key, PlanDiskKey(spec_of(c, Direction::kForward), x)) << "another board";
 }
 
 TEST(CudnnScratch, RegionsAreAlignedAndDisjoint) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -198,6 +199,53 @@ TEST(DropoutMask, SameSeedAndOffsetGiveBitIdenticalOutputs) {
   EXPECT_TRUE(test::SameBytes(first.dq, second.dq));
   EXPECT_TRUE(test::SameBytes(first.dk, second.dk));
   EXPECT_TRUE(test::SameBytes(first.dv, second.dv));
+}
+
+// args.dropout_seed_offset: {seed, offset} read from memory replace the two host fields (here
+// zeroed, so that the result can only match by reading the memory), forward and backward alike.
+TEST(DropoutSeedOffsetInMemory, GivesTheSameResultsAsTheHostFields) {
+  fusedattn_config c = MaskConfig();
+  c.head_dim_qk = 8, c.head_dim_v = 8, c.is_training = 1;
+  c.qkv_dtype = c.o_dtype = FUSEDATTN_DTYPE_FLOAT32;
+  c.device = FUSEDATTN_DEVICE_CPU;
+  ProblemTensors host = MakeProblemTensors(c, {});
+  ProblemTensors memory = host;
+  const uint64_t seed_offset[2] = {host.dropout_seed, host.dropout_offset};
+  memory.dropout_seed = memory.dropout_offset = 0;
+  fusedattn_fwd_args fwd = memory.fwd_args();
+  fwd.dropout_seed_offset = seed_offset;
+  ASSERT_TRUE(test::Forward(c, host.fwd_args()).ok());
+  ASSERT_TRUE(test::Forward(c, fwd).ok());
+  EXPECT_TRUE(test::SameBytes(host.o, memory.o));
+  EXPECT_TRUE(test::SameBytes(host.lse, memory.lse));
+  fusedattn_bwd_args bwd = memory.bwd_args();
+  bwd.dropout_seed_offset = seed_offset;
+  ASSERT_TRUE(test::Backward(c, host.bwd_args()).ok());
+  ASSERT_TRUE(test::Backward(c, bwd).ok());
+  EXPECT_TRUE(test::SameBytes(host.dq, memory.dq));
+  EXPECT_TRUE(test::SameBytes(host.dk, memory.dk));
+  EXPECT_TRUE(test::SameBytes(host.dv, memory.dv));
+  // And the host fields are what a call without the pointer uses: zero differs.
+  ASSERT_TRUE(test::Forward(c, memory.fwd_args()).ok());
+  EXPECT_FALSE(test::SameBytes(host.o, memory.o));
+}
+
+// Callers compiled before dropout_seed_offset existed pass the shorter struct_size: accepted,
+// and the field reads as NULL (the host fields are used).
+TEST(DropoutSeedOffsetInMemory, ArgsOfTheEarlierLayoutAreAccepted) {
+  fusedattn_config c = MaskConfig();
+  c.head_dim_qk = 8, c.head_dim_v = 8;
+  c.qkv_dtype = c.o_dtype = FUSEDATTN_DTYPE_FLOAT32;
+  c.device = FUSEDATTN_DEVICE_CPU;
+  ProblemTensors a = MakeProblemTensors(c, {});
+  ProblemTensors b = a;
+  fusedattn_fwd_args args = b.fwd_args();
+  args.struct_size = offsetof(fusedattn_fwd_args, dropout_seed_offset);
+  const uint64_t ignored[2] = {1, 2};
+  args.dropout_seed_offset = ignored;  // past struct_size: never read
+  ASSERT_TRUE(test::Forward(c, a.fwd_args()).ok());
+  ASSERT_TRUE(test::Forward(c, args).ok());
+  EXPECT_TRUE(test::SameBytes(a.o, b.o));
 }
 
 // Fraction of visible elements whose keep decision differs between two masks.

@@ -1,8 +1,11 @@
 // The cuDNN backend's plans across shapes and processes, and its host path, on a GPU (each test
 // skips, saying why, without a device or the cuDNN backend):
 //   * shapes (default, per-shape plans): a structure run at several batch sizes and sequence
-//     lengths matches the reference at every one, each new shape building plans of its own and
-//     none of them dynamic; the variable's values that keep plans per shape;
+//     lengths matches the reference at every one, each new shape building plans of its own
+//     (none of them dynamic) except a larger batch, which runs in batch chunks of a built plan;
+//     the variable's values that keep plans per shape; FUSEDATTN_CUDNN_BATCH_CHUNKS;
+//   * the plan store (default): a second process reads the plans the first stored (within the
+//     100 ms target), a truncated store is rebuilt and rewritten;
 //   * dynamic shapes (CudnnDynamic*, experimental): the same structures with
 //     FUSEDATTN_CUDNN_DYNAMIC_SHAPES=1, every plan after the first from the structure's kernel
 //     cache; a structure's kernel cache read from disk by a child process of this binary, a
@@ -14,7 +17,7 @@
 //     reproduce the 2026-11-24 failure, else 1);
 //   * host path: strided sink logits staged for cuDNN, and dsink from the one-launch backward
 //     epilogue, bit-identical run to run.
-// Run them: build/tests/fusedattn_gpu_tests --gtest_filter='*CudnnShapes*:CudnnSink*'
+// Run them: build/tests/fusedattn_gpu_tests --gtest_filter='*CudnnShapes*:CudnnBatchChunks*:CudnnPlanStore*:CudnnSink*'
 //           FUSEDATTN_TEST_CUDNN_DYNAMIC=1 build/tests/fusedattn_gpu_tests --gtest_filter='*CudnnDynamic*'
 #ifdef FUSEDATTN_WITH_CUDNN
 
@@ -55,6 +58,12 @@ PlanBuildStats Delta(const PlanBuildStats& after, const PlanBuildStats& before) 
   d.dynamic = after.dynamic - before.dynamic;
   d.per_shape = after.per_shape - before.per_shape;
   d.failed = after.failed - before.failed;
+  d.batch_chunked = after.batch_chunked - before.batch_chunked;
+  d.plans_read = after.plans_read - before.plans_read;
+  d.plan_read_failures = after.plan_read_failures - before.plan_read_failures;
+  d.plans_written = after.plans_written - before.plans_written;
+  d.plan_write_failures = after.plan_write_failures - before.plan_write_failures;
+  d.read_ms = after.read_ms - before.read_ms;
   d.kernel_caches_loaded = after.kernel_caches_loaded - before.kernel_caches_loaded;
   d.kernel_cache_load_failures = after.kernel_cache_load_failures - before.kernel_cache_load_failures;
   d.kernel_caches_saved = after.kernel_caches_saved - before.kernel_caches_saved;
@@ -109,6 +118,8 @@ bool TurnDynamicShapesOn(ScopedCudnnEnv* env) {
           ? std::string(current)
           : std::string("1");
   env->set(kDynamicVariable, value.c_str());
+  // Every new shape builds: batch chunks would run a larger batch on a plan already built.
+  env->set("FUSEDATTN_CUDNN_BATCH_CHUNKS", "1");
   const std::string off = cudnn::DynamicShapesOffReason();
   if (!off.empty()) std::printf("[ dynamic  ] %s\n", off.c_str());
   else std::printf("[ dynamic  ] %s=%s\n", kDynamicVariable, value.c_str());
@@ -120,6 +131,11 @@ bool TurnDynamicShapesOn(ScopedCudnnEnv* env) {
 // ------------------------------------------------------------------------------------------------
 struct Shape {
   int64_t batch, seqlen_q, seqlen_kv;
+  // Directions (forward, backward) that run in batch chunks of plans earlier, smaller batches
+  // of the same lengths built, instead of building their own (by default; plan_spec.h
+  // BatchChunks): dense problems without dropout or a bias gradient summed over the batch, whose
+  // batch is a sum of built batches (b=3 after 2 and 1).
+  int chunked = 0;
 };
 
 struct ShapeCase {
@@ -142,13 +158,13 @@ std::vector<ShapeCase> ShapeCases() {
   fusedattn_config c = Config(2, 4, 4, 128, 128, 64, bf16);
   c.mask = FUSEDATTN_MASK_CAUSAL, c.is_training = 1;
   cases.push_back({"bshd_causal_bf16_d64", c, {},
-                   {{2, 128, 128}, {1, 128, 128}, {3, 128, 128}, {8, 128, 128}, {2, 256, 256},
-                    {2, 96, 96}},
+                   {{2, 128, 128}, {1, 128, 128}, {3, 128, 128, 2}, {8, 128, 128, 2},
+                    {2, 256, 256}, {2, 96, 96}},
                    ShapeCase::kDynamic});
   c = Config(4, 4, 2, 96, 96, 128, fp16);
   c.mask = FUSEDATTN_MASK_PADDING_CAUSAL, c.is_training = 1;
   cases.push_back({"bshd_padding_causal_gqa_fp16_d128", c, {},
-                   {{4, 96, 96}, {1, 96, 96}, {6, 96, 96}, {4, 160, 160}}});
+                   {{4, 96, 96}, {1, 96, 96}, {6, 96, 96, 2}, {4, 160, 160}}});
   c = Config(3, 4, 4, 64, 64, 64, bf16);
   SetFormats(&c, FUSEDATTN_FORMAT_THD);
   c.mask = FUSEDATTN_MASK_PADDING_CAUSAL, c.is_training = 1;
@@ -162,19 +178,22 @@ std::vector<ShapeCase> ShapeCases() {
   c = Config(2, 4, 4, 64, 192, 64, bf16);
   SetFormats(&c, FUSEDATTN_FORMAT_SBHD);
   c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT, c.is_training = 1;
+  // SBHD's sequence stride holds the batch: batch 3 reads other strides than batch 2's plan.
   cases.push_back({"sbhd_causal_bottom_right_sq_lt_skv", c, {},
                    {{2, 64, 192}, {3, 64, 192}, {2, 96, 256}}});
   c = Config(2, 4, 4, 64, 96, 64, fp16);
   c.bias_type = FUSEDATTN_BIAS_POST_SCALE, c.bias_heads = 4, c.bias_requires_grad = 1;
   c.mask = FUSEDATTN_MASK_CAUSAL, c.is_training = 1;
+  // The bias is broadcast over the batch: its gradient sums over it, so only the forward chunks.
   cases.push_back({"bshd_post_bias_dbias_causal_fp16", c, {},
-                   {{2, 64, 96}, {3, 64, 96}, {2, 80, 112}}});
+                   {{2, 64, 96}, {4, 64, 96, 1}, {2, 80, 112}}});
   c = Config(2, 4, 4, 96, 96, 64, bf16);
   c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK, c.mask = FUSEDATTN_MASK_CAUSAL;
   c.is_training = 1;
-  cases.push_back({"bshd_learnable_sink_causal", c, {}, {{2, 96, 96}, {3, 96, 96}, {2, 64, 64}}});
+  cases.push_back({"bshd_learnable_sink_causal", c, {},
+                   {{2, 96, 96}, {6, 96, 96, 2}, {2, 64, 64}}});
   c = Config(2, 4, 4, 128, 128, 64, bf16);  // no mask, inference: the unified node where it runs
-  cases.push_back({"bshd_nomask_forward", c, {}, {{2, 128, 128}, {4, 128, 128}, {2, 64, 64}},
+  cases.push_back({"bshd_nomask_forward", c, {}, {{2, 128, 128}, {4, 128, 128, 1}, {2, 64, 64}},
                    ShapeCase::kAny});
   return cases;
 }
@@ -200,21 +219,24 @@ std::vector<PlanBuildStats> RunShapes(const ShapeCase& k) {
     per_shape.push_back(Delta(GetPlanBuildStats(), before));
     const PlanBuildStats& d = per_shape.back();
     std::printf("[ shapes   ] %-36s b=%lld sq=%lld skv=%lld: %llu plans (%llu dynamic, %llu "
-                "unified, %llu per shape) in %.1f ms\n",
+                "unified, %llu per shape) in %.1f ms, %llu in batch chunks\n",
                 k.name.c_str(), (long long)shape.batch, (long long)shape.seqlen_q,
                 (long long)shape.seqlen_kv, (unsigned long long)d.builds,
                 (unsigned long long)d.dynamic, (unsigned long long)d.unified,
-                (unsigned long long)d.per_shape, d.build_ms);
+                (unsigned long long)d.per_shape, d.build_ms,
+                (unsigned long long)d.batch_chunked);
   }
   return per_shape;
 }
 
 // The default: every shape builds plans of its own (per-shape composite graphs, or the unified
-// node for a forward it takes), none of them dynamic, and every shape matches the reference.
+// node for a forward it takes), none of them dynamic, except a larger batch that runs in batch
+// chunks of a built plan; every shape matches the reference.
 TEST_P(CudnnShapes, EveryShapeOfAStructureMatchesWithPlansOfItsOwn) {
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   ScopedCudnnEnv env;
   env.set(kDynamicVariable, nullptr);  // the default, whatever the environment says
+  env.set("FUSEDATTN_CACHE_DIR", "off");  // builds, not plans an earlier run stored
   const ShapeCase& k = GetParam();
   cudnn::ClearPlanCache();
   const std::vector<PlanBuildStats> stats = RunShapes(k);
@@ -222,7 +244,10 @@ TEST_P(CudnnShapes, EveryShapeOfAStructureMatchesWithPlansOfItsOwn) {
   const int directions = k.config.is_training ? 2 : 1;
   for (size_t i = 0; i < stats.size(); ++i) {
     SCOPED_TRACE(Format("shape %zu", i));
-    EXPECT_EQ(stats[i].builds, static_cast<uint64_t>(directions)) << "a new shape, new plans";
+    const int chunked = k.shapes[i].chunked;
+    EXPECT_EQ(stats[i].builds, static_cast<uint64_t>(directions - chunked))
+        << "a new shape, new plans, except in batch chunks";
+    EXPECT_EQ(stats[i].batch_chunked, static_cast<uint64_t>(chunked));
     EXPECT_EQ(stats[i].dynamic, 0u);
     EXPECT_EQ(stats[i].failed, 0u);
     EXPECT_EQ(stats[i].kernel_caches_saved, 0u);
@@ -243,6 +268,7 @@ TEST(CudnnShapesSetting, PerShapeByDefaultAndForEveryValueButOne) {
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   ScopedCudnnEnv env;
   env.set(kDynamicVariable, nullptr);
+  env.set("FUSEDATTN_CACHE_DIR", "off");  // plans built here, with the reason they are per shape
   const std::string by_default = cudnn::DynamicShapesOffReason();
   EXPECT_NE(by_default.find("by default"), std::string::npos) << by_default;
   EXPECT_NE(by_default.find("experimental"), std::string::npos) << by_default;
@@ -263,6 +289,63 @@ TEST(CudnnShapesSetting, PerShapeByDefaultAndForEveryValueButOne) {
     EXPECT_NE(off.find(std::string("= '") + value + "'"), std::string::npos) << off;
     EXPECT_NE(off.find("per-shape plans"), std::string::npos) << off;
   }
+}
+
+// A larger batch runs in batch chunks unless FUSEDATTN_CUDNN_BATCH_CHUNKS turns them off; the
+// diagnostic says which plan runs and in how many launches.
+TEST(CudnnBatchChunks, ALargerBatchRunsInChunksUnlessTurnedOff) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
+  ScopedCudnnEnv env;
+  env.set(kDynamicVariable, nullptr);
+  env.set("FUSEDATTN_CUDNN_BATCH_CHUNKS", nullptr);
+  env.set("FUSEDATTN_CACHE_DIR", "off");  // builds, not plans an earlier run stored
+  ShapeCase k = ShapeCases()[0];  // BSHD causal, training
+  // After plans for 4 and 1: 5 = 4 + 1, 7 = 4 + 1 + 1 + 1, 6 = 4 + 1 + 1 (the chunked 5 and 7
+  // are no plans of their own).
+  k.shapes = {{4, 128, 128}, {1, 128, 128}, {5, 128, 128}, {7, 128, 128}, {6, 128, 128}};
+  cudnn::ClearPlanCache();
+  std::vector<PlanBuildStats> stats = RunShapes(k);
+  ASSERT_EQ(stats.size(), 5u);
+  for (size_t i = 2; i < 5; ++i) {
+    EXPECT_EQ(stats[i].builds, 0u) << "shape " << i;
+    EXPECT_EQ(stats[i].batch_chunked, 2u) << "shape " << i;
+  }
+  fusedattn_config five = k.config;
+  five.batch = 5;
+  const std::string diagnostic = Diagnostic(five);
+  EXPECT_NE(diagnostic.find("in batch chunks of 4 + 1 sequences (2 launches)"), std::string::npos)
+      << diagnostic;
+
+  cudnn::ClearPlanCache();  // no plan for 1 this time
+  k.shapes = {{4, 128, 128}, {5, 128, 128}};
+  stats = RunShapes(k);
+  ASSERT_EQ(stats.size(), 2u);
+  EXPECT_EQ(stats[1].builds, 2u) << "4 + 4 over 5 would compute 3 sequences twice: it builds";
+
+  env.set("FUSEDATTN_CUDNN_BATCH_CHUNKS", "1");  // re-read settings, cleared plans
+  k.shapes = {{4, 128, 128}, {8, 128, 128}};
+  stats = RunShapes(k);
+  ASSERT_EQ(stats.size(), 2u);
+  EXPECT_EQ(stats[1].builds, 2u) << "off: the larger batch builds its own plans";
+  EXPECT_EQ(stats[1].batch_chunked, 0u);
+}
+
+// THD batches whose longest sequences fall in one bucket (plan_spec.h ThdSeqlenBucket: 97..112)
+// share the plans of the first, and every one matches the reference.
+TEST(CudnnThdBuckets, LongestSequencesInOneBucketShareThePlans) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
+  ScopedCudnnEnv env;
+  env.set(kDynamicVariable, nullptr);
+  env.set("FUSEDATTN_CACHE_DIR", "off");  // builds, not plans an earlier run stored
+  fusedattn_config c = Config(3, 4, 2, 97, 97, 64);
+  SetFormats(&c, FUSEDATTN_FORMAT_THD);
+  c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT, c.is_training = 1;
+  ShapeCase k{"thd_buckets", c, {}, {{3, 97, 97}, {3, 105, 100}, {3, 112, 112}, {4, 100, 112}}};
+  cudnn::ClearPlanCache();
+  const std::vector<PlanBuildStats> stats = RunShapes(k);
+  ASSERT_EQ(stats.size(), 4u);
+  EXPECT_EQ(stats[0].builds, 2u);
+  for (size_t i = 1; i < 4; ++i) EXPECT_EQ(stats[i].builds, 0u) << "shape " << i;
 }
 
 // Dynamic shapes (FUSEDATTN_TEST_CUDNN_DYNAMIC=1): every shape matches, and every plan after the
@@ -351,9 +434,9 @@ int RunSelf(const std::string& filter, const std::vector<std::string>& extra_env
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-std::vector<std::string> CacheFiles(const std::string& dir) {
+std::vector<std::string> CacheFiles(const std::string& dir, const char* sub = "cudnn") {
   std::vector<std::string> files;
-  const std::string command = "ls '" + dir + "'/cudnn/*.fab 2>/dev/null";
+  const std::string command = "ls '" + dir + "'/" + sub + "/*.fab 2>/dev/null";
   if (FILE* p = popen(command.c_str(), "r")) {
     char line[4096];
     while (std::fgets(line, sizeof line, p)) {
@@ -468,6 +551,116 @@ TEST(CudnnDynamicDiskCacheChild, RunsTheStructureFromTheDiskCache) {
               (unsigned long long)second.builds, (unsigned long long)second.dynamic,
               second.build_ms);
   EXPECT_EQ(second.dynamic, second.builds);
+}
+
+// ------------------------------------------------------------------------------------------------
+// The on-disk plan store (the default): a second process reads the plans the first one built
+// ------------------------------------------------------------------------------------------------
+constexpr const char* kStoreChildVariable = "FUSEDATTN_TEST_PLAN_STORE_CHILD";
+
+// The parent: builds the structure's plans into a fresh store, then runs three children of this
+// binary on it: one that reads them, one that finds them truncated (ignored, rebuilt, rewritten)
+// and one that reads the rewritten ones. (Processes writing one file at once, keys of another
+// cuDNN or GPU, and corrupt payloads are the blob store's CPU tests, tests/cpu/blob_cache_test.cpp.)
+TEST(CudnnPlanStore, ASecondProcessReadsThePlansAndRepairsADamagedStore) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
+  ScopedCudnnEnv env;
+  env.set(kDynamicVariable, nullptr);
+  char pattern[] = "/tmp/fusedattn_plan_store_XXXXXX";
+  ASSERT_NE(mkdtemp(pattern), nullptr);
+  const std::string dir = pattern;
+  env.set("FUSEDATTN_CACHE_DIR", dir.c_str());
+  ASSERT_EQ(cudnn::PlanStoreDirectory(), dir + "/cudnn-plans") << cudnn::PlanStoreOffReason();
+
+  const PlanBuildStats before = GetPlanBuildStats();
+  RunAndCompare(DiskConfig(2), {}, RunOptions{});
+  const PlanBuildStats built = Delta(GetPlanBuildStats(), before);
+  std::printf("[ store    ] this process: %llu plans built in %.1f ms, %llu stored, %llu not "
+              "(%s)\n",
+              (unsigned long long)built.builds, built.build_ms,
+              (unsigned long long)built.plans_written,
+              (unsigned long long)built.plan_write_failures, Diagnostic(DiskConfig(2)).c_str());
+  ASSERT_EQ(built.builds, 2u);
+  ASSERT_EQ(built.plans_written, 2u) << Diagnostic(DiskConfig(2));
+  const std::vector<std::string> files = CacheFiles(dir, "cudnn-plans");
+  ASSERT_EQ(files.size(), 2u) << "a file per plan in " << dir << "/cudnn-plans";
+
+  const std::string dir_env = "FUSEDATTN_CACHE_DIR=" + dir;
+  const std::string filter = "CudnnPlanStoreChild.*";
+  const std::string ran_file = dir + "/child_ran";
+  const std::string ran_env = std::string(kChildRanVariable) + "=" + ran_file;
+  auto child = [&](const char* mode) {
+    return RunSelf(filter, {dir_env, ran_env, std::string(kStoreChildVariable) + "=" + mode});
+  };
+  EXPECT_EQ(child("hit"), 0) << "the child that reads the plans failed (its output is above)";
+  for (const std::string& f : files) {
+    struct stat st;
+    ASSERT_EQ(stat(f.c_str(), &st), 0);
+    ASSERT_EQ(truncate(f.c_str(), st.st_size / 2), 0);
+  }
+  EXPECT_EQ(child("damaged"), 0) << "the child that finds truncated plans failed";
+  EXPECT_EQ(child("hit"), 0) << "the rewritten plans were not read";
+  std::string text;
+  if (FILE* f = std::fopen(ran_file.c_str(), "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f)) text += line;
+    std::fclose(f);
+  }
+  EXPECT_EQ(text, "hit\ndamaged\nhit\n") << "each child process ran its test";
+  const std::string remove = "rm -rf '" + dir + "'";
+  EXPECT_EQ(std::system(remove.c_str()), 0);
+}
+
+// The child process of the test above (skipped when run on its own); it inherits the parent's
+// FUSEDATTN_CACHE_DIR.
+TEST(CudnnPlanStoreChild, RunsTheStructureFromTheStore) {
+  const char* mode = std::getenv(kStoreChildVariable);
+  if (mode == nullptr)
+    GTEST_SKIP() << "runs only as the child process of CudnnPlanStore.ASecondProcess...";
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
+  if (const char* ran = std::getenv(kChildRanVariable)) {
+    if (FILE* f = std::fopen(ran, "a")) {
+      std::fprintf(f, "%s\n", mode);
+      std::fclose(f);
+    }
+  }
+  // cuDNN's own start-up first (its first handle and engine libraries, paid by any process),
+  // so that the figure below is the structure's plans alone.
+  fusedattn_config start_up = Config(1, 1, 1, 64, 64, 64);
+  start_up.mask = FUSEDATTN_MASK_NONE;
+  {
+    ScopedCudnnEnv off;
+    off.set("FUSEDATTN_CACHE_DIR", "off");
+    RunOptions forward_only;
+    forward_only.backward = false;
+    RunAndCompare(start_up, {}, forward_only);
+  }
+  const PlanBuildStats before = GetPlanBuildStats();
+  const auto start = std::chrono::steady_clock::now();
+  char msg[4096];
+  fusedattn_backend chosen = FUSEDATTN_BACKEND_AUTO;
+  const fusedattn_config c = DiskConfig(2);
+  ASSERT_EQ(fusedattn_get_backend(&c, &chosen, msg, sizeof msg), FUSEDATTN_SUCCESS) << msg;
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const PlanBuildStats got = Delta(GetPlanBuildStats(), before);
+  std::printf("[ store    ] child (%s): forward + backward plans in %.1f ms: %llu read (%.1f ms), "
+              "%llu bad, %llu built (%.1f ms), %llu written\n",
+              mode, ms, (unsigned long long)got.plans_read, got.read_ms,
+              (unsigned long long)got.plan_read_failures, (unsigned long long)got.builds,
+              got.build_ms, (unsigned long long)got.plans_written);
+  if (std::strcmp(mode, "hit") == 0) {
+    EXPECT_EQ(got.plans_read, 2u);
+    EXPECT_EQ(got.builds, 0u);
+    EXPECT_EQ(got.plan_read_failures, 0u);
+    EXPECT_LE(ms, 100.0) << "the target for a structure's plans in a second process";
+  } else {
+    EXPECT_EQ(got.plan_read_failures, 2u) << "the truncated files were not noticed";
+    EXPECT_EQ(got.builds, 2u);
+    EXPECT_EQ(got.plans_written, 2u) << "the truncated files were not rewritten";
+  }
+  // The stored plans compute what built ones do.
+  RunAndCompare(c, {}, RunOptions{});
 }
 
 // ------------------------------------------------------------------------------------------------

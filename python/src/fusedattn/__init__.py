@@ -8,6 +8,9 @@ selection, for PyTorch (autograd, torch.compile, CUDA graphs), NumPy and any DLP
 
 The C API (include/fusedattn/fusedattn.h) specifies what is computed; fusedattn.forward and
 fusedattn.backward expose it on preallocated tensors with a full config (make_config).
+Drop-in entry points for model code (torch tensors): fusedattn.scaled_dot_product_attention
+(torch.nn.functional's), fusedattn.flash_attn (flash_attn's functions), and
+fusedattn.integrations.transformers (attn_implementation="fusedattn" in transformers).
 Score modifiers (flex attention) are expressions of fusedattn.flex:
     o = fusedattn.attention(q, k, v, layout="bshd", score_mod=30 * flex.tanh(flex.score / 30),
                             mask_mod=flex.q_idx >= flex.kv_idx)
@@ -22,11 +25,13 @@ from ._api import (attention, attention_backward, backends, backward, cudnn_vers
                    forward, version, workspace_size)
 from ._problem import config_dict, make_config
 from ._run import Gradients
+from ._sdpa import scaled_dot_product_attention
+from .flash_attn import flash_attn_func, flash_attn_varlen_func
 
 __version__ = _C.version()
 
 __all__ = ["attention", "attention_backward", "explain", "backends", "version", "cudnn_version",
-           "flex",
+           "flex", "scaled_dot_product_attention", "flash_attn_func", "flash_attn_varlen_func",
            "forward", "backward", "make_config", "config_dict", "workspace_size", "Gradients",
            "Error",
            "InvalidArgumentError", "NotSupportedError", "OutOfMemoryError"]

@@ -275,6 +275,34 @@ def _lower(score, mask, gradients):
     return ";".join(lines + roots) + ";", slots, names
 
 
+def declared_requires_grad(text):
+    """Per tensor a serialized graph declares, in order, whether it requires grad (the text's
+    "tensor <dtype> <axes> <requires_grad> <name>" items; see src/flex/serialize.h)."""
+    return [item.split(" ")[3] == "1" for item in text.split(";") if item.startswith("tensor ")]
+
+
+def with_requires_grad(text, wanted):
+    """The serialized graph with each declared tensor's requires_grad set to wanted[k], except
+    that a tensor whose explicit gradient the graph gives keeps requires_grad (which that
+    needs). A framework that decides per call which gradients it wants (JAX) uses this."""
+    items = text.split(";")
+    explicit = {int(item.split(" ")[1]) for item in items if item.startswith("grad_tensor ")}
+    k = 0
+    for n, item in enumerate(items):
+        if item.startswith("tensor "):
+            words = item.split(" ")
+            words[3] = "1" if wanted[k] or (k in explicit and words[3] == "1") else "0"
+            items[n] = " ".join(words)
+            k += 1
+    return ";".join(items)
+
+
+def reads_input(text, name):
+    """Whether a serialized graph reads the input `name` (one of score, batch, head, q_idx,
+    kv_idx, seqlen_q, seqlen_kv) as a number."""
+    return ("input %d" % _INPUT_CODES[name]) in text.split(";")
+
+
 def _compiling():
     """Whether torch.compile is tracing this call (then nothing may call into the library)."""
     torch = sys.modules.get("torch")

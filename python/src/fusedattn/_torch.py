@@ -25,6 +25,7 @@ import warnings
 import torch
 
 from . import _C, _flex, _problem
+from ._cache import cache_root as _cache_root
 from ._errors import InvalidArgumentError
 from ._run import INDEX_SHAPES, Gradients, gradients_by_name, refuse_paged_backward
 
@@ -33,15 +34,6 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 # ---------------------------------------------------------------------------------------------
 # Loading the operators
 # ---------------------------------------------------------------------------------------------
-
-
-def _cache_root():
-    """FUSEDATTN_CACHE_DIR, else $XDG_CACHE_HOME/fusedattn, else ~/.cache/fusedattn."""
-    explicit = os.environ.get("FUSEDATTN_CACHE_DIR", "")
-    if explicit and explicit.lower() not in ("0", "off", "none"):
-        return explicit
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "fusedattn")
 
 
 def _prebuilt():

@@ -14,7 +14,10 @@
 //
 // Shapes: a graph bakes in its batch and sequence lengths, so every shape has a plan of its own
 // (THD problems without a per-sequence bias build for a power-of-two batch capacity, so batch
-// sizes within one power of two share a plan). That is the default. Dynamic shapes
+// sizes within one power of two share a plan). A dense problem whose batch grew runs in batch
+// chunks of a plan already built for fewer sequences of the same tensors (plan_spec.h
+// BatchChunks; at most FUSEDATTN_CUDNN_BATCH_CHUNKS launches), so a new batch size builds nothing
+// unless it is smaller than every built one. That is the default. Dynamic shapes
 // (FUSEDATTN_CUDNN_DYNAMIC_SHAPES=1; experimental, off by default: on cuDNN 9.19 they gave wrong
 // results after a shape change; README.md "Dynamic shapes: status") group the shapes of a
 // problem into a structure (the problem without its shape, plan_spec.h MakeStructureKey) whose
@@ -186,6 +189,14 @@ struct Settings {
   std::string dynamic_off;  // why no structure uses dynamic shapes, or empty
   std::unique_ptr<BlobCache> disk;  // never null; off with its reason when unusable
   std::string disk_off;     // why kernel caches are not written to disk, or empty
+  // The on-disk plan store (per-shape plans; never null): <cache dir>/cudnn-plans, off with its
+  // reason when the cache directory is off or unusable, or dynamic shapes are on (their kernels
+  // go to the kernel cache above).
+  std::unique_ptr<BlobCache> plans;
+  std::string plans_off;
+  // FUSEDATTN_CUDNN_BATCH_CHUNKS (plan_spec.h ParseMaxBatchChunks): 1 when off.
+  int max_batch_chunks = kMaxBatchChunks;
+  std::string batch_chunks_off;
 };
 
 std::shared_ptr<const Settings> MakeSettings() {
@@ -195,6 +206,8 @@ std::shared_ptr<const Settings> MakeSettings() {
       ParseDynamicShapes(std::getenv("FUSEDATTN_CUDNN_DYNAMIC_SHAPES"), version);
   s->dynamic = dynamic.mode;
   s->dynamic_off = dynamic.off_reason;
+  s->max_batch_chunks =
+      ParseMaxBatchChunks(std::getenv("FUSEDATTN_CUDNN_BATCH_CHUNKS"), &s->batch_chunks_off);
   if (s->dynamic == DynamicShapesMode::kOff) {
     s->disk_off = "the on-disk kernel cache applies only with dynamic shapes "
                   "(FUSEDATTN_CUDNN_DYNAMIC_SHAPES=1, experimental), which are off";
@@ -212,6 +225,18 @@ std::shared_ptr<const Settings> MakeSettings() {
     }
   }
   if (!s->disk) s->disk = std::make_unique<BlobCache>(BlobCache::Disabled(s->disk_off));
+  if (s->dynamic != DynamicShapesMode::kOff) {
+    s->plans_off = "dynamic shapes are on: their kernels go to the kernel cache instead";
+  } else {
+    CacheLocation where = CacheLocationFromEnvironment();
+    if (!where.enabled) {
+      s->plans_off = where.reason;
+    } else {
+      s->plans = std::make_unique<BlobCache>(where.directory + "/cudnn-plans", where.max_bytes);
+      if (!s->plans->enabled()) s->plans_off = s->plans->status().message();
+    }
+  }
+  if (!s->plans) s->plans = std::make_unique<BlobCache>(BlobCache::Disabled(s->plans_off));
   return s;
 }
 
@@ -280,6 +305,11 @@ struct PlanEntry {
   BuildRoute route = BuildRoute::kStatic;
   std::string per_shape_reason;  // route kStatic: why not dynamic shapes
   bool kernels_from_disk = false;
+  // The entry of a spec whose calls run in batch chunks (plan_spec.h BatchChunks): chunk i runs
+  // chunk_plans[i], built for chunks.batch[i] sequences; graph is null and workspace the
+  // largest of theirs.
+  BatchChunks chunks;
+  std::vector<std::shared_ptr<const PlanEntry>> chunk_plans;
 };
 
 using PlanCache = LruCache<PlanKey, PlanEntry, PlanKeyHash>;
@@ -292,6 +322,9 @@ PlanCache& Cache() {
 // Counters for GetPlanBuildStats.
 struct Counters {
   std::atomic<uint64_t> builds{0}, unified{0}, dynamic{0}, per_shape{0}, failed{0};
+  std::atomic<uint64_t> batch_chunked{0};
+  std::atomic<uint64_t> plans_read{0}, plan_read_failures{0}, plans_written{0};
+  std::atomic<uint64_t> plan_write_failures{0}, read_us{0};
   std::atomic<uint64_t> loaded{0}, load_failures{0}, saved{0}, save_failures{0};
   std::atomic<uint64_t> build_us{0};
 };
@@ -301,6 +334,14 @@ Counters& Count() {
 }
 std::mutex g_disk_error_mutex;
 std::string g_disk_error;  // the last failed write or read, for the diagnostic
+
+// Why the last stored plan could not be written or read, for the diagnostic.
+std::string g_plan_store_error;  // guarded by g_disk_error_mutex
+
+void NotePlanStoreError(const std::string& error) {
+  std::lock_guard<std::mutex> lock(g_disk_error_mutex);
+  g_plan_store_error = error;
+}
 
 void NoteDiskError(const std::string& error) {
   std::lock_guard<std::mutex> lock(g_disk_error_mutex);
@@ -347,6 +388,10 @@ void SaveKernelCache(Structure& st, const Settings& settings) {
   st.save = false;
 }
 
+const char* DirectionName(Direction d) {
+  return d == Direction::kForward ? "forward" : "backward";
+}
+
 // Builds the plan of spec (key) under its structure's lock; cuDNN's refusals are cached like
 // plans (check() of that graph fails fast next time), a missing handle is not.
 Status BuildPlan(const SdpaGraphSpec& spec, const DeviceInfo& device, const PlanKey& key,
@@ -367,6 +412,33 @@ Status BuildPlan(const SdpaGraphSpec& spec, const DeviceInfo& device, const Plan
 
   HandleLease handle;
   FUSEDATTN_RETURN_IF_ERROR(handle.acquire(device.ordinal));
+  Counters& count = Count();
+  // A per-shape plan an earlier process built: read, not compiled.
+  std::string store_key;
+  if (settings->plans->enabled()) {
+    store_key = PlanDiskKey(spec, Machine(device.ordinal));
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<uint8_t> bytes;
+    const BlobCache::Lookup lookup = settings->plans->get(store_key, &bytes);
+    if (lookup == BlobCache::Lookup::kHit) {
+      auto loaded = std::make_shared<PlanEntry>();
+      Status s = LoadSdpaGraph(bytes, handle.get(), &loaded->graph);
+      if (s.ok()) {
+        loaded->workspace = GraphWorkspaceBytes(*loaded->graph);
+        loaded->route = BuildRoute::kStored;
+        ++count.plans_read;
+        count.read_us += static_cast<uint64_t>(
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+                .count());
+        *entry = Cache().insert(key, std::move(loaded));
+        return Status::Ok();
+      }
+      NotePlanStoreError(Format("a stored plan in %s was not used (built and rewritten): %s",
+                                settings->plans->path_of(store_key).c_str(),
+                                s.message().c_str()));
+    }
+    if (lookup != BlobCache::Lookup::kMiss) ++count.plan_read_failures;
+  }
   BuildOptions options;
   options.skip_unified = st->unified_refused;
   options.execute_time_shapes = settings->dynamic == DynamicShapesMode::kOn;
@@ -394,7 +466,6 @@ Status BuildPlan(const SdpaGraphSpec& spec, const DeviceInfo& device, const Plan
     st->dynamic_off = "cuDNN refused the dynamic-shape graph: " + report.dynamic_refusal;
     st->kernel_cache.reset();
   }
-  Counters& count = Count();
   ++count.builds;
   count.build_us += static_cast<uint64_t>(ms * 1000.0);
   if (made->status.ok()) {
@@ -410,6 +481,18 @@ Status BuildPlan(const SdpaGraphSpec& spec, const DeviceInfo& device, const Plan
       g_dynamic_built = true;
       if (st->save || compiled) SaveKernelCache(*st, *settings);
     }
+    if (!store_key.empty()) {
+      std::vector<uint8_t> bytes;
+      Status s = StoreSdpaGraph(*made->graph, &bytes);
+      if (s.ok()) s = settings->plans->put(store_key, bytes.data(), bytes.size());
+      if (s.ok()) {
+        ++count.plans_written;
+      } else {
+        ++count.plan_write_failures;
+        NotePlanStoreError(Format("the %s plan was not stored: %s",
+                                  DirectionName(spec.direction), s.message().c_str()));
+      }
+    }
   } else {
     ++count.failed;
   }
@@ -417,7 +500,39 @@ Status BuildPlan(const SdpaGraphSpec& spec, const DeviceInfo& device, const Plan
   return Status::Ok();
 }
 
-// The plan of spec on the current device: from the cache (a warm call), or built.
+// Plans of the same tensors for fewer sequences that calls of spec can run in batch chunks
+// (plan_spec.h BatchChunks), chosen among the plans built so far. Found, the choice is cached
+// under spec's key, so a warm call finds it at once. Null when there is none.
+std::shared_ptr<PlanEntry> FindChunkPlans(const SdpaGraphSpec& spec, const DeviceInfo& device,
+                                          const PlanKey& key) {
+  constexpr int64_t kMaxScan = 4096;  // batch sizes looked up on a miss
+  const int max_chunks = CurrentSettings()->max_batch_chunks;
+  if (spec.batch < 2 || spec.batch > kMaxScan || max_chunks < 2) return nullptr;
+  if (!BatchChunkRefusal(spec).ok()) return nullptr;
+  std::vector<int64_t> built;
+  std::vector<std::shared_ptr<PlanEntry>> plan_of(static_cast<size_t>(spec.batch));
+  for (int64_t batch = 1; batch < spec.batch; ++batch) {
+    std::shared_ptr<PlanEntry> found = Cache().peek(MakePlanKey(WithBatch(spec, batch), device));
+    if (!found || !found->status.ok() || found->chunks.count != 0) continue;  // built ones only
+    built.push_back(batch);
+    plan_of[static_cast<size_t>(batch)] = std::move(found);
+  }
+  const BatchChunks chunks = ChooseBatchChunks(spec.batch, built, max_chunks);
+  if (chunks.count == 0 || !BatchChunkAlignment(spec, chunks).ok()) return nullptr;
+  auto alias = std::make_shared<PlanEntry>();
+  alias->chunks = chunks;
+  for (int i = 0; i < chunks.count; ++i) {
+    const std::shared_ptr<PlanEntry>& plan = plan_of[static_cast<size_t>(chunks.batch[i])];
+    alias->chunk_plans.push_back(plan);
+    alias->workspace = std::max(alias->workspace, plan->workspace);
+  }
+  alias->route = alias->chunk_plans.front()->route;
+  ++Count().batch_chunked;
+  return Cache().insert(key, std::move(alias));
+}
+
+// The plan of spec on the current device: from the cache (a warm call), else a smaller plan to
+// run in batch chunks, else built.
 Status GetPlan(const SdpaGraphSpec& spec, const DeviceInfo& device,
                std::shared_ptr<PlanEntry>* entry) {
   PlanKey key = MakePlanKey(spec, device);
@@ -425,11 +540,8 @@ Status GetPlan(const SdpaGraphSpec& spec, const DeviceInfo& device,
     return InternalError("cuDNN plan key needs %zu words, more than %zu", key.used,
                          PlanKey::kWords);
   if ((*entry = Cache().find(key))) return Status::Ok();
+  if ((*entry = FindChunkPlans(spec, device, key))) return Status::Ok();
   return BuildPlan(spec, device, key, entry);
-}
-
-const char* DirectionName(Direction d) {
-  return d == Direction::kForward ? "forward" : "backward";
 }
 
 Status PlanStatus(const PlanEntry& entry, Direction direction) {
@@ -512,12 +624,41 @@ void SetScoreModPointers(const Tensors& t, const Scratch& scratch, const Workspa
     ptrs->at[kUidModTensor0 + static_cast<int>(k)] = t.score_mod_tensors[k].data;
 }
 
-Status Execute(const SdpaGraph& graph, int device, void* stream, const GraphPointers& ptrs,
-               void* workspace) {
+void Advance(GraphPointers* ptrs, Uid uid, int64_t bytes) {
+  if (ptrs->at[uid] != nullptr && bytes != 0)
+    ptrs->at[uid] = static_cast<char*>(ptrs->at[uid]) + bytes;
+}
+
+// Runs the plan: once, or once per batch chunk with that chunk's plan over each tensor's slice
+// of its sequences (the per-sequence lengths: the chunk's own array, written so by the prepare
+// kernel).
+Status Execute(const PlanEntry& entry, const SdpaGraphSpec& spec, int device, void* stream,
+               const GraphPointers& ptrs, void* workspace) {
   HandleLease handle;
   FUSEDATTN_RETURN_IF_ERROR(handle.acquire(device));
   FUSEDATTN_RETURN_IF_ERROR(handle.set_stream(static_cast<cudaStream_t>(stream)));
-  return ExecuteSdpaGraph(graph, handle.get(), ptrs, workspace);
+  const BatchChunks& chunks = entry.chunks;
+  if (chunks.count == 0) return ExecuteSdpaGraph(*entry.graph, handle.get(), ptrs, workspace);
+  const SequenceBytes per = SequenceBytesOf(spec);
+  for (int i = 0; i < chunks.count; ++i) {
+    const int64_t first = chunks.first[i];
+    const int64_t lengths = chunks.seq_len_offset(i) * int64_t{sizeof(int32_t)};
+    GraphPointers at = ptrs;
+    const struct {
+      Uid uid;
+      int64_t bytes;
+    } moves[] = {{kUidQ, per.q * first},          {kUidK, per.k * first},
+                 {kUidV, per.v * first},          {kUidO, per.o * first},
+                 {kUidDO, per.d_o * first},       {kUidDQ, per.dq * first},
+                 {kUidDK, per.dk * first},        {kUidDV, per.dv * first},
+                 {kUidStats, per.stats * first},  {kUidBias, per.bias * first},
+                 {kUidDBias, per.dbias * first},  {kUidSeqLenQ, lengths},
+                 {kUidSeqLenKv, lengths}};
+    for (const auto& m : moves) Advance(&at, m.uid, m.bytes);
+    FUSEDATTN_RETURN_IF_ERROR(
+        ExecuteSdpaGraph(*entry.chunk_plans[i]->graph, handle.get(), at, workspace));
+  }
+  return Status::Ok();
 }
 
 class CudnnBackendImpl final : public Backend {
@@ -613,6 +754,12 @@ class CudnnBackendImpl final : public Backend {
       if (!e || !e->status.ok()) return;
       text += Format("%s%s: %s", text.empty() ? "plans: " : "; ", direction, RouteName(e->route));
       if (e->kernels_from_disk) text += " (kernels read from disk)";
+      if (e->chunks.count != 0) {
+        text += " in batch chunks of";
+        for (int i = 0; i < e->chunks.count; ++i)
+          text += Format("%s%lld", i == 0 ? " " : " + ", (long long)e->chunks.batch[i]);
+        text += Format(" sequences (%d launches)", e->chunks.count);
+      }
       if (e->route == BuildRoute::kStatic && !e->per_shape_reason.empty())
         text += e->per_shape_reason == last_reason ? " (as the forward)"
                                                    : " (" + e->per_shape_reason + ")";
@@ -633,6 +780,14 @@ class CudnnBackendImpl final : public Backend {
         text += "; kernel caches in memory only (" + settings->disk_off + ")";
       std::lock_guard<std::mutex> lock(g_disk_error_mutex);
       if (!g_disk_error.empty()) text += "; " + g_disk_error;
+    }
+    if (!text.empty()) {
+      std::shared_ptr<const Settings> settings = CurrentSettings();
+      text += settings->plans->enabled()
+                  ? "; plans stored in " + settings->plans->directory()
+                  : "; plans not stored (" + settings->plans_off + ")";
+      std::lock_guard<std::mutex> lock(g_disk_error_mutex);
+      if (!g_plan_store_error.empty()) text += "; " + g_plan_store_error;
     }
     return text;
   }
@@ -677,6 +832,7 @@ Status CudnnBackendImpl::forward(const Problem& problem, const FwdTensors& t, vo
     prep.graph_batch = spec.batch;
     prep.seq_len_q = At<int32_t>(ws, scratch.seq_len_q);
     prep.seq_len_kv = At<int32_t>(ws, scratch.seq_len_kv);
+    prep.chunks = entry->chunks;
     const TensorView* ragged_views[kRaggedSlots] = {&t.q, &t.k, &t.v, &t.o};
     for (int slot : {kRaggedQ, kRaggedK, kRaggedV, kRaggedO}) {
       prep.ragged[slot] = At<int32_t>(ws, scratch.ragged[slot]);
@@ -710,7 +866,7 @@ Status CudnnBackendImpl::forward(const Problem& problem, const FwdTensors& t, vo
   ptrs.at[kUidRaggedV] = At<int32_t>(ws, scratch.ragged[kRaggedV]);
   ptrs.at[kUidRaggedO] = At<int32_t>(ws, scratch.ragged[kRaggedO]);
   SetScoreModPointers(t, scratch, ws, &ptrs);
-  FUSEDATTN_RETURN_IF_ERROR(Execute(*entry->graph, device.ordinal, stream, ptrs, ws.cudnn));
+  FUSEDATTN_RETURN_IF_ERROR(Execute(*entry, spec, device.ordinal, stream, ptrs, ws.cudnn));
 
   if (call.fixup) {
     ForwardFixupParams fix;
@@ -722,6 +878,7 @@ Status CudnnBackendImpl::forward(const Problem& problem, const FwdTensors& t, vo
     fix.stats = At<float>(ws, scratch.stats);
     fix.lse = ViewOf(t.lse);
     fix.lse_packed = t.lse_packed;
+    fix.lse_rows = problem.config.max_seqlen_q;  // the caller's, not the bucket's
     fix.empty_by_stats = call.empty_by_stats;
     FUSEDATTN_CUDA_CHECK(LaunchForwardFixup(fix, cuda_stream));
   }
@@ -771,6 +928,7 @@ Status CudnnBackendImpl::backward(const Problem& problem, const BwdTensors& t, v
     prep.graph_batch = spec.batch;
     prep.seq_len_q = At<int32_t>(ws, scratch.seq_len_q);
     prep.seq_len_kv = At<int32_t>(ws, scratch.seq_len_kv);
+    prep.chunks = entry->chunks;
     const TensorView* ragged_views[kRaggedSlots] = {&t.q,   &t.k,  &t.v,  &t.o,
                                                     &t.d_o, &t.dq, &t.dk, &t.dv};
     for (int slot = 0; slot < kRaggedSlots; ++slot) {
@@ -811,7 +969,7 @@ Status CudnnBackendImpl::backward(const Problem& problem, const BwdTensors& t, v
   for (int slot = 0; slot < kRaggedSlots; ++slot)
     ptrs.at[ragged_uids[slot]] = At<int32_t>(ws, scratch.ragged[slot]);
   SetScoreModPointers(t, scratch, ws, &ptrs);
-  FUSEDATTN_RETURN_IF_ERROR(Execute(*entry->graph, device.ordinal, stream, ptrs, ws.cudnn));
+  FUSEDATTN_RETURN_IF_ERROR(Execute(*entry, spec, device.ordinal, stream, ptrs, ws.cudnn));
 
   BackwardEpilogueParams after;
   after.do_fixup = call.fixup;
@@ -872,6 +1030,7 @@ void ReloadSettings() {
   {
     std::lock_guard<std::mutex> lock(g_disk_error_mutex);
     g_disk_error.clear();
+    g_plan_store_error.clear();
   }
   ClearPlanCache();
 }
@@ -881,6 +1040,10 @@ PlanBuildStats GetPlanBuildStats() {
   PlanBuildStats s;
   s.builds = c.builds.load(), s.unified = c.unified.load(), s.dynamic = c.dynamic.load();
   s.per_shape = c.per_shape.load(), s.failed = c.failed.load();
+  s.batch_chunked = c.batch_chunked.load();
+  s.plans_read = c.plans_read.load(), s.plan_read_failures = c.plan_read_failures.load();
+  s.plans_written = c.plans_written.load(), s.plan_write_failures = c.plan_write_failures.load();
+  s.read_ms = static_cast<double>(c.read_us.load()) / 1000.0;
   s.kernel_caches_loaded = c.loaded.load(), s.kernel_cache_load_failures = c.load_failures.load();
   s.kernel_caches_saved = c.saved.load(), s.kernel_cache_save_failures = c.save_failures.load();
   s.build_ms = static_cast<double>(c.build_us.load()) / 1000.0;
@@ -893,6 +1056,13 @@ std::string DiskCacheDirectory() {
 }
 
 std::string DiskCacheOffReason() { return CurrentSettings()->disk_off; }
+
+std::string PlanStoreDirectory() {
+  std::shared_ptr<const Settings> settings = CurrentSettings();
+  return settings->plans->enabled() ? settings->plans->directory() : std::string();
+}
+
+std::string PlanStoreOffReason() { return CurrentSettings()->plans_off; }
 
 std::string DynamicShapesOffReason() { return CurrentSettings()->dynamic_off; }
 

@@ -27,17 +27,27 @@ struct PlanBuildStats {
   uint64_t dynamic = 0;    // ... as dynamic-shape graphs from a structure's kernel cache
   uint64_t per_shape = 0;  // ... as per-shape composite graphs
   uint64_t failed = 0;     // ... refused by cuDNN
+  uint64_t batch_chunked = 0;  // specs given a plan for fewer sequences to run in batch chunks
   uint64_t kernel_caches_loaded = 0;  // structures whose kernel cache came from disk
   uint64_t kernel_cache_load_failures = 0;  // damaged files, or kernel caches cuDNN refused
   uint64_t kernel_caches_saved = 0;   // files written
   uint64_t kernel_cache_save_failures = 0;
   double build_ms = 0;     // total time of the builds
+  // The on-disk plan store (per-shape plans of earlier processes):
+  uint64_t plans_read = 0;           // plans read and made executable instead of built
+  uint64_t plan_read_failures = 0;   // damaged files, or stored plans cuDNN refused (rebuilt)
+  uint64_t plans_written = 0;
+  uint64_t plan_write_failures = 0;  // e.g. an engine cuDNN cannot serialize
+  double read_ms = 0;                // total time of the reads
 };
 PlanBuildStats GetPlanBuildStats();
 
 // Where kernel caches are written ("" when they are not) and, when not, why.
 std::string DiskCacheDirectory();
 std::string DiskCacheOffReason();
+// Where per-shape plans are stored for later processes ("" when they are not) and, when not, why.
+std::string PlanStoreDirectory();
+std::string PlanStoreOffReason();
 // Why no structure uses dynamic shapes: plans are per shape unless FUSEDATTN_CUDNN_DYNAMIC_SHAPES
 // asks for them (experimental; plan_spec.h ParseDynamicShapes); "" when they are on.
 std::string DynamicShapesOffReason();

@@ -81,7 +81,7 @@ __global__ void PrepareKernel(PrepareParams p) {
   const int64_t start = GridStart(), stride = GridStride();
   for (int64_t b = start; b <= p.graph_batch; b += stride) {
     Seq s = SequenceOf(p.seq, b);
-    if (b < p.graph_batch) {
+    if (b < p.graph_batch && p.chunks.count == 0) {
       if (p.seq_len_q != nullptr) p.seq_len_q[b] = static_cast<int32_t>(s.len_q);
       if (p.seq_len_kv != nullptr) p.seq_len_kv[b] = static_cast<int32_t>(s.len_kv);
     }
@@ -91,6 +91,15 @@ __global__ void PrepareKernel(PrepareParams p) {
       if (b == p.graph_batch) token = p.ragged_kv_side[slot] ? p.seq.tokens_kv : p.seq.tokens_q;
       int64_t offset = token * p.ragged_stride[slot];
       p.ragged[slot][b] = static_cast<int32_t>(offset > kInt32Max ? kInt32Max : offset);
+    }
+  }
+  // Chunked layout: chunk i's lengths from its offset on (plan_spec.h BatchChunks).
+  for (int i = 0; i < p.chunks.count; ++i) {
+    const int64_t at = p.chunks.seq_len_offset(i);
+    for (int64_t j = start; j < p.chunks.batch[i]; j += stride) {
+      Seq s = SequenceOf(p.seq, p.chunks.first[i] + j);
+      if (p.seq_len_q != nullptr) p.seq_len_q[at + j] = static_cast<int32_t>(s.len_q);
+      if (p.seq_len_kv != nullptr) p.seq_len_kv[at + j] = static_cast<int32_t>(s.len_kv);
     }
   }
   if (p.sink != nullptr)
@@ -124,7 +133,7 @@ __global__ void ForwardFixupKernel(ForwardFixupParams p) {
                        (p.empty_by_stats && !(p.stats[r] > kEmptyStats));
     if (in_tensor && empty) ZeroRow16(p.o, b, h, i, s.start_q, p.head_dim_v);
     if (p.lse.data == nullptr) continue;
-    if (p.lse_packed && !in_tensor) continue;
+    if (p.lse_packed ? !in_tensor : i >= p.lse_rows) continue;
     float value = -INFINITY;
     if (!empty && p.stats != nullptr) value = p.stats[r];  // staged rows share r's layout
     float* lse = static_cast<float*>(p.lse.data);

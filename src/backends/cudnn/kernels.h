@@ -41,6 +41,10 @@ struct PrepareParams {
   int64_t graph_batch = 0;
   int32_t* seq_len_q = nullptr;   // [graph_batch], or null
   int32_t* seq_len_kv = nullptr;
+  // A call in batch chunks (plan_spec.h BatchChunks; count 0: not chunked): the lengths are
+  // written as one array per chunk instead, chunk i's at chunks.seq_len_offset(i), holding
+  // sequences chunks.first[i] ... + chunks.batch[i] - 1.
+  BatchChunks chunks;
   int32_t* ragged[kRaggedSlots] = {};        // [graph_batch + 1] element offsets, or null
   int64_t ragged_stride[kRaggedSlots] = {};  // token stride of that tensor
   bool ragged_kv_side[kRaggedSlots] = {};
@@ -71,6 +75,9 @@ struct ForwardFixupParams {
   const float* stats = nullptr;   // staged [graph_batch, heads_q, max_seqlen_q], or null
   DeviceView lse;                 // float32 output, data null when not asked for
   bool lse_packed = false;
+  // Rows of the caller's [batch, heads, rows] LSE: its max_seqlen_q, which the graph's extent
+  // (seq.max_seqlen_q, a THD bucket) may exceed.
+  int64_t lse_rows = 0;
   // A score_mod decided visibility: a row is also empty where its staged stats show that no key
   // was visible (-inf, NaN, or cuDNN's "lowest" mask value plus a log; see kEmptyStats).
   bool empty_by_stats = false;

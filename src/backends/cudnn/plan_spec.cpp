@@ -1,6 +1,8 @@
 #include "backends/cudnn/plan_spec.h"
 
+#include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 
@@ -331,12 +333,45 @@ ScoreModPath ScoreModPathOf(const Problem& p) {
   return ScoreModPath::kCallback;
 }
 
+int64_t ThdSeqlenBucket(int64_t n) {
+  if (n <= 16) return n;
+  if (n <= 64) return (n + 15) / 16 * 16;
+  int64_t octave = 64;  // the largest power of two below n
+  while (octave * 2 < n) octave *= 2;
+  const int64_t step = octave / 4;
+  return (n + step - 1) / step * step;
+}
+
+namespace {
+// THD problems whose sequence extent can grow to its bucket: nothing of the graph but the
+// sequences' own rows depends on it (a bias or score_mod tensor has the extent as a dimension;
+// a score_mod's callbacks bake it in; cuDNN's dropout numbers elements over it), and the ragged
+// offsets still fit int32.
+bool WidensToBucket(const Problem& p) {
+  const auto& c = p.config;
+  if (!p.thd || p.has_score_mod() || p.has_tensor_bias() || c.dropout > 0.0) return false;
+  const int64_t dim = c.head_dim_qk > c.head_dim_v ? c.head_dim_qk : c.head_dim_v;
+  const int64_t batch = GraphBatch(p);
+  return batch * ThdSeqlenBucket(c.max_seqlen_q) * c.heads_q * dim <= kInt32Max &&
+         batch * ThdSeqlenBucket(c.max_seqlen_kv) * c.heads_kv * dim <= kInt32Max;
+}
+}  // namespace
+
 const Problem& EffectiveProblem(const Problem& p, Problem* storage) {
-  if (ScoreModPathOf(p) != ScoreModPath::kNativeBand) return p;  // no copy on the common path
-  flex::MaskBand band;
-  flex::RecognizeBandMask(p.score_mod->forward(), &band);
-  CombineBands(p, band, storage);
-  return *storage;
+  const Problem* effective = &p;  // no copy on the dense path
+  if (ScoreModPathOf(p) == ScoreModPath::kNativeBand) {
+    flex::MaskBand band;
+    flex::RecognizeBandMask(p.score_mod->forward(), &band);
+    CombineBands(p, band, storage);
+    effective = storage;
+  }
+  if (WidensToBucket(*effective)) {
+    if (effective != storage) *storage = *effective;
+    storage->config.max_seqlen_q = ThdSeqlenBucket(storage->config.max_seqlen_q);
+    storage->config.max_seqlen_kv = ThdSeqlenBucket(storage->config.max_seqlen_kv);
+    effective = storage;
+  }
+  return *effective;
 }
 
 Problem EffectiveProblem(const Problem& p) {
@@ -421,6 +456,120 @@ int64_t GraphBatch(const Problem& p) {
   int64_t capacity = 1;
   while (capacity < c.batch) capacity *= 2;
   return capacity;
+}
+
+BatchChunks ChooseBatchChunks(int64_t batch, const std::vector<int64_t>& plan_batches,
+                              int max_chunks) {
+  BatchChunks best;
+  std::vector<int64_t> sizes;
+  for (int64_t b : plan_batches)
+    if (b >= 1 && b < batch) sizes.push_back(b);
+  if (sizes.empty() || max_chunks < 2) return best;
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  // launches[n]: fewest plans whose batches sum to exactly n (unbounded), for n up to the
+  // largest total allowed; from[n]: the last plan's batch on that way.
+  const int64_t limit = batch + batch / kMaxChunkWaste;
+  constexpr int kNone = 1 << 30;
+  std::vector<int> launches(static_cast<size_t>(limit + 1), kNone);
+  std::vector<int64_t> from(static_cast<size_t>(limit + 1), 0);
+  launches[0] = 0;
+  for (int64_t n = 1; n <= limit; ++n)
+    for (int64_t b : sizes)
+      if (b <= n && launches[n - b] + 1 < launches[n]) {
+        launches[n] = launches[n - b] + 1;
+        from[n] = b;
+      }
+  for (int64_t n = batch; n <= limit; ++n) {  // fewest twice-computed sequences first
+    if (launches[n] > max_chunks) continue;
+    std::vector<int64_t> used;
+    for (int64_t at = n; at > 0; at -= from[at]) used.push_back(from[at]);
+    std::sort(used.rbegin(), used.rend());
+    if (n - used.back() > batch) continue;  // the chunks before the last would run past the end
+    best.count = static_cast<int>(used.size());
+    int64_t first = 0;
+    for (int i = 0; i < best.count; ++i) {
+      best.batch[i] = used[i];
+      // The last chunk ends at the batch's end (overlapping the one before when n > batch).
+      best.first[i] = i + 1 == best.count ? batch - used[i] : first;
+      first += used[i];
+    }
+    return best;
+  }
+  return best;
+}
+
+SequenceBytes SequenceBytesOf(const SdpaGraphSpec& s) {
+  const int64_t io = static_cast<int64_t>(DtypeSize(s.io_dtype));
+  SequenceBytes b;
+  b.q = s.q.stride[0] * io, b.k = s.k.stride[0] * io, b.v = s.v.stride[0] * io;
+  b.o = s.o.stride[0] * io;
+  if (s.direction == Direction::kBackward) {
+    b.d_o = s.d_o.stride[0] * io, b.dq = s.dq.stride[0] * io;
+    b.dk = s.dk.stride[0] * io, b.dv = s.dv.stride[0] * io;
+  }
+  if (s.stats) b.stats = s.stats_stride[0] * static_cast<int64_t>(sizeof(float));
+  // A bias with one batch entry is broadcast over the batch: every chunk reads the same one.
+  if (s.bias && s.bias_desc.dim[0] > 1)
+    b.bias = s.bias_desc.stride[0] * static_cast<int64_t>(DtypeSize(s.bias_dtype));
+  if (s.dbias && s.dbias_desc.dim[0] > 1)
+    b.dbias = s.dbias_desc.stride[0] * static_cast<int64_t>(DtypeSize(s.bias_dtype));
+  return b;
+}
+
+Status BatchChunkRefusal(const SdpaGraphSpec& s) {
+  if (s.ragged) return NotSupported("THD plans serve a power of two of batch sizes already");
+  if (s.dropout > 0.0f)
+    return NotSupported("dropout: cuDNN numbers its random stream over the whole batch");
+  if (s.score_mod)
+    return NotSupported("a score_mod on cuDNN's callbacks may read the batch index");
+  if (s.dbias && s.dbias_desc.dim[0] == 1 && s.batch > 1)
+    return NotSupported("the bias gradient is summed over the batch");
+  return Status::Ok();
+}
+
+Status BatchChunkAlignment(const SdpaGraphSpec& s, const BatchChunks& chunks) {
+  const SequenceBytes b = SequenceBytesOf(s);
+  const struct {
+    const char* name;
+    int64_t bytes;
+  } tensors[] = {{"q", b.q},   {"k", b.k},   {"v", b.v},         {"o", b.o},
+                 {"dO", b.d_o}, {"dQ", b.dq}, {"dK", b.dk},       {"dV", b.dv},
+                 {"LSE", b.stats}, {"bias", b.bias}, {"dbias", b.dbias}};
+  for (int i = 0; i < chunks.count; ++i)
+    for (const auto& t : tensors)
+      if (t.bytes * chunks.first[i] % 16 != 0)
+        return NotSupported("the slice of %s from sequence %lld would start off 16-byte "
+                            "alignment",
+                            t.name, (long long)chunks.first[i]);
+  return Status::Ok();
+}
+
+SdpaGraphSpec WithBatch(const SdpaGraphSpec& spec, int64_t batch) {
+  SdpaGraphSpec s = spec;
+  s.batch = batch;
+  for (TensorDesc* d : {&s.q, &s.k, &s.v, &s.o, &s.d_o, &s.dq, &s.dk, &s.dv})
+    if (d->dim[0] == spec.batch) d->dim[0] = batch;
+  if (s.bias && s.bias_desc.dim[0] > 1) s.bias_desc.dim[0] = batch;
+  if (s.dbias && s.dbias_desc.dim[0] > 1) s.dbias_desc.dim[0] = batch;
+  return s;
+}
+
+int ParseMaxBatchChunks(const char* value, std::string* off_reason) {
+  off_reason->clear();
+  if (value == nullptr || *value == '\0') return kMaxBatchChunks;
+  char* end = nullptr;
+  const long long n = std::strtoll(value, &end, 10);
+  if (end == value || *end != '\0' || n < 0) {
+    *off_reason = Format("FUSEDATTN_CUDNN_BATCH_CHUNKS = '%s' is not a count: batch chunks off",
+                         value);
+    return 1;
+  }
+  if (n <= 1) {
+    *off_reason = Format("FUSEDATTN_CUDNN_BATCH_CHUNKS = %lld: batch chunks off", n);
+    return 1;
+  }
+  return n > kMaxBatchChunks ? kMaxBatchChunks : static_cast<int>(n);
 }
 
 FwdTensors CanonicalFwdTensors(const Problem& p) {
@@ -819,6 +968,33 @@ std::string KernelCacheDiskKey(const SdpaGraphSpec& s, const MachineIdentity& m)
   return key;
 }
 
+std::string PlanDiskKey(const SdpaGraphSpec& s, const MachineIdentity& m) {
+  // The plan key's words with the ordinal zeroed, and the GPU by model (name, architecture, SM
+  // count), not by board: the eight GPUs of a machine share one file per plan.
+  const PlanKey plan = MakePlanKey(s, DeviceInfo{0, m.compute_capability, m.cudnn_version});
+  std::string key = Format(
+      "fusedattn cudnn plan v1\nfusedattn %s\ncudnn %lld\ncudnn-frontend %d\n"
+      "gpu %s | sm_%d | %d SMs\ndriver %d\nplan",
+      m.fusedattn_version.c_str(), (long long)m.cudnn_version, m.frontend_version,
+      m.gpu_name.c_str(), m.compute_capability, m.sm_count, m.driver_version);
+  for (size_t i = 0; i < plan.Used(); ++i)
+    key += Format(" %llx", (unsigned long long)plan.words[i]);
+  if (s.score_mod) {
+    key += "\nscore_mod";
+    for (uint64_t word : s.score_mod->words()) key += Format(" %llx", (unsigned long long)word);
+  }
+  return key;
+}
+
+namespace {
+// Room for the per-sequence lengths of a call: [batch], or the chunked layout's arrays
+// (BatchChunks::seq_len_offset), which hold at most the chunks' batches plus 3 per chunk:
+// batch + batch / kMaxChunkWaste + 3 * kMaxBatchChunks ints.
+int64_t SeqLenInts(int64_t batch) {
+  return batch < 2 ? batch : 2 * batch + 4 * kMaxBatchChunks;
+}
+}  // namespace
+
 Scratch ForwardScratch(const Problem& p, const CallPlan& call) {
   const auto& c = p.config;
   const int64_t batch = GraphBatch(p);
@@ -830,8 +1006,8 @@ Scratch ForwardScratch(const Problem& p, const CallPlan& call) {
     return offset;
   };
   if (call.padding || call.const_lengths) {
-    s.seq_len_q = take(sizeof(int32_t) * batch);
-    s.seq_len_kv = take(sizeof(int32_t) * batch);
+    s.seq_len_q = take(sizeof(int32_t) * SeqLenInts(batch));
+    s.seq_len_kv = take(sizeof(int32_t) * SeqLenInts(batch));
   }
   if (p.thd)
     for (int slot : {kRaggedQ, kRaggedK, kRaggedV, kRaggedO})
@@ -853,8 +1029,8 @@ Scratch BackwardScratch(const Problem& p, const CallPlan& call) {
     return offset;
   };
   if (call.padding || call.const_lengths) {
-    s.seq_len_q = take(sizeof(int32_t) * batch);
-    s.seq_len_kv = take(sizeof(int32_t) * batch);
+    s.seq_len_q = take(sizeof(int32_t) * SeqLenInts(batch));
+    s.seq_len_kv = take(sizeof(int32_t) * SeqLenInts(batch));
   }
   if (p.thd)
     for (int slot = 0; slot < kRaggedSlots; ++slot)

@@ -62,13 +62,22 @@ enum class ScoreModPath {
 };
 ScoreModPath ScoreModPathOf(const Problem& problem);
 
-// The problem cuDNN runs: the problem itself, or on the native-band path the problem without
-// its score_mod and with the combined band. check(), the workspace sizes, forward and backward
-// all plan from it, so a band mask_mod and the equal config mask share one plan.
+// The problem cuDNN runs: the problem itself; on the native-band path the problem without its
+// score_mod and with the combined band; and for THD (without a bias or score_mod tensor,
+// dropout or callbacks) max_seqlen_q / max_seqlen_kv rounded up to ThdSeqlenBucket. check(), the
+// workspace sizes, forward and backward all plan from it, so a band mask_mod and the equal
+// config mask share one plan, and so do THD batches whose longest sequences fall in one bucket.
 Problem EffectiveProblem(const Problem& problem);
 // The same without a copy when the problem is its own effective problem (the per-call path):
-// the problem itself, or the combined one written into *storage.
+// the problem itself, or the changed one written into *storage.
 const Problem& EffectiveProblem(const Problem& problem, Problem* storage);
+
+// The sequence extent of a THD graph for a longest sequence of n: n up to 16, then up to 64 in
+// steps of 16, then four steps per octave (at most a quarter more rows than n). A serving batch's
+// longest sequence changes every batch; a graph per bucket, not per length, is built. The rows
+// past a sequence's length are never read or written (cuDNN reads the lengths from tensors), so
+// the extent only sizes the grid (the extra tiles exit at once) and our staged LSE.
+int64_t ThdSeqlenBucket(int64_t n);
 
 // At most this many score_mod tensors reach one cuDNN graph (each is one more graph input).
 constexpr int kMaxScoreModTensors = 8;
@@ -206,8 +215,71 @@ struct MachineIdentity {
 // structure's words in hex). Specs of one structure on one machine share it.
 std::string KernelCacheDiskKey(const SdpaGraphSpec& spec, const MachineIdentity& machine);
 
+// The on-disk plan store's key of a spec's per-shape plan (readable text: the identity without
+// the board's uuid, then every word of the plan key but the device ordinal, then the score_mod's
+// words).
+std::string PlanDiskKey(const SdpaGraphSpec& spec, const MachineIdentity& machine);
+
 // The graph batch (see SdpaGraphSpec::batch).
 int64_t GraphBatch(const Problem& problem);
+
+// ------------------------------------------------------------------------------------------------
+// Batch chunks: a new batch size of a built problem without a new plan.
+// ------------------------------------------------------------------------------------------------
+// A graph bakes in its batch, and building one costs 100-160 ms (cuDNN 9.19, H100); cuDNN's
+// dynamic shapes, which would avoid it, gave wrong results there (README.md "Dynamic shapes:
+// status"). Sequences of a dense problem are independent, so a call of batch b can run as
+// launches of plans already built for fewer sequences of the same tensors, each over its own
+// slice of every tensor: b = 5 as the plans for 4 and 1. Where no sum of built batch sizes is b,
+// the last chunk may start before the previous one ends (b = 7 as 2 + 2 + 2 + 2, the last over
+// sequences 5 and 6): the overlapped sequences are computed twice and written twice, with the
+// same values by the forward and by the backward with values either launch may produce. That
+// costs device time, so it is allowed for at most an eighth of the batch (kMaxChunkWaste).
+constexpr int kMaxBatchChunks = 8;     // the most launches a call makes (and scratch reserves)
+constexpr int64_t kMaxChunkWaste = 8;  // sequences computed twice: at most batch / this
+struct BatchChunks {
+  int count = 0;                        // 0: one launch of a plan for the whole batch
+  int64_t first[kMaxBatchChunks] = {};  // each chunk's first sequence
+  int64_t batch[kMaxBatchChunks] = {};  // and its plan's batch
+  // Where chunk i's per-sequence lengths start in the chunked layout the prepare kernel writes:
+  // each chunk's array on a 16-byte boundary (cuDNN's alignment).
+  FUSEDATTN_BAND_HD int64_t seq_len_offset(int i) const {
+    int64_t at = 0;
+    for (int j = 0; j < i; ++j) at += (batch[j] + 3) / 4 * 4;
+    return at;
+  }
+};
+// Chunks covering sequences [0, batch) with plans of the given batch sizes (each < batch,
+// repeats allowed): fewest sequences computed twice (at most batch / kMaxChunkWaste), then fewest
+// launches, at most max_chunks; the largest chunks first. count 0 when there is none.
+BatchChunks ChooseBatchChunks(int64_t batch, const std::vector<int64_t>& plan_batches,
+                              int max_chunks);
+
+// Why calls of spec cannot run in batch chunks at all, or OK: THD (its plans already serve every
+// batch size up to a power of two, and sequences are placed by ragged offsets), dropout (cuDNN
+// numbers its random stream over the whole batch), a score_mod on cuDNN's callbacks (it may read
+// the batch index), a bias gradient summed over the batch.
+Status BatchChunkRefusal(const SdpaGraphSpec& spec);
+// Why these chunks cannot run: a chunk's slice of a tensor would start off cuDNN's 16-byte
+// alignment (LSE rows of heads * seqlen_q floats not a multiple of 4, say); or OK.
+Status BatchChunkAlignment(const SdpaGraphSpec& spec, const BatchChunks& chunks);
+
+// spec with its batch (and every batch extent but a broadcast bias's) set to batch; strides stay:
+// the spec a plan for `batch` sequences of the same tensors has.
+SdpaGraphSpec WithBatch(const SdpaGraphSpec& spec, int64_t batch);
+
+// Bytes from one sequence to the next in each tensor a graph reads or writes (0 for a tensor
+// without a batch axis: a broadcast bias, the sink), for a chunk's pointers.
+struct SequenceBytes {
+  int64_t q = 0, k = 0, v = 0, o = 0, d_o = 0, dq = 0, dk = 0, dv = 0;
+  int64_t stats = 0, bias = 0, dbias = 0;
+};
+SequenceBytes SequenceBytesOf(const SdpaGraphSpec& spec);
+
+// FUSEDATTN_CUDNN_BATCH_CHUNKS: the most launches a call may make instead of building a plan of
+// its own (default and maximum kMaxBatchChunks; 0 or 1 turns batch chunks off). value: the
+// variable's value, null when unset. *off_reason says why, when off.
+int ParseMaxBatchChunks(const char* value, std::string* off_reason);
 
 // Canonical (contiguous) views of every tensor of a problem, the ones check() plans for. Data
 // pointers are null.
@@ -241,7 +313,9 @@ enum RaggedSlot { kRaggedQ, kRaggedK, kRaggedV, kRaggedO, kRaggedDO, kRaggedDQ, 
                   kRaggedDV, kRaggedSlots };
 struct Scratch {
   static constexpr size_t kNone = ~size_t{0};
-  size_t seq_len_q = kNone, seq_len_kv = kNone;  // int32 [graph batch]
+  // int32 [graph batch], or for a chunked call one array per chunk (BatchChunks); room
+  // for either is reserved.
+  size_t seq_len_q = kNone, seq_len_kv = kNone;
   size_t ragged[kRaggedSlots] = {kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone};
   size_t stats = kNone;           // float32 [graph batch, heads_q, seqlen_q]
   size_t sink = kNone;            // float32 [heads_q]

@@ -11,6 +11,8 @@
 
 #include <cudnn_frontend.h>
 
+#include <algorithm>
+#include <cstring>
 #include <exception>
 #include <limits>
 #include <stdexcept>
@@ -785,6 +787,7 @@ const char* RouteName(BuildRoute route) {
     case BuildRoute::kUnified: return "unified SDPA node, per shape";
     case BuildRoute::kDynamic: return "dynamic shapes with a kernel cache";
     case BuildRoute::kStatic: return "per-shape plan";
+    case BuildRoute::kStored: return "per-shape plan read from the on-disk plan store";
   }
   return "unknown";
 }
@@ -807,6 +810,87 @@ Status KernelCacheFromJson(const std::string& json, std::shared_ptr<KernelCache>
     return Status(FUSEDATTN_ERROR_CUDNN, Format("cudnn-frontend: %s", e.what()));
   }
   *out = std::move(made);
+  return Status::Ok();
+}
+
+namespace {
+// The store's payload: magic, then int64 words (uid count, uids, workspace bytes, frontend bytes),
+// then the frontend's bytes. The blob cache around it checks size and checksum; this layout is
+// checked again so that a payload of another layout is an error, never a misread.
+constexpr char kStoreMagic[8] = {'F', 'A', 'S', 'D', 'P', 'A', '0', '1'};
+
+void PutWord(std::vector<uint8_t>* out, int64_t word) {
+  const auto* bytes = reinterpret_cast<const uint8_t*>(&word);
+  out->insert(out->end(), bytes, bytes + sizeof word);
+}
+
+bool GetWord(const std::vector<uint8_t>& in, size_t* at, int64_t* word) {
+  if (in.size() - *at < sizeof *word) return false;
+  std::memcpy(word, in.data() + *at, sizeof *word);
+  *at += sizeof *word;
+  return true;
+}
+}  // namespace
+
+Status StoreSdpaGraph(const SdpaGraph& graph, std::vector<uint8_t>* bytes) {
+  if (!graph.override_uids.empty())
+    return NotSupported("a dynamic-shape plan is not stored (its shapes are given at execution)");
+  std::vector<uint8_t> plan;
+  try {
+    FUSEDATTN_RETURN_IF_ERROR(FromFrontend(graph.graph->serialize(plan, false)));
+  } catch (const std::exception& e) {
+    return Status(FUSEDATTN_ERROR_CUDNN, Format("cudnn-frontend: %s", e.what()));
+  }
+  bytes->assign(kStoreMagic, kStoreMagic + sizeof kStoreMagic);
+  PutWord(bytes, static_cast<int64_t>(graph.user_uids.size()));
+  for (int uid : graph.user_uids) PutWord(bytes, uid);
+  PutWord(bytes, graph.workspace);
+  PutWord(bytes, static_cast<int64_t>(plan.size()));
+  bytes->insert(bytes->end(), plan.begin(), plan.end());
+  return Status::Ok();
+}
+
+Status LoadSdpaGraph(const std::vector<uint8_t>& bytes, cudnnHandle_t handle,
+                     std::shared_ptr<const SdpaGraph>* out) {
+  auto bad = [](const char* what) {
+    return InternalError("a stored cuDNN plan of another layout: %s", what);
+  };
+  if (bytes.size() < sizeof kStoreMagic ||
+      std::memcmp(bytes.data(), kStoreMagic, sizeof kStoreMagic) != 0)
+    return bad("no magic");
+  size_t at = sizeof kStoreMagic;
+  auto loaded = std::make_shared<SdpaGraph>();
+  int64_t count = 0;
+  if (!GetWord(bytes, &at, &count) || count < 0 || count >= kUidCount) return bad("uid count");
+  for (int64_t i = 0; i < count; ++i) {
+    int64_t uid = 0;
+    if (!GetWord(bytes, &at, &uid) || uid <= kUidNone || uid >= kUidCount) return bad("uid");
+    loaded->user_uids.push_back(static_cast<int>(uid));
+  }
+  int64_t plan_bytes = 0;
+  if (!GetWord(bytes, &at, &loaded->workspace) || loaded->workspace < 0 ||
+      !GetWord(bytes, &at, &plan_bytes) || plan_bytes < 0 ||
+      static_cast<uint64_t>(plan_bytes) != bytes.size() - at)
+    return bad("sizes");
+  const std::vector<uint8_t> plan(bytes.begin() + static_cast<std::ptrdiff_t>(at), bytes.end());
+  auto graph = std::make_shared<fe::graph::Graph>();
+  try {
+    // No warm-up: the frontend's warm-up captures a throwaway CUDA graph on a blocking stream,
+    // during which another thread's work on the legacy default stream fails (H100, 2026-11-25:
+    // CudnnCache.EightThreadsSelectAndRunConcurrently). A built plan gets no warm-up either.
+    FUSEDATTN_RETURN_IF_ERROR(
+        FromFrontend(graph->deserialize(handle, plan, /*enforce_precompiled=*/true,
+                                        /*run_warmup=*/false)));
+  } catch (const std::exception& e) {
+    return Status(FUSEDATTN_ERROR_CUDNN, Format("cudnn-frontend: %s", e.what()));
+  }
+  // The frontend orders a deserialized plan's tensors itself: they must be the stored ones.
+  std::vector<int64_t> order = graph->get_variant_pack_uids_sorted();
+  if (order.size() != loaded->user_uids.size() ||
+      !std::equal(order.begin(), order.end(), loaded->user_uids.begin()))
+    return bad("the plan's tensors differ from the stored ones");
+  loaded->graph = std::move(graph);
+  *out = std::move(loaded);
   return Status::Ok();
 }
 

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backends/cudnn/plan_spec.h"
 #include "common/status.h"
@@ -46,6 +47,8 @@ enum class BuildRoute {
              // kernel cache, so a new batch size or sequence length compiles nothing
              // (experimental, FUSEDATTN_CUDNN_DYNAMIC_SHAPES=1; README.md "Dynamic shapes")
   kStatic,   // the composite node for this one shape, compiled afresh
+  kStored,   // a per-shape plan (unified or composite) an earlier process built, read from the
+             // on-disk plan store (StoreSdpaGraph / LoadSdpaGraph)
 };
 const char* RouteName(BuildRoute route);
 
@@ -85,6 +88,16 @@ struct BuildReport {
 // cuDNN's message of every attempt.
 Status BuildSdpaGraph(const SdpaGraphSpec& spec, cudnnHandle_t handle, const BuildOptions& options,
                       std::shared_ptr<const SdpaGraph>* graph, BuildReport* report);
+
+// A built per-shape plan as bytes for the on-disk plan store: the tensors' uids in execution
+// order, the workspace size, then cudnn-frontend's serialized execution plan (which holds the
+// compiled kernels). NotSupported when cuDNN cannot serialize the plan's engine, or for a
+// dynamic-shape plan (its execute-time shapes are not stored).
+Status StoreSdpaGraph(const SdpaGraph& graph, std::vector<uint8_t>* bytes);
+// The plan StoreSdpaGraph wrote, made executable on handle's device without compiling. An error
+// (bytes of another layout, a plan cuDNN refuses) means the caller builds the plan instead.
+Status LoadSdpaGraph(const std::vector<uint8_t>& bytes, cudnnHandle_t handle,
+                     std::shared_ptr<const SdpaGraph>* graph);
 
 // The cudnn-frontend version the backend is compiled with (major * 10000 + minor * 100 + patch);
 // part of the on-disk cache's key.
