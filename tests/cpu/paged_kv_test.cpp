@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -636,6 +637,29 @@ TEST(PagedKvValidation, TheBackwardRefusesAPagedConfig) {
   EXPECT_NE(r.message.find("config.page_size = 3: paged K/V is forward only"), std::string::npos)
       << r.message;
   EXPECT_TRUE(test::AllPoison(p.tensors.dq)) << "dQ was written";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Callers compiled before paged K/V existed
+// ---------------------------------------------------------------------------------------------
+
+// Their config ends where page_size begins and their args where page_table begins: what lies past
+// the end is not read (stale bytes there are ignored), so K/V are contiguous as they meant.
+TEST(PagedKvAbi, ConfigsAndArgsOfTheEarlierLayoutReadAsContiguousKv) {
+  Broken p = ValidProblem();
+  ProblemTensors contiguous = Contiguous(p.tensors);
+  fusedattn_config earlier = contiguous.config;
+  earlier.struct_size = offsetof(fusedattn_config, page_size);
+  earlier.page_size = 7;  // stale
+  fusedattn_fwd_args args = contiguous.fwd_args();
+  args.struct_size = offsetof(fusedattn_fwd_args, page_table);
+  args.page_table = p.tensors.page_table.desc();  // stale
+  test::Result r = test::Forward(earlier, args);
+  ASSERT_TRUE(r.ok()) << test::StatusText(r);
+  ProblemTensors full = Contiguous(p.tensors);
+  ASSERT_TRUE(RunForward(full.config, &full, nullptr).ok());
+  EXPECT_TRUE(test::SameBytes(contiguous.o, full.o));
+  EXPECT_FALSE(test::AllPoison(contiguous.o));
 }
 
 }  // namespace
