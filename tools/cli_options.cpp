@@ -169,6 +169,12 @@ std::vector<Option> BuildOptions() {
   add("--do-layout", "FORMAT", "--layout", "format of dO", Choice(&S::do_layout, kLayouts));
   add("--dqkv-layout", "FORMAT", "--layout", "format of dQ, dK, dV",
       Choice(&S::dqkv_layout, kLayouts));
+  add("--page-size", "N", "0",
+      "paged K/V: k and v as pools of pages of N tokens, found through a page table, with "
+      "per-sequence key lengths (forward only; 0: contiguous). --kv-layout is the pages' "
+      "layout: bshd [pages, N, hkv, d], bhsd [pages, hkv, N, d], sbhd [N, pages, hkv, d]; bshd "
+      "when --layout is thd. run: the pages in a shuffled order, 2 spare",
+      Int(&S::page_size, 0, INT32_MAX));
   add("--mask", "MASK", "none",
       "one of none, padding, causal, causal_bottom_right, padding_causal, "
       "padding_causal_bottom_right (bottom_right: diagonal aligned to the end of the keys)",
@@ -260,8 +266,8 @@ std::vector<Option> BuildOptions() {
   add("--seed", "N", "1", "seed of the random inputs and sequence lengths", Int(&S::seed, 0),
       true);
   add("--lengths", "Q,..[:KV,..]", "random",
-      "per-sequence lengths (thd or padding masks): --b query lengths, then optionally ':' and "
-      "--b key lengths (else the same)",
+      "per-sequence lengths (thd, padding masks; key lengths also with --page-size): --b query "
+      "lengths, then optionally ':' and --b key lengths (else the same)",
       [](Settings& s, const std::string& text) -> std::string {
         std::vector<std::string> parts = Split(text, ':');
         if (parts.size() > 2) return "'" + text + "' has more than one ':'";
@@ -378,14 +384,22 @@ std::string CheckCombination(const Settings& s) {
   const bool padding = s.mask == FUSEDATTN_MASK_PADDING ||
                        s.mask == FUSEDATTN_MASK_PADDING_CAUSAL ||
                        s.mask == FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
-  if (!thd && !padding)
-    return "--lengths: per-sequence lengths need --layout thd or a padding mask";
+  const bool paged = s.page_size > 0;
+  if (!thd && !padding && !paged)
+    return "--lengths: per-sequence lengths need --layout thd, a padding mask or --page-size";
   if (static_cast<int64_t>(s.lengths_q.size()) != s.batch ||
       static_cast<int64_t>(s.lengths_kv.size()) != s.batch)
     return "--lengths: give --b = " + std::to_string(s.batch) + " lengths (got " +
            std::to_string(s.lengths_q.size()) + " query and " +
            std::to_string(s.lengths_kv.size()) + " key lengths)";
   fusedattn_config c = MakeConfig(s);
+  if (!thd && !padding)  // paged: per-sequence key lengths only
+    for (int32_t len : s.lengths_q)
+      if (len != c.max_seqlen_q)
+        return "--lengths: query length " + std::to_string(len) + " differs from --sq = " +
+               std::to_string(c.max_seqlen_q) +
+               ": per-sequence query lengths need --layout thd or a padding mask (--page-size "
+               "gives per-sequence key lengths; give them after ':')";
   for (int32_t len : s.lengths_q)
     if (len > c.max_seqlen_q)
       return "--lengths: query length " + std::to_string(len) + " is larger than --sq = " +
@@ -413,6 +427,10 @@ fusedattn_config MakeConfig(const Settings& s) {
   };
   c.q_format = format(s.q_layout);
   c.kv_format = format(s.kv_layout);
+  // Pages are never THD: with --layout thd they are bshd unless --kv-layout says otherwise.
+  c.page_size = s.page_size;
+  if (s.page_size > 0 && s.kv_layout < 0 && c.kv_format == FUSEDATTN_FORMAT_THD)
+    c.kv_format = FUSEDATTN_FORMAT_BSHD;
   c.o_format = format(s.o_layout);
   c.do_format = format(s.do_layout);
   c.dqkv_format = format(s.dqkv_layout);

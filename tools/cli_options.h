@@ -32,6 +32,7 @@ struct Settings {
   fusedattn_dtype dtype = FUSEDATTN_DTYPE_BFLOAT16;
   int layout = FUSEDATTN_FORMAT_BSHD;
   int q_layout = -1, kv_layout = -1, o_layout = -1, do_layout = -1, dqkv_layout = -1;
+  int64_t page_size = 0;  // > 0: paged K/V
   fusedattn_mask mask = FUSEDATTN_MASK_NONE;
   int64_t window_left = -1, window_right = -1;
   fusedattn_bias bias = FUSEDATTN_BIAS_NONE;

@@ -454,7 +454,8 @@ int CmdExplain(const Settings& settings) {
   return s.status == FUSEDATTN_SUCCESS ? kExitOk : kExitFailure;
 }
 
-// JSON keys: those of explain, then "lengths" ({"q": [...], "kv": [...]} or null), "check"
+// JSON keys: those of explain, then "lengths" ({"q": [...], "kv": [...]} or null), "pages"
+// ({"page_size", "num_pages", "table_width"} for paged K/V, else null), "check"
 // ({"performed", "reason", "tolerance", "outputs": [{"name", "rel_error", "max_abs_error",
 // "passed"}]}), "flops" ({"visible_pairs", "dense_pairs", "fwd_gflop", "bwd_gflop"}), "time"
 // ({"clock", "iters", "fwd_ms", "fwd_tflops", "bwd_ms", "bwd_tflops"} or null with --iters 0),
@@ -479,7 +480,7 @@ int CmdRun(const Settings& settings) {
   options.padded_strides = settings.padded_strides;
   options.bias_dtype = settings.bias_fp32 ? FUSEDATTN_DTYPE_FLOAT32 : config.qkv_dtype;
   ProblemTensors tensors = testing::MakeProblemTensors(config, options);
-  if (tensors.cu_seqlens_q.empty()) {
+  if (tensors.cu_seqlens_q.empty() && tensors.seqlens_kv.empty()) {
     json.set("lengths", Json());
   } else {
     if (text)
@@ -489,6 +490,20 @@ int CmdRun(const Settings& settings) {
     for (int32_t len : tensors.len_q) q.push(static_cast<int64_t>(len));
     for (int32_t len : tensors.len_kv) kv.push(static_cast<int64_t>(len));
     json.set("lengths", Json::Object().set("q", std::move(q)).set("kv", std::move(kv)));
+  }
+  if (config.page_size > 0) {
+    const int64_t width = tensors.page_table.shape()[1];
+    if (text)
+      std::printf("pages:      %lld of %lld tokens in a shuffled pool (%lld spare), table [%lld, "
+                  "%lld]\n",
+                  (long long)tensors.num_pages, (long long)config.page_size,
+                  (long long)options.spare_pages, (long long)config.batch, (long long)width);
+    json.set("pages", Json::Object()
+                          .set("page_size", config.page_size)
+                          .set("num_pages", tensors.num_pages)
+                          .set("table_width", width));
+  } else {
+    json.set("pages", Json());
   }
 
   const double size = static_cast<double>(config.batch) * config.heads_q * config.max_seqlen_q *

@@ -15,7 +15,8 @@
  *   s = s - alibi_slope[h] * |i + sk - sq - j|                              ALIBI only
  *
  * where sq, sk are the sequence's own lengths (max_seqlen_q/kv unless a padding mask or THD gives
- * per-sequence lengths from cu_seqlens). Key j is visible to query i when j < sk, i < sq and
+ * per-sequence lengths from cu_seqlens, or a paged K/V cache gives sk from seqlens_kv; see "Paged
+ * K/V"). Key j is visible to query i when j < sk, i < sq and
  *
  *   j <= d + right  and  j >= d - left,     d = i                  (CAUSAL, PADDING_CAUSAL: top-left)
  *                                           d = i + sk - sq        (every other mask: bottom-right)
@@ -78,15 +79,17 @@
  *   BSHD [batch, s, heads, d]    SBHD [s, batch, heads, d]    BHSD [batch, heads, s, d]
  *   THD  [total_tokens, heads, d]  (packed variable length: needs cu_seqlens; sequence b's tokens
  *        start at seq_offsets[b] if given, else at cu_seqlens[b]). THD is all or nothing: when one
- *        format is THD, all five (q, kv, o, dO, dQKV) must be. Query-side sequences must not
- *        overlap; key-side ones may overlap in the forward (a shared prefix) but not in the
- *        backward, whose dK/dV writes would collide.
+ *        format is THD, all five (q, kv, o, dO, dQKV) must be, except kv_format under paged K/V,
+ *        which gives the layout of the pages (below). Query-side sequences must not overlap;
+ *        key-side ones may overlap in the forward (a shared prefix) but not in the backward,
+ *        whose dK/dV writes would collide.
  * Other tensors:
  *   lse        float32, [batch, heads_q, max_seqlen_q]; for THD also [total_q_tokens, heads_q]
  *   bias/dbias [bias_batch, bias_heads, max_seqlen_q, max_seqlen_kv], bias_batch in {1, batch},
  *              bias_heads in {1, heads_q}; dtype = qkv_dtype or float32; dbias same as bias.
  *   alibi_slopes, sink_logits, dsink, max_logit: float32 [heads_q]
  *   cu_seqlens_q/kv, seq_offsets_q/kv: int32 [batch + 1]
+ *   page_table: int32 [batch, max_pages_per_seq]; seqlens_kv: int32 [batch] (paged K/V, below)
  * Padding masks on BSHD/SBHD/BHSD take per-sequence lengths from cu_seqlens_q/kv (length of
  * sequence b = cu[b+1] - cu[b]). THD always has per-sequence lengths; on THD the masks NONE and
  * PADDING mean the same, as do CAUSAL and PADDING_CAUSAL, and the two BOTTOM_RIGHT forms.
@@ -100,6 +103,35 @@
  * Lengths above max_seqlen are an error on the reference backend; GPU backends clamp them (no
  * out-of-bounds access, results for that sequence undefined), since they cannot read device memory
  * on the host without a synchronization.
+ *
+ * Paged K/V (config.page_size > 0; a serving engine's KV cache, as vLLM, SGLang and FlashInfer
+ * keep it). K and V are pools of pages of page_size tokens each, in kv_format:
+ *   BSHD [num_pages, page_size, heads_kv, d]    (FlashAttention's and vLLM's layout)
+ *   BHSD [num_pages, heads_kv, page_size, d]    (cuDNN's; FlashInfer's HND)
+ *   SBHD [page_size, num_pages, heads_kv, d]
+ * (THD is not a page layout). num_pages is read from the tensors (k and v alike, any number >= 1).
+ * Two more int32 tensors say where each sequence's keys are:
+ *   page_table  [batch, max_pages_per_seq], max_pages_per_seq * page_size >= max_seqlen_kv, rows
+ *               contiguous (stride 1 along a row): key j of sequence b is token j % page_size of
+ *               page page_table[b, j / page_size].
+ *   seqlens_kv  [batch], contiguous: sequence b's number of keys sk, in [0, max_seqlen_kv].
+ * Only the entries a sequence uses (j / page_size for j < sk) are read, and each of those must be
+ * in [0, num_pages); the others may hold anything (-1, say). Sequences may share pages (a common
+ * prefix) and use them in any order. Queries are dense (BSHD, SBHD, BHSD: sq = max_seqlen_q, or
+ * cu_seqlens_q under a padding mask) or THD (cu_seqlens_q, optional seq_offsets_q: chunked
+ * prefill, several new tokens per sequence); cu_seqlens_kv and seq_offsets_kv are not taken. The
+ * formulas above hold as written with sk = seqlens_kv[b], every mask, window, bias, softcap,
+ * softmax, dropout and score_mod included: a bottom-right mask aligns the sq queries of a
+ * sequence to the last sq of its sk keys (decode: sq = 1 sees every key). Paged K/V is forward
+ * only: is_training must be 0 and fusedattn_bwd refuses a paged config; lse and max_logit may be
+ * returned.
+ * Bad page tables never cause a stray read: the reference backend reads the table and the lengths
+ * on the host and refuses (INVALID_ARGUMENT, naming the sequence, the entry and its value) an
+ * index outside [0, num_pages) or a length outside [0, max_seqlen_kv] before it writes anything.
+ * A GPU backend cannot read them on the host without a synchronization: it checks every index on
+ * the device as it loads it and never follows one outside [0, num_pages) (that sequence's results
+ * are then undefined), and clamps lengths as above, so that nothing outside the pools and the
+ * table's used entries is read. (No GPU backend runs paged K/V yet: each says so in its reason.)
  *
  * Where tensors live: config.device says it. CUDA: device memory (or memory the device can read);
  * the reference backend then copies to the host and back. CPU: host memory, only the reference
@@ -258,7 +290,8 @@ typedef struct fusedattn_score_mod fusedattn_score_mod;
 /* The problem: everything that decides which backend can run it and how. No tensor pointers;
  * a score_mod graph is part of the problem (by its structure, never by its address). */
 typedef struct fusedattn_config {
-  size_t struct_size; /* sizeof(fusedattn_config) as the caller compiled it (or 0.1.0's size) */
+  size_t struct_size; /* sizeof(fusedattn_config) as the caller compiled it (or an earlier
+                         layout's: 0.1.0's, or the one that ends with score_mod) */
 
   int32_t is_training; /* forward saves LSE and the backend must also support the backward */
   int64_t batch;
@@ -302,6 +335,8 @@ typedef struct fusedattn_config {
   /* Fields added after version 0.1.0 (callers built against 0.1.0 pass the shorter struct_size
    * and get the defaults below). */
   const fusedattn_score_mod* score_mod; /* NULL: none; else a finalized graph */
+  int64_t page_size; /* 0: K/V are contiguous tensors; > 0: paged K/V, pools of pages of this many
+                        tokens with a page table (see "Paged K/V"; forward only) */
 } fusedattn_config;
 
 #define FUSEDATTN_CONFIG_INIT                                                                   \
@@ -314,7 +349,7 @@ typedef struct fusedattn_config {
         FUSEDATTN_BIAS_NONE, /*bias_batch*/ 1, /*bias_heads*/ 1, /*bias_requires_grad*/ 0,      \
         FUSEDATTN_SOFTMAX_VANILLA, /*attn_scale*/ 0.0, /*softcap*/ 0.0, /*dropout*/ 0.0,        \
         /*deterministic*/ 0, /*return_lse*/ 0, /*return_max_logit*/ 0, FUSEDATTN_BACKEND_AUTO, \
-        FUSEDATTN_DEVICE_AUTO, /*score_mod*/ NULL                                               \
+        FUSEDATTN_DEVICE_AUTO, /*score_mod*/ NULL, /*page_size*/ 0                              \
   }
 
 #define FUSEDATTN_MAX_DIMS 4
@@ -351,6 +386,10 @@ typedef struct fusedattn_fwd_args {
    * replace dropout_seed and dropout_offset. On CUDA the library reads them with one 16-byte
    * copy on the stream, which waits for the stream (a host synchronization per call). */
   const uint64_t* dropout_seed_offset;
+  /* Added after 0.1.0: paged K/V (config.page_size > 0; absent otherwise): int32
+   * [batch, max_pages_per_seq] and int32 [batch]. */
+  fusedattn_tensor page_table;
+  fusedattn_tensor seqlens_kv;
 } fusedattn_fwd_args;
 
 typedef struct fusedattn_bwd_args {
@@ -376,8 +415,8 @@ typedef struct fusedattn_bwd_args {
 } fusedattn_bwd_args;
 
 /* Zero-filled args with struct_size set. (struct_size may also be that of an earlier layout:
- * 0.1.0's, or the one that ends with the score_mod fields; the fields added since then are then
- * zero.) */
+ * 0.1.0's, the one that ends with the score_mod fields, or (fusedattn_fwd_args) the one that
+ * ends with dropout_seed_offset; the fields added since then are then zero.) */
 FUSEDATTN_API fusedattn_fwd_args fusedattn_fwd_args_init(void);
 FUSEDATTN_API fusedattn_bwd_args fusedattn_bwd_args_init(void);
 

@@ -355,6 +355,8 @@ void Forward(const fusedattn_config& config, nb::dict tensors, uint64_t dropout_
   args.seq_offsets_kv = set.Input("seq_offsets_kv", named.Get("seq_offsets_kv"));
   args.score_mod_tensors = set.List("score_mod_tensors", named.Get("score_mod_tensors"), false,
                                     &args.num_score_mod_tensors);
+  args.page_table = set.Input("page_table", named.Get("page_table"));
+  args.seqlens_kv = set.Input("seqlens_kv", named.Get("seqlens_kv"));
   named.RejectUnknown();
   args.dropout_seed = dropout_seed;
   args.dropout_offset = dropout_offset;
@@ -513,6 +515,7 @@ NB_MODULE(_C, m) {
   FUSEDATTN_FIELD(return_max_logit)
   FUSEDATTN_FIELD(backend)
   FUSEDATTN_FIELD(device)
+  FUSEDATTN_FIELD(page_size)
 #undef FUSEDATTN_FIELD
   nb::list field_names;
   for (const std::string& f : fields) field_names.append(nb::str(f.c_str()));
@@ -533,8 +536,9 @@ NB_MODULE(_C, m) {
         nb::arg("dropout_offset") = 0, nb::arg("workspace").none() = nb::none(),
         nb::arg("stream") = 0, nb::arg("score_mod").none() = nb::none(),
         "fusedattn_fwd. tensors: dict of q, k, v, o, lse, max_logit, bias, alibi_slopes, "
-        "sink_logits, cu_seqlens_q/kv, seq_offsets_q/kv, score_mod_tensors (a list; absent or "
-        "None when unused). stream: a cudaStream_t as an int (0: the default stream). "
+        "sink_logits, cu_seqlens_q/kv, seq_offsets_q/kv, page_table, seqlens_kv, "
+        "score_mod_tensors (a list; absent or None when unused). stream: a cudaStream_t as an "
+        "int (0: the default stream). "
         "score_mod: a finalized ScoreModGraph for config.score_mod.");
   m.def("bwd", &Backward, nb::arg("config"), nb::arg("tensors"), nb::arg("dropout_seed") = 0,
         nb::arg("dropout_offset") = 0, nb::arg("workspace").none() = nb::none(),

@@ -306,17 +306,32 @@ const char* LayoutName(fusedattn_format format) {
   return "?";
 }
 
-// The config of a call from the tensors' shapes and the options.
+// The layout of the pages of a paged K/V cache: the layout's own for dense layouts, bshd
+// ([num_pages, page_size, heads_kv, head_dim]) under thd.
+fusedattn_format PoolFormat(fusedattn_format format) {
+  return format == FUSEDATTN_FORMAT_THD ? FUSEDATTN_FORMAT_BSHD : format;
+}
+
+// The config of a call from the tensors' shapes and the options. page_table present: k and v
+// are pools of pages (PoolFormat), page_size read from their sequence axis, and max_seqlen_kv
+// (unless given) what the table holds.
 fusedattn_config MakeConfig(const Options& o, const Tensor& q, const Tensor& k, const Tensor& v,
                             const OptionalTensor& bias, const OptionalTensor& cu_seqlens_q,
-                            c10::SymIntArrayRef ints, bool is_training, bool return_lse) {
+                            const OptionalTensor& page_table, c10::SymIntArrayRef ints,
+                            bool is_training, bool return_lse) {
   bool thd = o.format == FUSEDATTN_FORMAT_THD;
+  bool paged = page_table.has_value();
   int64_t rank = thd ? 3 : 4;
-  for (auto [name, t] : {std::pair<const char*, const Tensor*>{"q", &q}, {"k", &k}, {"v", &v}})
-    if (t->dim() != rank)
+  for (auto [name, t] : {std::pair<const char*, const Tensor*>{"q", &q}, {"k", &k}, {"v", &v}}) {
+    bool pool = paged && t != &q;
+    if (t->dim() != (pool ? 4 : rank))
       FailInvalid(std::string(name) + " has " + std::to_string(t->dim()) +
-                  " dimensions but layout " + LayoutName(o.format) + " has " +
-                  std::to_string(rank));
+                  " dimensions but " +
+                  (pool ? std::string("a page pool of layout ") + LayoutName(o.format) +
+                              " is [num_pages, page_size, heads_kv, head_dim] in its axes: 4"
+                        : std::string("layout ") + LayoutName(o.format) + " has " +
+                              std::to_string(rank)));
+  }
   if (ints.size() != 3)
     FailInvalid("fusedattn::fwd/bwd: ints must be [max_seqlen_q, max_seqlen_kv, dropout_seed]");
   fusedattn_config c = FUSEDATTN_CONFIG_INIT;
@@ -333,12 +348,14 @@ fusedattn_config MakeConfig(const Options& o, const Tensor& q, const Tensor& k, 
     Axes a = AxesOf(o.format);
     c.batch = q.size(a.b);
     c.max_seqlen_q = q.size(a.s), c.max_seqlen_kv = k.size(a.s);
-    // Dense layouts read the lengths off the shapes; given ones must agree.
+    // Dense layouts read the lengths off the shapes; given ones must agree (paged K/V: the
+    // key length bound is set below).
     for (auto [name, given, actual] :
          {std::tuple<const char*, int64_t, int64_t>{"max_seqlen_q",
                                                     ints[0].guard_int(__FILE__, __LINE__),
                                                     c.max_seqlen_q},
-          {"max_seqlen_kv", ints[1].guard_int(__FILE__, __LINE__), c.max_seqlen_kv}})
+          {"max_seqlen_kv", paged ? 0 : ints[1].guard_int(__FILE__, __LINE__),
+           c.max_seqlen_kv}})
       if (given != 0 && given != actual)
         FailInvalid(std::string(name) + " = " + std::to_string(given) +
                     " but the tensor's seqlen axis (layout " + LayoutName(o.format) + ") is " +
@@ -348,6 +365,17 @@ fusedattn_config MakeConfig(const Options& o, const Tensor& q, const Tensor& k, 
   }
   c.qkv_dtype = c.o_dtype = DtypeOf("q", q);
   c.q_format = c.kv_format = c.o_format = c.do_format = c.dqkv_format = o.format;
+  if (paged) {
+    c.kv_format = PoolFormat(o.format);
+    Axes pool = AxesOf(c.kv_format);
+    c.page_size = k.size(pool.s);
+    c.heads_kv = k.size(pool.h);
+    c.head_dim_v = v.size(3);
+    int64_t given = ints[1].guard_int(__FILE__, __LINE__);
+    c.max_seqlen_kv = given != 0 ? given
+                      : page_table->dim() == 2 ? page_table->size(1) * c.page_size
+                                               : c.page_size;  // the library names the bad table
+  }
   c.mask = o.mask;
   c.window_left = o.window_left, c.window_right = o.window_right;
   c.bias_type = o.bias_type;
@@ -404,7 +432,9 @@ std::tuple<Tensor, Tensor> Forward(const Tensor& q, const Tensor& k, const Tenso
                                    const OptionalTensor& sinks, const OptionalTensor& cu_seqlens_q,
                                    const OptionalTensor& cu_seqlens_kv,
                                    const OptionalTensor& seq_offsets_q,
-                                   const OptionalTensor& seq_offsets_kv, at::TensorList mod_tensors,
+                                   const OptionalTensor& seq_offsets_kv,
+                                   const OptionalTensor& page_table,
+                                   const OptionalTensor& seqlens_kv, at::TensorList mod_tensors,
                                    c10::string_view problem, c10::string_view score_mod,
                                    c10::SymIntArrayRef ints) {
   std::shared_ptr<const Options> keep;
@@ -414,7 +444,7 @@ std::tuple<Tensor, Tensor> Forward(const Tensor& q, const Tensor& k, const Tenso
   c10::DeviceGuard device(q.device());
   bool want_lse = o.is_training || o.return_lse;
   fusedattn_config config =
-      MakeConfig(o, q, k, v, bias, cu_seqlens_q, ints, o.is_training, o.return_lse);
+      MakeConfig(o, q, k, v, bias, cu_seqlens_q, page_table, ints, o.is_training, o.return_lse);
   config.score_mod = graph ? graph->handle : nullptr;
   bool thd = o.format == FUSEDATTN_FORMAT_THD;
   // THD leaves tokens outside every sequence untouched: zero them rather than leave garbage.
@@ -432,6 +462,8 @@ std::tuple<Tensor, Tensor> Forward(const Tensor& q, const Tensor& k, const Tenso
   DescribeInputs({q, k, v, bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_kv, seq_offsets_q,
                   seq_offsets_kv},
                  &args);
+  args.page_table = Describe("page_table", page_table, q);
+  args.seqlens_kv = Describe("seqlens_kv", seqlens_kv, q);
   args.o = Describe("o", out, q);
   if (want_lse) args.lse = Describe("lse", lse, q);
   std::vector<fusedattn_tensor> mods;
@@ -460,7 +492,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, std::vector<Tensor>> Backward
   std::shared_ptr<const Graph> graph = GraphOf(mod_text);
   c10::DeviceGuard device(q.device());
   fusedattn_config config =
-      MakeConfig(opt, q, k, v, bias, cu_seqlens_q, ints, /*is_training=*/true, false);
+      MakeConfig(opt, q, k, v, bias, cu_seqlens_q, std::nullopt, ints, /*is_training=*/true,
+                 false);
   config.score_mod = graph ? graph->handle : nullptr;
   bool thd = opt.format == FUSEDATTN_FORMAT_THD;
   auto like = [&](const Tensor& t) {
@@ -533,23 +566,28 @@ Tensor OrUndefined(const OptionalTensor& t) { return t.has_value() ? *t : Tensor
 OptionalTensor Optional(const Tensor& t) { return t.defined() ? OptionalTensor(t) : std::nullopt; }
 
 // The forward's inputs in the order of the gradients the backward returns: q, k, v, bias,
-// alibi_slopes, sinks, cu_seqlens_q/kv, seq_offsets_q/kv, then one per score_mod tensor, then the
-// three non-tensor arguments.
+// alibi_slopes, sinks, cu_seqlens_q/kv, seq_offsets_q/kv, page_table, seqlens_kv, then one per
+// score_mod tensor, then the three non-tensor arguments. (Paged K/V is forward only: the library
+// refuses is_training with a page table, so the backward never sees one.)
 class Attention : public torch::autograd::Function<Attention> {
  public:
+  static constexpr size_t kFixedInputs = 12;  // the tensors before the score_mod tensors
+
   static torch::autograd::variable_list forward(
       torch::autograd::AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v,
       const OptionalTensor& bias, const OptionalTensor& alibi_slopes, const OptionalTensor& sinks,
       const OptionalTensor& cu_seqlens_q, const OptionalTensor& cu_seqlens_kv,
       const OptionalTensor& seq_offsets_q, const OptionalTensor& seq_offsets_kv,
+      const OptionalTensor& page_table, const OptionalTensor& seqlens_kv,
       at::TensorList mod_tensors, c10::string_view problem, c10::string_view score_mod,
       c10::SymIntArrayRef ints) {
     Tensor o, lse;
     {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
-      std::tie(o, lse) =
-          ForwardOp().call(q, k, v, bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_kv,
-                           seq_offsets_q, seq_offsets_kv, mod_tensors, problem, score_mod, ints);
+      std::tie(o, lse) = ForwardOp().call(q, k, v, bias, alibi_slopes, sinks, cu_seqlens_q,
+                                          cu_seqlens_kv, seq_offsets_q, seq_offsets_kv,
+                                          page_table, seqlens_kv, mod_tensors, problem,
+                                          score_mod, ints);
     }
     std::vector<Tensor> saved = {q,
                                  k,
@@ -582,9 +620,9 @@ class Attention : public torch::autograd::Function<Attention> {
     std::vector<Tensor> mod_tensors(saved.begin() + 12, saved.end());
     Tensor d_o = grads[0];
     // One gradient per forward argument (absent optional tensors and the non-tensor arguments
-    // get undefined ones): q, k, v, the seven optional tensors, the score_mod tensors, problem,
+    // get undefined ones): q, k, v, the nine optional tensors, the score_mod tensors, problem,
     // score_mod, ints.
-    torch::autograd::variable_list out(10 + mod_tensors.size() + 3);
+    torch::autograd::variable_list out(kFixedInputs + mod_tensors.size() + 3);
     if (!d_o.defined()) return out;  // o took no part in the loss
     std::shared_ptr<const Options> keep;
     const Options& o = OptionsOf(problem, &keep);
@@ -607,7 +645,7 @@ class Attention : public torch::autograd::Function<Attention> {
     if (saved[7].defined() && o.softmax == FUSEDATTN_SOFTMAX_LEARNABLE_SINK) out[5] = dsink;
     if (std::shared_ptr<const Graph> graph = GraphOf(score_mod)) {
       for (size_t i = 0; i < d_mods.size(); ++i)
-        if (graph->requires_grad[i]) out[10 + i] = d_mods[i];
+        if (graph->requires_grad[i]) out[kFixedInputs + i] = d_mods[i];
     }
     return out;
   }
@@ -618,11 +656,12 @@ std::tuple<Tensor, Tensor> ForwardAutograd(
     const OptionalTensor& alibi_slopes, const OptionalTensor& sinks,
     const OptionalTensor& cu_seqlens_q, const OptionalTensor& cu_seqlens_kv,
     const OptionalTensor& seq_offsets_q, const OptionalTensor& seq_offsets_kv,
+    const OptionalTensor& page_table, const OptionalTensor& seqlens_kv,
     at::TensorList mod_tensors, c10::string_view problem, c10::string_view score_mod,
     c10::SymIntArrayRef ints) {
   auto outputs = Attention::apply(q, k, v, bias, alibi_slopes, sinks, cu_seqlens_q,
-                                  cu_seqlens_kv, seq_offsets_q, seq_offsets_kv, mod_tensors,
-                                  problem, score_mod, ints);
+                                  cu_seqlens_kv, seq_offsets_q, seq_offsets_kv, page_table,
+                                  seqlens_kv, mod_tensors, problem, score_mod, ints);
   return {outputs[0], outputs[1]};
 }
 
@@ -644,12 +683,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
          const OptionalTensor& alibi_slopes, const OptionalTensor& sinks,
          const OptionalTensor& cu_seqlens_q, const OptionalTensor& cu_seqlens_kv,
          const OptionalTensor& seq_offsets_q, const OptionalTensor& seq_offsets_kv,
+         const OptionalTensor& page_table, const OptionalTensor& seqlens_kv,
          const std::vector<Tensor>& mod_tensors, const std::string& problem,
          const std::string& score_mod, const std::vector<int64_t>& ints) {
         std::vector<c10::SymInt> sym(ints.begin(), ints.end());
         return ForwardOp().call(q, k, v, bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_kv,
-                                seq_offsets_q, seq_offsets_kv, mod_tensors, problem, score_mod,
-                                sym);
+                                seq_offsets_q, seq_offsets_kv, page_table, seqlens_kv,
+                                mod_tensors, problem, score_mod, sym);
       },
       pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def(
@@ -674,8 +714,9 @@ TORCH_LIBRARY(fusedattn, m) {
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, Tensor? bias, Tensor? alibi_slopes, Tensor? sinks, "
       "Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, Tensor? seq_offsets_q, "
-      "Tensor? seq_offsets_kv, Tensor[] score_mod_tensors, str problem, str score_mod, "
-      "SymInt[] ints) -> (Tensor, Tensor)");
+      "Tensor? seq_offsets_kv, Tensor? page_table, Tensor? seqlens_kv, "
+      "Tensor[] score_mod_tensors, str problem, str score_mod, SymInt[] ints) -> (Tensor, "
+      "Tensor)");
   m.def(
       "bwd(Tensor d_o, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor? bias, "
       "Tensor? alibi_slopes, Tensor? sinks, Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, "

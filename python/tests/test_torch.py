@@ -220,7 +220,8 @@ def _op_args(device, with_score_mod=False):
                            requires_grad=True)
         mod = flex.ScoreMod(score=flex.score + bias[flex.head], mask=flex.q_idx_br >= flex.kv_idx)
         text, mods = mod.text, mod.tensors()
-    return (q, k, v, None, None, sinks, None, None, None, None, mods, problem, text, [0, 0, 0])
+    return (q, k, v, None, None, sinks, None, None, None, None, None, None, mods, problem, text,
+            [0, 0, 0])
 
 
 @pytest.mark.parametrize("with_score_mod", [False, True], ids=["plain", "score_mod"])
@@ -233,7 +234,8 @@ def test_custom_ops_pass_opcheck(device, with_score_mod):
     torch.library.opcheck(torch.ops.fusedattn.fwd.default, args)
     o, lse = torch.ops.fusedattn.fwd(*args)
     d_o = torch.randn_like(o)
-    q, k, v, bias, alibi, sinks, cu_q, cu_kv, off_q, off_kv, mods, problem, text, ints = args
+    (q, k, v, bias, alibi, sinks, cu_q, cu_kv, off_q, off_kv, page_table, seqlens_kv, mods,
+     problem, text, ints) = args
     bwd_args = (d_o, q.detach(), k.detach(), v.detach(), o.detach(), lse.detach(), None, None,
                 sinks.detach(), None, None, None, None, [m.detach() for m in mods], problem, text,
                 ints)

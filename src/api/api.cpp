@@ -118,6 +118,7 @@ fusedattn_status fusedattn_bwd_workspace_size(const fusedattn_config* config, si
     if (bytes == nullptr) return InvalidArgument("bytes (the output pointer) is NULL");
     Problem problem;
     FUSEDATTN_RETURN_IF_ERROR(MakeProblem(config, HasCudaDevice(), &problem));
+    FUSEDATTN_RETURN_IF_ERROR(CheckHasBackward(problem));
     Backend* chosen = nullptr;
     return SelectBackendAndWorkspace(problem, true, &chosen, bytes);
   });

@@ -93,6 +93,7 @@ std::string Problem::describe() const {
   if (c.softcap > 0) s += Format(" softcap=%g", c.softcap);
   if (c.dropout > 0) s += Format(" dropout=%g", c.dropout);
   if (c.is_training) s += " training";
+  if (paged) s += Format(" paged(page_size=%lld)", (long long)c.page_size);
   if (score_mod) s += Format(" score_mod=%016llx", (unsigned long long)score_mod->hash().lo);
   return s;
 }
@@ -119,13 +120,13 @@ ProblemKey KeyOf(const Problem& p) {
                     int64_t{c.softmax_type}, DoubleBits(c.attn_scale), DoubleBits(c.softcap),
                     DoubleBits(c.dropout), int64_t{c.deterministic}, int64_t{c.return_lse},
                     int64_t{c.return_max_logit}, int64_t{c.backend},
-                    static_cast<int64_t>(p.device)})
+                    static_cast<int64_t>(p.device), c.page_size})
     w[n++] = v;
   // The score_mod by structure (its hash here; operator== compares the graphs), never by the
   // address of the handle in the config.
   w[n++] = p.score_mod ? static_cast<int64_t>(p.score_mod->hash().lo) : 0;
   key.score_mod = p.score_mod;
-  static_assert(32 <= ProblemKey::kWords, "ProblemKey too small");
+  static_assert(33 <= ProblemKey::kWords, "ProblemKey too small");
   return key;
 }
 
@@ -188,16 +189,18 @@ bool MulOverflows(int64_t a, int64_t b, int64_t* out) {
 Status MakeProblem(const fusedattn_config* user, bool has_cuda_device, Problem* problem) {
   if (user == nullptr) return InvalidArgument("config is NULL");
   if (problem == nullptr) return InvalidArgument("problem is NULL");
-  // The config as 0.1.0 laid it out ended where score_mod begins; such callers get the defaults
-  // of the later fields.
+  // The layouts callers may have compiled against: 0.1.0's ended where score_mod begins, the
+  // next one where page_size begins; such callers get the defaults of the later fields.
   constexpr size_t kConfigSize_0_1 = offsetof(fusedattn_config, score_mod);
-  if (user->struct_size != sizeof(fusedattn_config) && user->struct_size != kConfigSize_0_1)
+  constexpr size_t kConfigSizeScoreMod = offsetof(fusedattn_config, page_size);
+  if (user->struct_size != sizeof(fusedattn_config) && user->struct_size != kConfigSize_0_1 &&
+      user->struct_size != kConfigSizeScoreMod)
     return InvalidArgument(
         "config.struct_size = %llu but this library's fusedattn_config has %llu bytes (or %llu "
-        "as in version 0.1.0): initialize the config with FUSEDATTN_CONFIG_INIT and the header "
-        "of this library",
+        "as in version 0.1.0, %llu with score_mod): initialize the config with "
+        "FUSEDATTN_CONFIG_INIT and the header of this library",
         (unsigned long long)user->struct_size, (unsigned long long)sizeof(fusedattn_config),
-        (unsigned long long)kConfigSize_0_1);
+        (unsigned long long)kConfigSize_0_1, (unsigned long long)kConfigSizeScoreMod);
 
   Problem p;
   p.config = FUSEDATTN_CONFIG_INIT;
@@ -251,17 +254,35 @@ Status MakeProblem(const fusedattn_config* user, bool has_cuda_device, Problem* 
         {"do_format", c.do_format},
         {"dqkv_format", c.dqkv_format},
     }};
-    int thd = 0;
-    for (auto& f : formats) thd += f.second == FUSEDATTN_FORMAT_THD;
-    if (thd != 0 && thd != 5) {
-      for (auto& f : formats)
-        if (f.second != FUSEDATTN_FORMAT_THD)
+    // Paged K/V: kv_format is the layout of the pages, and THD is all or nothing over the
+    // other four.
+    if (c.page_size < 0 || c.page_size > kMaxDim)
+      return InvalidArgument(
+          "config.page_size = %lld must be 0 (contiguous K/V) or in [1, %lld] (tokens per page "
+          "of a paged K/V cache)",
+          (long long)c.page_size, (long long)kMaxDim);
+    p.paged = c.page_size > 0;
+    if (p.paged && c.kv_format == FUSEDATTN_FORMAT_THD)
+      return InvalidArgument(
+          "config.kv_format = THD with config.page_size = %lld: paged K/V are pools of pages, "
+          "laid out BSHD [num_pages, page_size, heads_kv, d], BHSD [num_pages, heads_kv, "
+          "page_size, d] or SBHD [page_size, num_pages, heads_kv, d]",
+          (long long)c.page_size);
+    auto counts = [&](size_t k) { return !(p.paged && k == 1); };  // formats[1]: kv_format
+    size_t thd = 0, counted = 0;
+    for (size_t k = 0; k < formats.size(); ++k)
+      if (counts(k)) ++counted, thd += formats[k].second == FUSEDATTN_FORMAT_THD;
+    if (thd != 0 && thd != counted) {
+      for (size_t k = 0; k < formats.size(); ++k)
+        if (counts(k) && formats[k].second != FUSEDATTN_FORMAT_THD)
           return InvalidArgument(
               "config.%s = %s but other formats are THD: packed THD must be used for all of "
-              "q, k/v, o, dO and dQ/dK/dV",
-              f.first, FormatName(f.second));
+              "%s",
+              formats[k].first, FormatName(formats[k].second),
+              p.paged ? "q, o, dO and dQ/dK/dV (kv_format is the layout of the pages)"
+                      : "q, k/v, o, dO and dQ/dK/dV");
     }
-    p.thd = thd == 5;
+    p.thd = thd == counted;
   }
 
   switch (c.mask) {
@@ -349,6 +370,11 @@ Status MakeProblem(const fusedattn_config* user, bool has_cuda_device, Problem* 
           "the dropout counter addresses at most 2^32 rows",
           c.dropout, (long long)c.batch, (long long)c.heads_q, (long long)c.max_seqlen_q);
   }
+  if (p.paged && c.is_training)
+    return InvalidArgument(
+        "config.is_training = 1 with config.page_size = %lld: paged K/V is forward only (a "
+        "serving cache); set is_training = 0 (return_lse = 1 still returns the LSE)",
+        (long long)c.page_size);
   if (!IsBool(c.deterministic))
     return InvalidArgument("config.deterministic = %d must be 0 or 1", c.deterministic);
   if (!IsBool(c.return_lse))
@@ -676,6 +702,96 @@ Status CheckScoreModTensors(const Problem& p, int64_t count, const fusedattn_ten
   return Status::Ok();
 }
 
+// A page pool (k or v of paged K/V): a q/k/v-like tensor whose batch axis counts pages and whose
+// sequence axis is page_size long. num_pages is read from the tensor; pages_of_k >= 0 is the
+// number k has, which v must have too.
+Status CheckPagePool(const char* name, const fusedattn_tensor& t, fusedattn_format format,
+                     fusedattn_dtype dtype, int64_t page_size, int64_t heads, int64_t dim,
+                     int64_t pages_of_k, TensorView* view, int64_t* num_pages) {
+  if (t.data == nullptr) return InvalidArgument("%s.data is NULL", name);
+  const bool sbhd = format == FUSEDATTN_FORMAT_SBHD;
+  const int page_axis = sbhd ? 1 : 0;
+  const int token_axis = format == FUSEDATTN_FORMAT_BHSD ? 2 : sbhd ? 0 : 1;
+  const char* layout = format == FUSEDATTN_FORMAT_BHSD ? "[num_pages, heads_kv, page_size, d]"
+                       : sbhd                          ? "[page_size, num_pages, heads_kv, d]"
+                                                       : "[num_pages, page_size, heads_kv, d]";
+  if (t.ndim != 4)
+    return InvalidArgument("%s.ndim = %d but a page pool in kv_format %s has 4 dimensions %s",
+                           name, t.ndim, FormatName(format), layout);
+  const int64_t pages = t.shape[page_axis];
+  if (pages < 1 || pages > kMaxDim)
+    return InvalidArgument("%s.shape[%d] = %lld pages (kv_format %s: %s) must be in [1, %lld]",
+                           name, page_axis, (long long)pages, FormatName(format), layout,
+                           (long long)kMaxDim);
+  if (pages_of_k >= 0 && pages != pages_of_k)
+    return InvalidArgument("%s.shape[%d] = %lld pages but args.k has %lld: k and v are pools "
+                           "of the same pages",
+                           name, page_axis, (long long)pages, (long long)pages_of_k);
+  if (t.shape[token_axis] != page_size)
+    return InvalidArgument(
+        "%s.shape[%d] = %lld tokens per page but config.page_size = %lld (kv_format %s: %s)",
+        name, token_axis, (long long)t.shape[token_axis], (long long)page_size,
+        FormatName(format), layout);
+  FUSEDATTN_RETURN_IF_ERROR(
+      CheckQkvLike(name, t, format, dtype, pages, page_size, heads, dim, false, -1, view));
+  *num_pages = pages;
+  return Status::Ok();
+}
+
+// The page table and the key lengths of paged K/V (their shapes: the entries are read by the
+// backends, where the tensors live), or their absence otherwise.
+Status CheckPagedInputs(const Problem& p, const fusedattn_tensor& page_table,
+                        const fusedattn_tensor& seqlens_kv, FwdTensors* out) {
+  const auto& c = p.config;
+  if (!p.paged) {
+    const char* why = "config.page_size = 0 (contiguous K/V)";
+    FUSEDATTN_RETURN_IF_ERROR(CheckAbsent("args.page_table", page_table, why));
+    return CheckAbsent("args.seqlens_kv", seqlens_kv, why);
+  }
+  if (page_table.data == nullptr)
+    return InvalidArgument("args.page_table.data is NULL but config.page_size = %lld (paged "
+                           "K/V) needs it: int32 [batch, max_pages_per_seq]",
+                           (long long)c.page_size);
+  if (page_table.ndim != 2)
+    return InvalidArgument("args.page_table.ndim = %d but 2 is expected [batch, "
+                           "max_pages_per_seq]",
+                           page_table.ndim);
+  const int64_t needed = (c.max_seqlen_kv + c.page_size - 1) / c.page_size;
+  const int64_t width = page_table.shape[1];
+  if (width < needed)
+    return InvalidArgument(
+        "args.page_table.shape = [%lld, %lld]: %lld pages per sequence hold %lld tokens of "
+        "page_size %lld, fewer than max_seqlen_kv = %lld (at least %lld pages are needed)",
+        (long long)page_table.shape[0], (long long)width, (long long)width,
+        (long long)(width * c.page_size), (long long)c.page_size, (long long)c.max_seqlen_kv,
+        (long long)needed);
+  if (width > kMaxDim)
+    return InvalidArgument("args.page_table.shape[1] = %lld is larger than the limit %lld",
+                           (long long)width, (long long)kMaxDim);
+  const int64_t shape[2] = {c.batch, width};
+  FUSEDATTN_RETURN_IF_ERROR(
+      CheckTensor("args.page_table", page_table, FUSEDATTN_DTYPE_INT32, shape, 2, false));
+  if (width > 1 && page_table.strides[1] != 1)
+    return InvalidArgument("args.page_table.strides[1] = %lld must be 1 (rows of contiguous "
+                           "int32 page indices)",
+                           (long long)page_table.strides[1]);
+  if (seqlens_kv.data == nullptr)
+    return InvalidArgument("args.seqlens_kv.data is NULL but config.page_size = %lld (paged "
+                           "K/V) needs the key lengths: int32 [batch]",
+                           (long long)c.page_size);
+  const int64_t length_shape[1] = {c.batch};
+  FUSEDATTN_RETURN_IF_ERROR(
+      CheckTensor("args.seqlens_kv", seqlens_kv, FUSEDATTN_DTYPE_INT32, length_shape, 1, false));
+  if (c.batch > 1 && seqlens_kv.strides[0] != 1)
+    return InvalidArgument("args.seqlens_kv.strides[0] = %lld must be 1 (contiguous int32)",
+                           (long long)seqlens_kv.strides[0]);
+  out->page_table = static_cast<const int32_t*>(page_table.data);
+  out->page_table_stride = page_table.strides[0];
+  out->max_pages_per_seq = width;
+  out->seqlens_kv = static_cast<const int32_t*>(seqlens_kv.data);
+  return Status::Ok();
+}
+
 // Inputs shared by forward and backward: masks, bias, alibi, sinks, sequence lengths.
 struct SharedInputs {
   const fusedattn_tensor* bias;
@@ -718,17 +834,28 @@ Status CheckShared(const Problem& p, const SharedInputs& in, Out* out) {
     FUSEDATTN_RETURN_IF_ERROR(CheckAbsent("args.sink_logits", *in.sink_logits,
                                           "config.softmax_type is not learnable_sink"));
   }
+  if (p.paged) {
+    // The key lengths come from seqlens_kv (CheckPagedInputs), the keys from the page table.
+    const char* why = "paged K/V takes the key lengths from args.seqlens_kv";
+    FUSEDATTN_RETURN_IF_ERROR(CheckAbsent("args.cu_seqlens_kv", *in.cu_seqlens_kv, why));
+    FUSEDATTN_RETURN_IF_ERROR(CheckAbsent(
+        "args.seq_offsets_kv", *in.seq_offsets_kv,
+        "paged K/V finds the keys through args.page_table"));
+  }
   if (p.padding) {
     const char* why = p.thd ? "THD formats need per-sequence lengths"
                             : "a padding mask needs per-sequence lengths";
     if (in.cu_seqlens_q->data == nullptr)
       return InvalidArgument("args.cu_seqlens_q is NULL but %s", why);
-    if (in.cu_seqlens_kv->data == nullptr)
-      return InvalidArgument("args.cu_seqlens_kv is NULL but %s", why);
     FUSEDATTN_RETURN_IF_ERROR(CheckSeqlens("args.cu_seqlens_q", *in.cu_seqlens_q, c.batch));
-    FUSEDATTN_RETURN_IF_ERROR(CheckSeqlens("args.cu_seqlens_kv", *in.cu_seqlens_kv, c.batch));
     out->cu_seqlens_q = static_cast<const int32_t*>(in.cu_seqlens_q->data);
-    out->cu_seqlens_kv = static_cast<const int32_t*>(in.cu_seqlens_kv->data);
+    if (!p.paged) {
+      if (in.cu_seqlens_kv->data == nullptr)
+        return InvalidArgument("args.cu_seqlens_kv is NULL but %s", why);
+      FUSEDATTN_RETURN_IF_ERROR(
+          CheckSeqlens("args.cu_seqlens_kv", *in.cu_seqlens_kv, c.batch));
+      out->cu_seqlens_kv = static_cast<const int32_t*>(in.cu_seqlens_kv->data);
+    }
   } else {
     for (const auto& [name, tensor] : {std::pair{"args.cu_seqlens_q", in.cu_seqlens_q},
                                        std::pair{"args.cu_seqlens_kv", in.cu_seqlens_kv}})
@@ -759,16 +886,20 @@ Status CheckShared(const Problem& p, const SharedInputs& in, Out* out) {
 
 Status MakeFwdTensors(const Problem& p, const fusedattn_fwd_args* user, FwdTensors* out) {
   if (user == nullptr) return InvalidArgument("args is NULL");
-  // The layouts callers may have compiled against: 0.1.0's, then with the score_mod fields.
+  // The layouts callers may have compiled against: 0.1.0's, then with the score_mod fields,
+  // then with dropout_seed_offset.
   constexpr size_t kSize_0_1 = offsetof(fusedattn_fwd_args, num_score_mod_tensors);
   constexpr size_t kSizeScoreMod = offsetof(fusedattn_fwd_args, dropout_seed_offset);
+  constexpr size_t kSizeSeedOffset = offsetof(fusedattn_fwd_args, page_table);
   if (user->struct_size != sizeof(fusedattn_fwd_args) && user->struct_size != kSize_0_1 &&
-      user->struct_size != kSizeScoreMod)
+      user->struct_size != kSizeScoreMod && user->struct_size != kSizeSeedOffset)
     return InvalidArgument(
         "args.struct_size = %llu but this library's fusedattn_fwd_args has %llu bytes (or %llu "
-        "as in version 0.1.0, %llu with the score_mod fields): use fusedattn_fwd_args_init()",
+        "as in version 0.1.0, %llu with the score_mod fields, %llu with dropout_seed_offset): "
+        "use fusedattn_fwd_args_init()",
         (unsigned long long)user->struct_size, (unsigned long long)sizeof(fusedattn_fwd_args),
-        (unsigned long long)kSize_0_1, (unsigned long long)kSizeScoreMod);
+        (unsigned long long)kSize_0_1, (unsigned long long)kSizeScoreMod,
+        (unsigned long long)kSizeSeedOffset);
   // Read the caller's struct as far as it goes; later fields stay zero.
   fusedattn_fwd_args copy;
   std::memset(&copy, 0, sizeof copy);
@@ -779,12 +910,22 @@ Status MakeFwdTensors(const Problem& p, const fusedattn_fwd_args* user, FwdTenso
   FUSEDATTN_RETURN_IF_ERROR(CheckQkvLike("args.q", args->q, c.q_format, c.qkv_dtype, c.batch,
                                          c.max_seqlen_q, c.heads_q, c.head_dim_qk, false, -1,
                                          &t.q));
-  FUSEDATTN_RETURN_IF_ERROR(CheckQkvLike("args.k", args->k, c.kv_format, c.qkv_dtype, c.batch,
-                                         c.max_seqlen_kv, c.heads_kv, c.head_dim_qk, false, -1,
-                                         &t.k));
-  FUSEDATTN_RETURN_IF_ERROR(CheckQkvLike("args.v", args->v, c.kv_format, c.qkv_dtype, c.batch,
-                                         c.max_seqlen_kv, c.heads_kv, c.head_dim_v, false,
-                                         p.thd ? t.k.num_tokens : -1, &t.v));
+  if (p.paged) {
+    FUSEDATTN_RETURN_IF_ERROR(CheckPagePool("args.k", args->k, c.kv_format, c.qkv_dtype,
+                                            c.page_size, c.heads_kv, c.head_dim_qk, -1, &t.k,
+                                            &t.num_pages));
+    int64_t pages_of_v = 0;
+    FUSEDATTN_RETURN_IF_ERROR(CheckPagePool("args.v", args->v, c.kv_format, c.qkv_dtype,
+                                            c.page_size, c.heads_kv, c.head_dim_v, t.num_pages,
+                                            &t.v, &pages_of_v));
+  } else {
+    FUSEDATTN_RETURN_IF_ERROR(CheckQkvLike("args.k", args->k, c.kv_format, c.qkv_dtype, c.batch,
+                                           c.max_seqlen_kv, c.heads_kv, c.head_dim_qk, false, -1,
+                                           &t.k));
+    FUSEDATTN_RETURN_IF_ERROR(CheckQkvLike("args.v", args->v, c.kv_format, c.qkv_dtype, c.batch,
+                                           c.max_seqlen_kv, c.heads_kv, c.head_dim_v, false,
+                                           p.thd ? t.k.num_tokens : -1, &t.v));
+  }
   FUSEDATTN_RETURN_IF_ERROR(CheckQkvLike("args.o", args->o, c.o_format, c.o_dtype, c.batch,
                                          c.max_seqlen_q, c.heads_q, c.head_dim_v, true,
                                          p.thd ? t.q.num_tokens : -1, &t.o));
@@ -810,6 +951,7 @@ Status MakeFwdTensors(const Problem& p, const fusedattn_fwd_args* user, FwdTenso
                       &args->cu_seqlens_q,  &args->cu_seqlens_kv, &args->seq_offsets_q,
                       &args->seq_offsets_kv};
   FUSEDATTN_RETURN_IF_ERROR(CheckShared(p, shared, &t));
+  FUSEDATTN_RETURN_IF_ERROR(CheckPagedInputs(p, args->page_table, args->seqlens_kv, &t));
   FUSEDATTN_RETURN_IF_ERROR(CheckScoreModTensors(p, args->num_score_mod_tensors,
                                                  args->score_mod_tensors, false, nullptr,
                                                  &t.score_mod_tensors, nullptr));
@@ -832,6 +974,7 @@ Status MakeBwdTensors(const Problem& p, const fusedattn_bwd_args* user, BwdTenso
         "as in version 0.1.0, %llu with the score_mod fields): use fusedattn_bwd_args_init()",
         (unsigned long long)user->struct_size, (unsigned long long)sizeof(fusedattn_bwd_args),
         (unsigned long long)kSize_0_1, (unsigned long long)kSizeScoreMod);
+  FUSEDATTN_RETURN_IF_ERROR(CheckHasBackward(p));
   fusedattn_bwd_args copy;
   std::memset(&copy, 0, sizeof copy);
   std::memcpy(&copy, user, user->struct_size);
@@ -895,6 +1038,15 @@ Status MakeBwdTensors(const Problem& p, const fusedattn_bwd_args* user, BwdTenso
   t.dropout_offset = args->dropout_offset;
   t.dropout_seed_offset = args->dropout_seed_offset;
   *out = t;
+  return Status::Ok();
+}
+
+Status CheckHasBackward(const Problem& p) {
+  if (p.paged)
+    return InvalidArgument(
+        "config.page_size = %lld: paged K/V is forward only (a serving cache has no backward); "
+        "run the backward on contiguous K/V (page_size = 0)",
+        (long long)p.config.page_size);
   return Status::Ok();
 }
 

@@ -35,6 +35,11 @@ struct TensorView {
   bool present() const { return data != nullptr; }
 };
 
+// Paged K/V (Problem::paged): the k and v views address one page as TensorView addresses one
+// sequence: stride_b steps from page to page and stride_s from token to token inside a page, so
+// key j of sequence b is element (page_table[b][j / page_size], h, j % page_size, x), and
+// num_tokens is num_pages * page_size.
+
 // LSE views also come in a packed [tokens, heads] form for THD: then stride_b is 0 and token_start
 // applies, exactly as for TensorView (stride_d unused).
 using LseView = TensorView;
@@ -57,7 +62,8 @@ struct Problem {
   bool causal = false;        // keys right of the diagonal are hidden
   bool bottom_right = false;  // the diagonal (and window) aligned to the end of the keys
   bool padding = false;       // per-sequence lengths come from cu_seqlens
-  bool thd = false;           // all tensors packed THD
+  bool thd = false;           // q, o, dO, dQKV packed THD (and k, v unless paged)
+  bool paged = false;         // k, v are pools of pages (config.page_size > 0); forward only
   int64_t window_left = -1;   // -1 unbounded
   int64_t window_right = -1;  // -1 unbounded; 0 when causal
 
@@ -95,7 +101,7 @@ struct Problem {
 // else changes their artifact), never on addresses. A score_mod enters by its structure: the
 // last word holds its hash, and equality compares the graphs themselves.
 struct ProblemKey {
-  static constexpr size_t kWords = 32;
+  static constexpr size_t kWords = 33;
   std::array<int64_t, kWords> words{};
   std::shared_ptr<const flex::ScoreMod> score_mod;
   bool operator==(const ProblemKey& other) const;
@@ -137,6 +143,15 @@ struct FwdTensors {
   // layer reads it into the two fields above before a backend runs (ReadDropoutSeedOffset).
   const uint64_t* dropout_seed_offset = nullptr;
   std::vector<AuxTensorView> score_mod_tensors;  // one per declared tensor
+  // Paged K/V (problem.paged; else null and 0): k and v hold num_pages pages (see TensorView);
+  // row b of the page table starts at page_table + b * page_table_stride and holds
+  // max_pages_per_seq entries (stride 1); seqlens_kv has batch entries (stride 1). Validation
+  // checked shapes and strides only: the entries themselves live where the tensors live.
+  const int32_t* page_table = nullptr;
+  int64_t page_table_stride = 0;
+  int64_t max_pages_per_seq = 0;
+  int64_t num_pages = 0;
+  const int32_t* seqlens_kv = nullptr;
 };
 
 struct BwdTensors {
@@ -173,6 +188,10 @@ Status MakeProblem(const fusedattn_config* config, bool has_cuda_device, Problem
 // builds their views. Nothing is read through the pointers.
 Status MakeFwdTensors(const Problem& problem, const fusedattn_fwd_args* args, FwdTensors* out);
 Status MakeBwdTensors(const Problem& problem, const fusedattn_bwd_args* args, BwdTensors* out);
+
+// Whether the problem has a backward (fusedattn_bwd, fusedattn_bwd_workspace_size): paged K/V is
+// forward only.
+Status CheckHasBackward(const Problem& problem);
 
 size_t DtypeSize(fusedattn_dtype dtype);
 const char* DtypeName(fusedattn_dtype dtype);

@@ -198,18 +198,20 @@ ProblemTensors MakeProblemTensors(const fusedattn_config& config, const TensorOp
   std::mt19937_64 rng(opt.seed);
   const bool thd = c.q_format == FUSEDATTN_FORMAT_THD;
   const bool varlen = thd || IsPaddingMask(c.mask);
+  const bool paged = c.page_size > 0;
   const int64_t B = c.batch;
 
-  auto draw_lengths = [&](const std::vector<int32_t>& given, int64_t max_len) {
+  auto draw_lengths = [&](const std::vector<int32_t>& given, int64_t max_len,
+                          bool per_sequence) {
     std::vector<int32_t> lens(static_cast<size_t>(B), static_cast<int32_t>(max_len));
-    if (!varlen) return lens;
+    if (!per_sequence) return lens;
     if (!given.empty()) return given;
     std::uniform_int_distribution<int64_t> dist(opt.allow_empty_sequences ? 0 : 1, max_len);
     for (int64_t b = 1; b < B; ++b) lens[b] = static_cast<int32_t>(dist(rng));
     return lens;
   };
-  t.len_q = draw_lengths(opt.len_q, c.max_seqlen_q);
-  t.len_kv = draw_lengths(opt.len_kv, c.max_seqlen_kv);
+  t.len_q = draw_lengths(opt.len_q, c.max_seqlen_q, varlen);
+  t.len_kv = draw_lengths(opt.len_kv, c.max_seqlen_kv, varlen || paged);
 
   // Sequence starts: cu_seqlens are the running sums; THD with gaps puts sequences further apart.
   std::vector<int32_t> cu_q(B + 1, 0), cu_kv(B + 1, 0), off_q(B + 1, 0), off_kv(B + 1, 0);
@@ -232,11 +234,36 @@ ProblemTensors MakeProblemTensors(const fusedattn_config& config, const TensorOp
   }
   if (varlen) {
     t.cu_seqlens_q = IndexTensor(cu_q);
-    t.cu_seqlens_kv = IndexTensor(cu_kv);
+    if (!paged) t.cu_seqlens_kv = IndexTensor(cu_kv);
     if (thd && opt.thd_gaps) {
       t.seq_offsets_q = IndexTensor(off_q);
-      t.seq_offsets_kv = IndexTensor(off_kv);
+      if (!paged) t.seq_offsets_kv = IndexTensor(off_kv);
     }
+  }
+  if (paged) {
+    // Pages per sequence; with share_prefix the first full pages of sequence b > 0 are those of
+    // sequence 0, the others new ones, all drawn from a shuffled pool.
+    const int64_t page = c.page_size;
+    const int64_t width = (c.max_seqlen_kv + page - 1) / page + opt.extra_table_width;
+    std::vector<int64_t> used(B), shared(B, 0);
+    int64_t fresh = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      used[b] = (t.len_kv[b] + page - 1) / page;
+      if (opt.share_prefix && b > 0) shared[b] = std::min(t.len_kv[b], t.len_kv[0]) / page;
+      fresh += used[b] - shared[b];
+    }
+    t.num_pages = std::max<int64_t>(1, fresh + opt.spare_pages);
+    std::vector<int32_t> order(static_cast<size_t>(t.num_pages));
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    t.page_table = HostTensor(FUSEDATTN_DTYPE_INT32, {B, width});
+    t.page_table.fill(opt.unused_page_entry);
+    size_t next = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t e = 0; e < used[b]; ++e)
+        t.page_table.set(b * width + e,
+                         e < shared[b] ? t.page_table.get(e) : order[next++]);
+    t.seqlens_kv = IndexTensor(t.len_kv);
   }
 
   const bool padded = opt.padded_strides;
@@ -246,13 +273,27 @@ ProblemTensors MakeProblemTensors(const fusedattn_config& config, const TensorOp
     return MakeTensor(dt, FormatShape(f, B, seq, heads, dim, tokens), padded);
   };
   t.q = qkv(c.q_format, c.qkv_dtype, c.max_seqlen_q, c.heads_q, c.head_dim_qk, tokens_q);
-  t.k = qkv(c.kv_format, c.qkv_dtype, c.max_seqlen_kv, c.heads_kv, c.head_dim_qk, tokens_kv);
-  t.v = qkv(c.kv_format, c.qkv_dtype, c.max_seqlen_kv, c.heads_kv, c.head_dim_v, tokens_kv);
+  if (paged) {  // pools of pages: a page is a "sequence" of page_size tokens
+    auto pool = [&](int64_t dim) {
+      return MakeTensor(c.qkv_dtype,
+                        FormatShape(c.kv_format, t.num_pages, c.page_size, c.heads_kv, dim, 0),
+                        padded);
+    };
+    t.k = pool(c.head_dim_qk);
+    t.v = pool(c.head_dim_v);
+  } else {
+    t.k = qkv(c.kv_format, c.qkv_dtype, c.max_seqlen_kv, c.heads_kv, c.head_dim_qk, tokens_kv);
+    t.v = qkv(c.kv_format, c.qkv_dtype, c.max_seqlen_kv, c.heads_kv, c.head_dim_v, tokens_kv);
+  }
   t.o = qkv(c.o_format, c.o_dtype, c.max_seqlen_q, c.heads_q, c.head_dim_v, tokens_q);
   t.d_o = qkv(c.do_format, c.o_dtype, c.max_seqlen_q, c.heads_q, c.head_dim_v, tokens_q);
   t.dq = qkv(c.dqkv_format, c.qkv_dtype, c.max_seqlen_q, c.heads_q, c.head_dim_qk, tokens_q);
-  t.dk = qkv(c.dqkv_format, c.qkv_dtype, c.max_seqlen_kv, c.heads_kv, c.head_dim_qk, tokens_kv);
-  t.dv = qkv(c.dqkv_format, c.qkv_dtype, c.max_seqlen_kv, c.heads_kv, c.head_dim_v, tokens_kv);
+  if (!paged) {  // paged K/V has no backward
+    t.dk = qkv(c.dqkv_format, c.qkv_dtype, c.max_seqlen_kv, c.heads_kv, c.head_dim_qk,
+               tokens_kv);
+    t.dv = qkv(c.dqkv_format, c.qkv_dtype, c.max_seqlen_kv, c.heads_kv, c.head_dim_v,
+               tokens_kv);
+  }
   t.q.fill_uniform(rng, -r, r);
   t.k.fill_uniform(rng, -r, r);
   t.v.fill_uniform(rng, -r, r);
@@ -309,6 +350,8 @@ fusedattn_fwd_args ProblemTensors::fwd_args() const {
   a.cu_seqlens_kv = cu_seqlens_kv.desc();
   a.seq_offsets_q = seq_offsets_q.desc();
   a.seq_offsets_kv = seq_offsets_kv.desc();
+  a.page_table = page_table.desc();
+  a.seqlens_kv = seqlens_kv.desc();
   a.dropout_seed = dropout_seed;
   a.dropout_offset = dropout_offset;
   return a;
@@ -400,7 +443,8 @@ namespace {
 std::vector<const HostTensor*> AllTensors(const ProblemTensors& t) {
   return {&t.q,  &t.k,  &t.v,  &t.o,  &t.lse, &t.max_logit, &t.bias, &t.alibi_slopes,
           &t.sink_logits, &t.cu_seqlens_q, &t.cu_seqlens_kv, &t.seq_offsets_q,
-          &t.seq_offsets_kv, &t.d_o, &t.dq, &t.dk, &t.dv, &t.dbias, &t.dsink};
+          &t.seq_offsets_kv, &t.page_table, &t.seqlens_kv, &t.d_o, &t.dq, &t.dk, &t.dv,
+          &t.dbias, &t.dsink};
 }
 std::vector<HostTensor*> Outputs(ProblemTensors* t) {
   return {&t->o, &t->lse, &t->max_logit, &t->dq, &t->dk, &t->dv, &t->dbias, &t->dsink};
@@ -500,6 +544,7 @@ fusedattn_fwd_args DeviceProblem::fwd_args() const {
   fix(a.alibi_slopes, host_->alibi_slopes), fix(a.sink_logits, host_->sink_logits);
   fix(a.cu_seqlens_q, host_->cu_seqlens_q), fix(a.cu_seqlens_kv, host_->cu_seqlens_kv);
   fix(a.seq_offsets_q, host_->seq_offsets_q), fix(a.seq_offsets_kv, host_->seq_offsets_kv);
+  fix(a.page_table, host_->page_table), fix(a.seqlens_kv, host_->seqlens_kv);
   return a;
 }
 

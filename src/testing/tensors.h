@@ -73,6 +73,15 @@ struct TensorOptions {
   bool padded_strides = false;   // rows padded: strides larger than the dense ones
   double input_range = 1.0;      // q, k, v, dO uniform in [-range, range]
   fusedattn_dtype bias_dtype = FUSEDATTN_DTYPE_FLOAT32;
+  // Paged K/V (config.page_size > 0). The key lengths are always per sequence (len_kv, else
+  // drawn as above). The pool holds the pages the sequences use, in a shuffled order, and
+  // spare_pages more that no sequence uses (random data too, so that reading one shows). With
+  // share_prefix, every sequence shares the full pages of its common prefix with sequence 0
+  // (the same page indices). Table entries past a sequence's pages hold unused_page_entry.
+  int64_t spare_pages = 2;
+  bool share_prefix = false;
+  int32_t unused_page_entry = -1;
+  int64_t extra_table_width = 0;  // page table columns beyond ceil(max_seqlen_kv / page_size)
 };
 
 // Every tensor of a problem, laid out as the config's formats say, filled with random inputs and
@@ -83,6 +92,8 @@ struct ProblemTensors {
   std::vector<int32_t> start_q, start_kv;   // THD token starts (0 otherwise)
   HostTensor q, k, v, o, lse, max_logit, bias, alibi_slopes, sink_logits;
   HostTensor cu_seqlens_q, cu_seqlens_kv, seq_offsets_q, seq_offsets_kv;
+  HostTensor page_table, seqlens_kv;  // paged K/V: k and v are pools of num_pages pages
+  int64_t num_pages = 0;
   HostTensor d_o, dq, dk, dv, dbias, dsink;
   uint64_t dropout_seed = 0x1234abcd5678ef01ull;
   uint64_t dropout_offset = 7;

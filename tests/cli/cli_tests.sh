@@ -110,6 +110,9 @@ case "$CASE" in
     check_usage "--bwd is a flag" run --bwd=1
     check_usage "--lengths: per-sequence lengths need" run --lengths 4,4
     check_usage "--lengths: give --b = 2 lengths" run --layout thd --lengths 4,4,4
+    check_usage "--lengths: query length 4 differs from --sq = 128" run --page-size 16 \
+      --lengths 4,4:9,9
+    check_usage "--page-size: -1 is out of range" run --page-size -1
     check_usage "unknown command 'bogus'" bogus
     ;;
   help_lists_every_option)
@@ -198,11 +201,12 @@ assert [b['name'] for b in d['backends'] if b['chosen']] == ['reference']"
     RC=$?; LAST="fusedattn run --json ..."
     expect_rc 0
     check_json "
-keys = {'problem', 'device', 'backend', 'selection', 'backends', 'lengths', 'check', 'flops',
-        'time', 'result', 'error'}
+keys = {'problem', 'device', 'backend', 'selection', 'backends', 'lengths', 'pages', 'check',
+        'flops', 'time', 'result', 'error'}
 assert set(d) == keys, set(d) ^ keys
 assert d['result'] == 'PASS' and d['error'] is None and d['backend'] == 'reference', d
 assert d['lengths'] == {'q': [5, 0], 'kv': [7, 3]}, d['lengths']
+assert d['pages'] is None, d['pages']
 c = d['check']
 assert set(c) == {'performed', 'reason', 'tolerance', 'outputs'} and c['performed'] is True
 assert [o['name'] for o in c['outputs']] == ['o', 'lse', 'dq', 'dk', 'dv'], c['outputs']
@@ -255,6 +259,39 @@ assert d['result'] == 'error' and 'heads_kv = 3' in d['error'], d"
     run run --device cpu --dtype bf16 --bias post_scale --bias-dtype half
     expect_rc 2
     expect_output "--bias-dtype: float16 is neither float32 nor --dtype \(bfloat16\)"
+    ;;
+  paged)
+    # Paged K/V on the CPU: chunked prefill (thd queries, pages bshd by default there) and
+    # decode (bhsd pages), every output checked against the reference; the key lengths and the
+    # pool are printed.
+    run run --device cpu --page-size 4 --layout thd --mask causal_bottom_right --b 3 --h 4 \
+      --hkv 2 --sq 4 --skv 13 --d 8 --lengths 4,1,0:13,5,0 --lse --iters 1
+    expect_rc 0
+    expect_output '^problem: .* q:THD kv:BSHD .*paged\(page_size=4\)'
+    expect_output '^lengths: +q 4,1,0  kv 13,5,0$'
+    expect_output '^pages: +[0-9]+ of 4 tokens in a shuffled pool \(2 spare\), table \[3, 4\]$'
+    for out in o lse; do expect_output "^  $out +rel_error 0 .*PASS$"; done
+    expect_output '^result: +PASS$'
+    run run --device cpu --page-size 16 --kv-layout bhsd --mask causal_bottom_right --b 2 \
+      --h 8 --hkv 2 --sq 1 --skv 40 --d 16 --softcap 30 --softmax sink --iters 1
+    expect_rc 0
+    expect_output '^result: +PASS$'
+    # Forward only: --bwd is an invalid problem.
+    run run --device cpu --page-size 16 --bwd
+    expect_rc 1
+    expect_output 'invalid problem: config.is_training = 1 with config.page_size = 16: paged K/V is forward only'
+    # On CUDA tensors every GPU backend refuses paged K/V, naming it (or is not available here),
+    # and the reference runs only when forced.
+    run explain --device cuda --page-size 16 --sq 1 --skv 4096 --d 128
+    for backend in small_seq cudnn flash; do
+      expect_output "^  $backend +(unavailable: .*|refuses: paged K/V \(page_size = 16\).*)$"
+    done
+    run explain --device cpu --page-size 16 --json
+    expect_rc 0
+    "${PYTHON:-python3}" -c "import json, sys
+d = json.load(open(sys.argv[1]))
+assert d['backend'] == 'reference' and 'paged(page_size=16)' in d['problem'], d" "$OUT" \
+      || fail "explain --json of a paged problem"
     ;;
   *)
     echo "unknown case '$CASE'"

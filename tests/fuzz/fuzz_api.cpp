@@ -16,6 +16,7 @@
 // fusedattn_get_backend and the workspace-size functions.
 #include <fuzzer/FuzzedDataProvider.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -38,16 +39,18 @@ constexpr double kMaxWork = 1 << 15;          // b * hq * sq * skv * d of a call
 // decoder reaches successful runs, whose outputs get the strongest checks).
 struct Stats {
   uint64_t inputs = 0, selected = 0, fwd_calls = 0, fwd_ok = 0, bwd_calls = 0, bwd_ok = 0;
-  uint64_t finite_checked = 0;
+  uint64_t finite_checked = 0, paged_fwd_calls = 0, paged_fwd_ok = 0;
   ~Stats() {
     if (std::getenv("FUSEDATTN_FUZZ_STATS"))
       std::fprintf(stderr,
                    "fuzz_api stats: inputs %llu, get_backend ok %llu, fwd calls %llu (ok %llu), "
-                   "bwd calls %llu (ok %llu), successful calls with finiteness checked %llu\n",
+                   "bwd calls %llu (ok %llu), successful calls with finiteness checked %llu, "
+                   "paged fwd calls %llu (ok %llu)\n",
                    (unsigned long long)inputs, (unsigned long long)selected,
                    (unsigned long long)fwd_calls, (unsigned long long)fwd_ok,
                    (unsigned long long)bwd_calls, (unsigned long long)bwd_ok,
-                   (unsigned long long)finite_checked);
+                   (unsigned long long)finite_checked, (unsigned long long)paged_fwd_calls,
+                   (unsigned long long)paged_fwd_ok);
   }
 } g_stats;
 
@@ -162,6 +165,7 @@ struct Decoded {
   int32_t q_format, kv_format, o_format, do_format, dqkv_format;
   int32_t qkv_dtype, o_dtype, mask, bias_type, softmax, backend, device;
   bool thd = false, padding = false;
+  bool paged = false;  // page_size > 0: k, v are pools of pages with a page table
 };
 
 Decoded DecodeConfig(FuzzedDataProvider& in) {
@@ -192,6 +196,12 @@ Decoded DecodeConfig(FuzzedDataProvider& in) {
     d.do_format = in.ConsumeBool() ? d.o_format : Enum(in, 3);
     d.dqkv_format = in.ConsumeBool() ? d.q_format : Enum(in, 3);
     if (Rare(in, 32)) d.o_format = Enum(in, 4);  // mixed THD
+  }
+  if (Rare(in, 4)) {  // paged K/V: pools in a dense layout (sometimes not), forward only
+    c.page_size = Size(in, 1, 5);
+    if (d.kv_format == FUSEDATTN_FORMAT_THD && !Rare(in, 8))
+      d.kv_format = in.ConsumeIntegralInRange<int32_t>(0, 2);
+    if (!Rare(in, 8)) c.is_training = 0;
   }
   d.mask = Enum(in, 6);
   c.window_left = Rare(in, 4) ? Size(in, -1, 6) : -1;
@@ -227,7 +237,7 @@ Decoded DecodeConfig(FuzzedDataProvider& in) {
                 "struct_size=%zu training=%d b=%lld hq=%lld hkv=%lld sq=%lld skv=%lld dqk=%lld "
                 "dv=%lld dtype=%d/%d formats=%d,%d,%d,%d,%d mask=%d window=%lld,%lld bias=%d "
                 "(%lld,%lld grad=%d) softmax=%d scale=%g softcap=%g dropout=%g det=%d lse=%d "
-                "max_logit=%d backend=%d device=%d",
+                "max_logit=%d backend=%d device=%d page_size=%lld",
                 c.struct_size, c.is_training, (long long)c.batch, (long long)c.heads_q,
                 (long long)c.heads_kv, (long long)c.max_seqlen_q, (long long)c.max_seqlen_kv,
                 (long long)c.head_dim_qk, (long long)c.head_dim_v, d.qkv_dtype, d.o_dtype,
@@ -235,11 +245,12 @@ Decoded DecodeConfig(FuzzedDataProvider& in) {
                 (long long)c.window_left, (long long)c.window_right, d.bias_type,
                 (long long)c.bias_batch, (long long)c.bias_heads, c.bias_requires_grad, d.softmax,
                 c.attn_scale, c.softcap, c.dropout, c.deterministic, c.return_lse,
-                c.return_max_logit, d.backend, d.device);
+                c.return_max_logit, d.backend, d.device, (long long)c.page_size);
   g_context = text;
   d.thd = d.q_format == FUSEDATTN_FORMAT_THD;
   d.padding = d.thd || d.mask == FUSEDATTN_MASK_PADDING || d.mask == FUSEDATTN_MASK_PADDING_CAUSAL ||
               d.mask == FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
+  d.paged = c.page_size > 0;
   return d;
 }
 
@@ -436,6 +447,42 @@ void FillIndex(Tensor* t, const std::vector<int32_t>& values, Rng* rng) {
 
 int64_t PlusOne(int64_t v) { return v == INT64_MAX ? v : v + 1; }
 
+// Paged K/V: the pool's page count, and the table's width (what max_seqlen_kv needs, sometimes
+// one less or more).
+struct Paging {
+  int64_t num_pages = 1, width = 1;
+};
+
+Paging DecodePaging(FuzzedDataProvider& in, const fusedattn_config& c) {
+  Paging p;
+  p.num_pages = in.ConsumeIntegralInRange<int64_t>(1, 8);
+  if (c.page_size > 0 && c.max_seqlen_kv > 0)
+    p.width = c.max_seqlen_kv / c.page_size + (c.max_seqlen_kv % c.page_size != 0);
+  if (Rare(in, 8))  // (a huge max_seqlen_kv gives a huge width: stay clear of overflow)
+    p.width = std::max<int64_t>(1, std::min<int64_t>(p.width, INT64_MAX - 2) +
+                                       in.ConsumeIntegralInRange(-1, 2));
+  return p;
+}
+
+// Page indices mostly in the pool, sometimes just outside it or anything; key lengths mostly in
+// [0, max_seqlen_kv], sometimes not. Every element of the buffer gets a value (gaps too).
+void FillPaged(FuzzedDataProvider& in, Tensor* table, Tensor* lengths, int64_t num_pages,
+               int64_t max_seqlen_kv, Rng* rng) {
+  auto fill = [&](Tensor* t, int64_t hi) {
+    if (!t->present) return;
+    if (t->dtype != FUSEDATTN_DTYPE_INT32) return FillInput(t, rng, -4, 4);
+    for (int64_t i = 0; i < t->elements(); ++i) {
+      const uint64_t range = static_cast<uint64_t>(std::max<int64_t>(hi, 1));
+      int64_t v = static_cast<int64_t>(rng->next() % range);
+      if (Rare(in, 16)) v = in.PickValueInArray<int64_t>({-1, hi, hi + 1, INT32_MAX, INT32_MIN});
+      int32_t value = static_cast<int32_t>(std::clamp<int64_t>(v, INT32_MIN, INT32_MAX));
+      std::memcpy(t->storage.data() + 4 * i, &value, 4);
+    }
+  };
+  fill(table, num_pages);
+  fill(lengths, std::min<int64_t>(PlusOne(std::max<int64_t>(max_seqlen_kv, 0)), INT32_MAX));
+}
+
 std::vector<int64_t> FormatShape(int32_t format, int64_t batch, int64_t seq, int64_t heads,
                                  int64_t dim, int64_t tokens) {
   switch (format) {
@@ -587,14 +634,19 @@ void RunForward(Run& r, fusedattn_status workspace_status) {
   const int64_t b = c.batch, hq = c.heads_q, hkv = c.heads_kv, sq = c.max_seqlen_q,
                 skv = c.max_seqlen_kv, dqk = c.head_dim_qk, dv = c.head_dim_v;
   const int64_t b1 = PlusOne(b);
-  Tensor q, k, v, o, lse, max_logit, bias, alibi, sink, cu_q, cu_kv, off_q, off_kv;
+  Tensor q, k, v, o, lse, max_logit, bias, alibi, sink, cu_q, cu_kv, off_q, off_kv, table,
+      lengths;
   const bool lse_packed = r.d.thd && in.ConsumeBool();
+  const bool paged = r.d.paged;
+  const Paging paging = paged ? DecodePaging(in, c) : Paging{};
+  // Paged K/V: pools of num_pages pages of page_size tokens (a page is a "sequence").
+  const int64_t kv_batch = paged ? paging.num_pages : b, kv_seq = paged ? c.page_size : skv;
   Describe(in, &q, "q", Role::kInput, true, r.d.qkv_dtype,
            FormatShape(r.d.q_format, b, sq, hq, dqk, seq.tokens_q));
   Describe(in, &k, "k", Role::kInput, true, r.d.qkv_dtype,
-           FormatShape(r.d.kv_format, b, skv, hkv, dqk, seq.tokens_kv));
+           FormatShape(r.d.kv_format, kv_batch, kv_seq, hkv, dqk, seq.tokens_kv));
   Describe(in, &v, "v", Role::kInput, true, r.d.qkv_dtype,
-           FormatShape(r.d.kv_format, b, skv, hkv, dv, seq.tokens_kv));
+           FormatShape(r.d.kv_format, kv_batch, kv_seq, hkv, dv, seq.tokens_kv));
   Describe(in, &o, "o", Role::kOutput, true, r.d.o_dtype,
            FormatShape(r.d.o_format, b, sq, hq, dv, seq.tokens_q));
   Describe(in, &lse, "lse", Role::kOutput, c.is_training == 1 || c.return_lse == 1,
@@ -612,13 +664,18 @@ void RunForward(Run& r, fusedattn_status workspace_status) {
   Describe(in, &sink, "sink_logits", Role::kInput,
            r.d.softmax == FUSEDATTN_SOFTMAX_LEARNABLE_SINK, FUSEDATTN_DTYPE_FLOAT32, {hq});
   Describe(in, &cu_q, "cu_seqlens_q", Role::kIndex, r.d.padding, FUSEDATTN_DTYPE_INT32, {b1});
-  Describe(in, &cu_kv, "cu_seqlens_kv", Role::kIndex, r.d.padding, FUSEDATTN_DTYPE_INT32, {b1});
+  Describe(in, &cu_kv, "cu_seqlens_kv", Role::kIndex, r.d.padding && !paged,
+           FUSEDATTN_DTYPE_INT32, {b1});
   Describe(in, &off_q, "seq_offsets_q", Role::kIndex, r.d.thd && in.ConsumeBool(),
            FUSEDATTN_DTYPE_INT32, {b1});
-  Describe(in, &off_kv, "seq_offsets_kv", Role::kIndex, r.d.thd && in.ConsumeBool(),
+  Describe(in, &off_kv, "seq_offsets_kv", Role::kIndex, r.d.thd && !paged && in.ConsumeBool(),
            FUSEDATTN_DTYPE_INT32, {b1});
-  std::vector<Tensor*> all = {&q,     &k,    &v,    &o,    &lse,  &max_logit, &bias,
-                              &alibi, &sink, &cu_q, &cu_kv, &off_q, &off_kv};
+  // The page table takes any strides (validation wants its rows contiguous).
+  Describe(in, &table, "page_table", Role::kInput, paged, FUSEDATTN_DTYPE_INT32,
+           {b, paging.width});
+  Describe(in, &lengths, "seqlens_kv", Role::kIndex, paged, FUSEDATTN_DTYPE_INT32, {b});
+  std::vector<Tensor*> all = {&q,     &k,    &v,    &o,    &lse,   &max_logit, &bias,  &alibi,
+                              &sink, &cu_q, &cu_kv, &off_q, &off_kv, &table,   &lengths};
   for (Tensor* t : all)
     if (t->present && Extent(*t) == -2) return;  // cannot give it memory: not called
 
@@ -627,6 +684,7 @@ void RunForward(Run& r, fusedattn_status workspace_status) {
   FillInput(&sink, &r.rng, -1, 1);
   FillIndex(&cu_q, seq.cu_q, &r.rng), FillIndex(&cu_kv, seq.cu_kv, &r.rng);
   FillIndex(&off_q, seq.off_q, &r.rng), FillIndex(&off_kv, seq.off_kv, &r.rng);
+  FillPaged(in, &table, &lengths, paging.num_pages, skv, &r.rng);
   Poison(&o), Poison(&lse), Poison(&max_logit);
   Snapshot(all);
 
@@ -637,6 +695,7 @@ void RunForward(Run& r, fusedattn_status workspace_status) {
   args.alibi_slopes = alibi.desc(), args.sink_logits = sink.desc();
   args.cu_seqlens_q = cu_q.desc(), args.cu_seqlens_kv = cu_kv.desc();
   args.seq_offsets_q = off_q.desc(), args.seq_offsets_kv = off_kv.desc();
+  args.page_table = table.desc(), args.seqlens_kv = lengths.desc();
   args.dropout_seed = in.ConsumeIntegral<uint64_t>();
   args.dropout_offset = in.ConsumeIntegral<uint64_t>();
   std::vector<unsigned char> workspace_storage;
@@ -648,6 +707,8 @@ void RunForward(Run& r, fusedattn_status workspace_status) {
                                       msg.length);
   ++g_stats.fwd_calls;
   if (st == FUSEDATTN_SUCCESS) ++g_stats.fwd_ok, g_stats.finite_checked += r.finite_check;
+  g_stats.paged_fwd_calls += paged;
+  g_stats.paged_fwd_ok += paged && st == FUSEDATTN_SUCCESS;
   CheckStatus("fusedattn_fwd", st, msg);
   for (Tensor* t : all)
     if (t->role != Role::kOutput || st != FUSEDATTN_SUCCESS) CheckUnchanged("fusedattn_fwd", *t);
@@ -758,6 +819,7 @@ void RunBackward(Run& r, fusedattn_status workspace_status) {
   if (st != FUSEDATTN_SUCCESS) return;
   if (workspace_status != FUSEDATTN_SUCCESS)
     Violation("fusedattn_bwd", "succeeded where fusedattn_bwd_workspace_size failed");
+  if (r.d.paged) Violation("fusedattn_bwd", "succeeded for paged K/V, which is forward only");
   TokenRanges q_tokens, kv_tokens;
   if (r.d.thd) q_tokens = Ranges(cu_q, off_q, b), kv_tokens = Ranges(cu_kv, off_kv, b);
   const bool f = r.finite_check;

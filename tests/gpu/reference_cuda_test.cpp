@@ -1,7 +1,8 @@
 // The reference backend on CUDA tensors (forced: it copies them to the host, computes, and copies
-// the outputs back) gives bit for bit what it gives on host tensors, writes nothing when the
-// sequence lengths in device memory are invalid, and is never chosen automatically for CUDA
-// tensors. Skips without a CUDA device.
+// the outputs back) gives bit for bit what it gives on host tensors (paged K/V too, its page
+// table read from device memory), writes nothing when the sequence lengths or page indices in
+// device memory are invalid, and is never chosen automatically for CUDA tensors. Skips without a
+// CUDA device.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -62,6 +63,20 @@ std::vector<CudaCase> Cases() {
     k.options.thd_gaps = true, k.options.lse_packed = true;
     cases.push_back(k);
   }
+  {
+    // Chunked prefill against a paged cache (forward only): THD queries, BHSD pages of 4 in a
+    // shuffled pool with a shared prefix.
+    CudaCase k{"PagedThdChunksBhsdPagesSharedPrefix", Base(), {}};
+    auto& c = k.config;
+    c.q_format = c.o_format = c.do_format = c.dqkv_format = FUSEDATTN_FORMAT_THD;
+    c.kv_format = FUSEDATTN_FORMAT_BHSD;
+    c.page_size = 4;
+    c.is_training = 0, c.return_lse = 1;
+    c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+    k.options.share_prefix = true, k.options.thd_gaps = true;
+    cases.push_back(k);
+  }
   return cases;
 }
 
@@ -82,10 +97,12 @@ TEST_P(ReferenceOnCuda, MatchesTheHostRunBitForBit) {
   ASSERT_EQ(fusedattn_fwd(&host_config, &fa, nullptr, 0, nullptr, msg, sizeof msg),
             FUSEDATTN_SUCCESS)
       << msg;
+  const bool backward = host_config.is_training != 0;
   fusedattn_bwd_args ba = host.bwd_args();
-  ASSERT_EQ(fusedattn_bwd(&host_config, &ba, nullptr, 0, nullptr, msg, sizeof msg),
-            FUSEDATTN_SUCCESS)
-      << msg;
+  if (backward)
+    ASSERT_EQ(fusedattn_bwd(&host_config, &ba, nullptr, 0, nullptr, msg, sizeof msg),
+              FUSEDATTN_SUCCESS)
+        << msg;
 
   DeviceProblem device;
   std::string error;
@@ -96,9 +113,10 @@ TEST_P(ReferenceOnCuda, MatchesTheHostRunBitForBit) {
       << msg;
   // The backward reads O and LSE from the device buffers the forward wrote.
   ba = device.bwd_args();
-  ASSERT_EQ(fusedattn_bwd(&cuda_config, &ba, nullptr, 0, nullptr, msg, sizeof msg),
-            FUSEDATTN_SUCCESS)
-      << msg;
+  if (backward)
+    ASSERT_EQ(fusedattn_bwd(&cuda_config, &ba, nullptr, 0, nullptr, msg, sizeof msg),
+              FUSEDATTN_SUCCESS)
+        << msg;
   ASSERT_TRUE(device.download_outputs(&on_cuda, &error)) << error;
 
   EXPECT_TRUE(SameBytes(host.o, on_cuda.o)) << "O";
@@ -146,6 +164,55 @@ TEST(ReferenceOnCudaValidation, BadSequenceLengthsInDeviceMemoryWriteNothing) {
   EXPECT_TRUE(AllPoison(after.o)) << "O was written";
   EXPECT_TRUE(AllPoison(after.lse)) << "LSE was written";
   EXPECT_TRUE(AllPoison(after.max_logit)) << "max_logit was written";
+}
+
+// A page index outside the pool, in device memory: the reference copies the entries it uses to
+// the host, refuses the bad one by name, and the device outputs keep their poison.
+TEST(ReferenceOnCudaValidation, ABadPageIndexInDeviceMemoryWritesNothing) {
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  fusedattn_config c = Base();
+  c.device = FUSEDATTN_DEVICE_CUDA;
+  c.backend = FUSEDATTN_BACKEND_REFERENCE;
+  c.is_training = 0, c.return_lse = 1;
+  c.page_size = 2;
+  TensorOptions o;
+  o.len_kv = {9, 4, 1};
+  ProblemTensors t = MakeProblemTensors(c, o);
+  const int64_t width = t.page_table.shape()[1];
+  t.page_table.set(1 * width + 1, static_cast<double>(t.num_pages));  // sequence 1, 2nd page
+  DeviceProblem device;
+  std::string error;
+  ASSERT_TRUE(device.upload(t, &error)) << error;
+  char msg[2048];
+  fusedattn_fwd_args fa = device.fwd_args();
+  EXPECT_EQ(fusedattn_fwd(&c, &fa, nullptr, 0, nullptr, msg, sizeof msg),
+            FUSEDATTN_ERROR_INVALID_ARGUMENT)
+      << msg;
+  EXPECT_NE(std::string(msg).find("page_table[1, 1]"), std::string::npos) << msg;
+  ProblemTensors after = t;
+  ASSERT_TRUE(device.download_outputs(&after, &error)) << error;
+  EXPECT_TRUE(AllPoison(after.o)) << "O was written";
+  EXPECT_TRUE(AllPoison(after.lse)) << "LSE was written";
+  EXPECT_TRUE(AllPoison(after.max_logit)) << "max_logit was written";
+}
+
+// Paged K/V on CUDA tensors: until a GPU backend has a paged kernel, selection finds none and
+// says why for each (the reference runs it only when forced).
+TEST(ReferenceOnCudaSelection, PagedKvNamesEveryGpuBackendsReason) {
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  fusedattn_config c = Base();
+  c.device = FUSEDATTN_DEVICE_CUDA;
+  c.is_training = 0;
+  c.max_seqlen_q = 1;
+  c.page_size = 16;
+  fusedattn_backend backend = FUSEDATTN_BACKEND_AUTO;
+  char msg[4096];
+  fusedattn_status s = fusedattn_get_backend(&c, &backend, msg, sizeof msg);
+  ASSERT_EQ(s, FUSEDATTN_ERROR_NOT_SUPPORTED) << msg;
+  for (const char* reason :
+       {"small_seq: paged K/V (page_size = 16)", "cudnn: paged K/V (page_size = 16)",
+        "flash: paged K/V (page_size = 16)", "reference: not chosen automatically"})
+    EXPECT_NE(std::string(msg).find(reason), std::string::npos) << reason << " in " << msg;
 }
 
 // The reference computes on the host: selection never picks it for CUDA tensors by itself.

@@ -13,7 +13,7 @@ from ._errors import InvalidArgumentError, NotSupportedError
 from ._problem import (add_layout_hint, build_config, config_dict, make_config,  # noqa: F401
                        normalize_options, problem_dims)
 from ._run import (Gradients, Inputs, NumpyArrays, check_writable, exported, numpy_inputs,
-                   run_backward, run_forward)
+                   paged_tensors, refuse_paged_backward, run_backward, run_forward)
 
 # fusedattn._torch, once a torch tensor has been seen (or torch was imported before fusedattn).
 _torch_path = [None]
@@ -46,7 +46,7 @@ def attention(q, k, v, *, layout="bshd", mask=None, window=(-1, -1), bias=None,
               dropout_p=0.0, dropout_seed=None, scale=None, cu_seqlens_q=None,
               cu_seqlens_kv=None, seq_offsets_q=None, seq_offsets_kv=None, max_seqlen_q=None,
               max_seqlen_kv=None, deterministic=False, backend="auto", return_lse=False,
-              score_mod=None, mask_mod=None):
+              score_mod=None, mask_mod=None, page_table=None, seqlens_kv=None):
     """Scaled dot-product attention, o = softmax(scale * q k^T + bias) v, as specified in
     include/fusedattn/fusedattn.h.
 
@@ -76,6 +76,19 @@ def attention(q, k, v, *, layout="bshd", mask=None, window=(-1, -1), bias=None,
     (True = visible, ANDed with mask), e.g. score_mod=30 * flex.tanh(flex.score / 30),
     mask_mod=flex.q_idx >= flex.kv_idx; or a flex.ScoreMod as score_mod. They run on the
     reference, cuDNN and flash backends, with autograd and under torch.compile.
+
+    page_table, seqlens_kv: paged K/V (a serving engine's KV cache; forward only). k and v are
+    then pools of pages, [num_pages, page_size, heads_kv, head_dim] for "bshd" and "thd" queries
+    (vLLM's and FlashAttention's layout), [num_pages, heads_kv, page_size, head_dim] for "bhsd",
+    [page_size, num_pages, heads_kv, head_dim] for "sbhd" (other strides are fine: a pool kept
+    as [num_pages, heads_kv, page_size, head_dim] goes to "bshd" as pool.transpose(1, 2));
+    page_table int32 [batch, max_pages_per_seq] (key j of sequence b is token j % page_size of
+    page page_table[b, j // page_size]; entries past a sequence's keys are never read) and
+    seqlens_kv int32 [batch] (each sequence's number of keys). Queries are dense (decode:
+    seqlen_q = 1) or "thd" with cu_seqlens_q (chunked prefill: the new tokens of each sequence,
+    the last ones of its seqlens_kv keys, with mask="causal_bottom_right"); cu_seqlens_kv is not
+    taken. max_seqlen_kv defaults to max_pages_per_seq * page_size. Page indices are checked
+    against the pool (the reference backend refuses a bad one, naming it).
     """
     torch_path = _torch_for(q)
     if torch_path is not None:
@@ -83,7 +96,7 @@ def attention(q, k, v, *, layout="bshd", mask=None, window=(-1, -1), bias=None,
             q, k, v, layout, mask, window, bias, bias_type, alibi_slopes, softcap, sinks,
             softmax, dropout_p, dropout_seed, scale, cu_seqlens_q, cu_seqlens_kv, seq_offsets_q,
             seq_offsets_kv, max_seqlen_q, max_seqlen_kv, deterministic, backend, return_lse,
-            score_mod, mask_mod)
+            score_mod, mask_mod, page_table=page_table, seqlens_kv=seqlens_kv)
     arrays = _numpy_or_refuse(q, "attention")
     options, inputs = _problem(dict(
         layout=layout, mask=mask, window=window, bias=bias, bias_type=bias_type,
@@ -91,7 +104,7 @@ def attention(q, k, v, *, layout="bshd", mask=None, window=(-1, -1), bias=None,
         dropout_p=dropout_p, dropout_seed=dropout_seed, scale=scale, cu_seqlens_q=cu_seqlens_q,
         cu_seqlens_kv=cu_seqlens_kv, seq_offsets_q=seq_offsets_q, seq_offsets_kv=seq_offsets_kv,
         max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv, deterministic=deterministic,
-        backend=backend))
+        backend=backend, page_table=page_table, seqlens_kv=seqlens_kv))
     mod = _flex.as_score_mod(score_mod, mask_mod)
     try:
         o, lse = run_forward(arrays, q, k, v, options, numpy_inputs(inputs),
@@ -114,6 +127,7 @@ def attention_backward(d_o, q, k, v, o, lse, *, bias_requires_grad=None, score_m
     problem.pop("return_lse", None)
     mod = _flex.as_score_mod(score_mod, mask_mod)
     options, inputs = _problem(problem)
+    refuse_paged_backward(inputs)
     if options.dropout_p > 0 and problem.get("dropout_seed") is None:
         raise InvalidArgumentError("attention_backward with dropout_p > 0 needs the forward's "
                                    "dropout_seed")
@@ -131,7 +145,7 @@ def attention_backward(d_o, q, k, v, o, lse, *, bias_requires_grad=None, score_m
 _PROBLEM_ARGS = ("layout", "mask", "window", "bias", "bias_type", "alibi_slopes", "softcap",
                  "sinks", "softmax", "dropout_p", "dropout_seed", "scale", "cu_seqlens_q",
                  "cu_seqlens_kv", "seq_offsets_q", "seq_offsets_kv", "max_seqlen_q",
-                 "max_seqlen_kv", "deterministic", "backend")
+                 "max_seqlen_kv", "deterministic", "backend", "page_table", "seqlens_kv")
 
 
 def _problem(args):
@@ -149,7 +163,8 @@ def _problem(args):
         max_seqlen_q=get("max_seqlen_q"), max_seqlen_kv=get("max_seqlen_kv"),
         deterministic=get("deterministic", False), backend=get("backend", "auto"))
     inputs = Inputs(get("bias"), get("alibi_slopes"), get("sinks"), get("cu_seqlens_q"),
-                    get("cu_seqlens_kv"), get("seq_offsets_q"), get("seq_offsets_kv"))
+                    get("cu_seqlens_kv"), get("seq_offsets_q"), get("seq_offsets_kv"),
+                    get("page_table"), get("seqlens_kv"))
     return options, inputs
 
 
@@ -160,19 +175,21 @@ def _problem(args):
 
 def forward(config, *, q, k, v, o, lse=None, max_logit=None, bias=None, alibi_slopes=None,
             sink_logits=None, cu_seqlens_q=None, cu_seqlens_kv=None, seq_offsets_q=None,
-            seq_offsets_kv=None, dropout_seed=0, dropout_offset=0, workspace=None, stream=None):
+            seq_offsets_kv=None, dropout_seed=0, dropout_offset=0, workspace=None, stream=None,
+            page_table=None, seqlens_kv=None):
     """The C API's fusedattn_fwd on preallocated DLPack tensors (any framework). config: a
     _C.Config or a dict of its fields (see make_config). workspace: a tensor of at least
     fwd_workspace_size(config) bytes on the tensors' device (allocated here, with the
     framework of q, when None and needed). stream: a cudaStream_t as an int (torch's current
-    stream for torch tensors when None, else the default stream)."""
+    stream for torch tensors when None, else the default stream). page_table, seqlens_kv:
+    paged K/V (config page_size > 0; see fusedattn.h, "Paged K/V")."""
     config = make_config(**config) if isinstance(config, dict) else config
     for name, out in (("o", o), ("lse", lse), ("max_logit", max_logit)):
         check_writable(name, out)
     tensors = dict(q=q, k=k, v=v, o=o, lse=lse, max_logit=max_logit, bias=bias,
                    alibi_slopes=alibi_slopes, sink_logits=sink_logits, cu_seqlens_q=cu_seqlens_q,
                    cu_seqlens_kv=cu_seqlens_kv, seq_offsets_q=seq_offsets_q,
-                   seq_offsets_kv=seq_offsets_kv)
+                   seq_offsets_kv=seq_offsets_kv, page_table=page_table, seqlens_kv=seqlens_kv)
     workspace, stream = _low_level_resources(config, q, workspace, stream, _C.fwd_workspace_size)
     _C.fwd(config, exported(tensors), dropout_seed=dropout_seed, dropout_offset=dropout_offset,
            workspace=workspace, stream=stream)
@@ -234,9 +251,10 @@ def explain(q, k, v, *, dtype=None, device=None, batch=None, score_mod=None, mas
     """Which backend runs this problem and why the ones before it refused, for the forward
     alone and for forward + backward (training). q, k, v: tensors, or their shapes (then give
     dtype, default "bfloat16", and device, default "auto"); bias likewise may be a shape, and
-    for "thd" give cu_seqlens_q or batch; alibi_slopes and sinks may be True. Takes
-    attention()'s other arguments. Raises InvalidArgumentError when the problem itself is
-    wrong."""
+    for "thd" give cu_seqlens_q or batch; alibi_slopes and sinks may be True; page_table may be
+    a shape too (seqlens_kv is not needed). Takes attention()'s other arguments. Raises
+    InvalidArgumentError when the problem itself is wrong. Paged K/V has no backward: its
+    second line says so."""
     problem.pop("return_lse", None)
     options, inputs = _problem(problem)
     if dtype is None:
@@ -250,13 +268,18 @@ def explain(q, k, v, *, dtype=None, device=None, batch=None, score_mod=None, mas
         max_q = _max_length_of(inputs.cu_seqlens_q, "cu_seqlens_q")
     if options.layout == "thd" and hasattr(inputs.cu_seqlens_kv, "shape") and not max_kv:
         max_kv = _max_length_of(inputs.cu_seqlens_kv, "cu_seqlens_kv")
+    table = None if inputs.page_table is None else _shape_of(inputs.page_table)
     dims = problem_dims(options.layout, _shape_of(q), _shape_of(k), _shape_of(v), batch,
-                        max_q, max_kv)
+                        max_q, max_kv, table)
     bias_shape = None if inputs.bias is None else _shape_of(inputs.bias)
     mod = _flex.as_score_mod(score_mod, mask_mod)
     graph = mod.graph if mod is not None else None
     lines = []
     for label, training in (("forward", False), ("forward+backward", True)):
+        if training and dims.page_size:
+            lines.append("%s: none: paged K/V is forward only (a serving cache has no "
+                         "backward)" % label)
+            continue
         config = build_config(dims, options, dtype, device, training, False, bias_shape,
                               training and bias_shape is not None)
         try:

@@ -102,14 +102,32 @@ def normalize_options(layout="bshd", mask=None, window=(-1, -1), bias_type="post
                    int(max_seqlen_q or 0), int(max_seqlen_kv or 0), bool(deterministic), backend)
 
 
-Dims = namedtuple("Dims", "batch max_seqlen_q max_seqlen_kv heads_q heads_kv head_dim_qk head_dim_v")
+# page_size: 0 for contiguous K/V, else the pages' length (paged K/V).
+Dims = namedtuple("Dims", "batch max_seqlen_q max_seqlen_kv heads_q heads_kv head_dim_qk "
+                          "head_dim_v page_size", defaults=(0,))
 
 
-def problem_dims(layout, q_shape, k_shape, v_shape, batch=None, max_seqlen_q=0, max_seqlen_kv=0):
+def pool_layout(layout):
+    """The layout of the pages of a paged K/V cache: the layout's own axes for the dense
+    layouts, "bshd" ([num_pages, page_size, heads_kv, head_dim]) for "thd"."""
+    return "bshd" if layout == "thd" else layout
+
+
+_POOL_AXES = {"bshd": "[num_pages, page_size, heads_kv, head_dim]",
+              "sbhd": "[page_size, num_pages, heads_kv, head_dim]",
+              "bhsd": "[num_pages, heads_kv, page_size, head_dim]"}
+
+
+def problem_dims(layout, q_shape, k_shape, v_shape, batch=None, max_seqlen_q=0, max_seqlen_kv=0,
+                 page_table_shape=None):
     """Dims from the tensors' shapes in a layout. THD takes batch (from cu_seqlens) and the
-    max_seqlens from the caller."""
+    max_seqlens from the caller. With page_table_shape, k and v are pools of pages (pool_layout)
+    and max_seqlen_kv defaults to what the table holds."""
     q_shape, k_shape, v_shape = tuple(q_shape), tuple(k_shape), tuple(v_shape)
     rank = 3 if layout == "thd" else 4
+    if page_table_shape is not None:
+        return _paged_dims(layout, q_shape, k_shape, v_shape, batch, max_seqlen_q, max_seqlen_kv,
+                           tuple(page_table_shape))
     for name, shape in (("q", q_shape), ("k", k_shape), ("v", v_shape)):
         if len(shape) != rank:
             raise InvalidArgumentError("%s has shape %s but layout %r needs %d dimensions %s"
@@ -130,6 +148,39 @@ def problem_dims(layout, q_shape, k_shape, v_shape, batch=None, max_seqlen_q=0, 
                                        % (name, given, layout, shape[s]))
     return Dims(q_shape[b], q_shape[s], k_shape[s], q_shape[h], k_shape[h], q_shape[3],
                 v_shape[3])
+
+
+def _paged_dims(layout, q_shape, k_shape, v_shape, batch, max_seqlen_q, max_seqlen_kv,
+                page_table_shape):
+    rank = 3 if layout == "thd" else 4
+    if len(q_shape) != rank:
+        raise InvalidArgumentError("q has shape %s but layout %r needs %d dimensions %s"
+                                   % (list(q_shape), layout, rank, _AXES[layout]))
+    pool = pool_layout(layout)
+    for name, shape in (("k", k_shape), ("v", v_shape)):
+        if len(shape) != 4:
+            raise InvalidArgumentError(
+                "%s has shape %s but with page_table it is a pool of pages, %s for layout %r"
+                % (name, list(shape), _POOL_AXES[pool], layout))
+    if len(page_table_shape) != 2:
+        raise InvalidArgumentError("page_table has shape %s but [batch, max_pages_per_seq] is "
+                                   "expected" % (list(page_table_shape),))
+    _, token_axis, head_axis = _BSH[pool]  # a page is a "sequence" of page_size tokens
+    page_size = k_shape[token_axis]
+    if layout == "thd":
+        if batch is None:
+            raise InvalidArgumentError("layout 'thd' needs cu_seqlens_q (int32 [batch + 1])")
+        if not max_seqlen_q:
+            raise InvalidArgumentError("layout 'thd' needs max_seqlen_q")
+        heads_q, head_dim_qk = q_shape[1], q_shape[2]
+    else:
+        b, s, h = _BSH[layout]
+        if max_seqlen_q and max_seqlen_q != q_shape[s]:
+            raise InvalidArgumentError("max_seqlen_q = %d but the tensor's seqlen axis (layout "
+                                       "%r) is %d" % (max_seqlen_q, layout, q_shape[s]))
+        batch, max_seqlen_q, heads_q, head_dim_qk = q_shape[b], q_shape[s], q_shape[h], q_shape[3]
+    return Dims(batch, max_seqlen_q, max_seqlen_kv or page_table_shape[1] * page_size, heads_q,
+                k_shape[head_axis], head_dim_qk, v_shape[3], page_size)
 
 
 def output_shape(q_shape, v_shape):
@@ -216,7 +267,8 @@ def build_config(dims, options, dtype, device="auto", is_training=False, return_
         heads_kv=int(dims.heads_kv), max_seqlen_q=int(dims.max_seqlen_q),
         max_seqlen_kv=int(dims.max_seqlen_kv), head_dim_qk=int(dims.head_dim_qk),
         head_dim_v=int(dims.head_dim_v), qkv_dtype=dtype, o_dtype=dtype, q_format=layout,
-        kv_format=layout, o_format=layout, do_format=layout, dqkv_format=layout,
+        kv_format=pool_layout(layout) if dims.page_size else layout, o_format=layout,
+        do_format=layout, dqkv_format=layout, page_size=int(dims.page_size),
         mask=options.mask, window_left=options.window_left, window_right=options.window_right,
         bias_type=options.bias_type, bias_batch=bias_batch, bias_heads=bias_heads,
         bias_requires_grad=bias_requires_grad, softmax_type=options.softmax,

@@ -11,8 +11,10 @@ from . import _C
 from ._errors import InvalidArgumentError
 from ._problem import build_config, checked_max_length, lse_shape, output_shape, problem_dims
 
+# page_table, seqlens_kv: paged K/V (None for contiguous K/V).
 Inputs = namedtuple("Inputs", "bias alibi_slopes sink_logits cu_seqlens_q cu_seqlens_kv "
-                              "seq_offsets_q seq_offsets_kv")
+                              "seq_offsets_q seq_offsets_kv page_table seqlens_kv",
+                    defaults=(None, None))
 
 
 class Gradients(namedtuple("Gradients", "dq dk dv dbias dsink")):
@@ -59,24 +61,33 @@ class NumpyArrays:
         return checked_max_length(name, int(steps.min()), int(steps.max()))
 
 
+# The shape of each index tensor, as messages say it.
+INDEX_SHAPES = {"cu_seqlens_q": "[batch + 1]", "cu_seqlens_kv": "[batch + 1]",
+                "seq_offsets_q": "[batch + 1]", "seq_offsets_kv": "[batch + 1]",
+                "page_table": "[batch, max_pages_per_seq]", "seqlens_kv": "[batch]"}
+
+
 def index_array(x, name):
-    """A NumPy index tensor (cu_seqlens_*, seq_offsets_*) as the library reads it: int32. Lists
-    and tuples of ints, and int64 arrays (NumPy's default integer), are converted; lengths are
-    checked to be non-decreasing here, where the values are on the host."""
+    """A NumPy index tensor (cu_seqlens_*, seq_offsets_*, page_table, seqlens_kv) as the library
+    reads it: int32. Lists and tuples of ints, and int64 arrays (NumPy's default integer), are
+    converted; cumulative lengths are checked to be non-decreasing here, where the values are on
+    the host."""
     import numpy as np
     if x is None:
         return None
+    shape = INDEX_SHAPES[name]
+    ndim = 2 if name == "page_table" else 1
     if isinstance(x, (list, tuple)):
         x = np.asarray(x)
     if not isinstance(x, np.ndarray):
-        raise InvalidArgumentError("%s must be an int32 array [batch + 1] (or a list of ints), "
-                                   "got %s" % (name, type(x).__name__))
+        raise InvalidArgumentError("%s must be an int32 array %s (or a list of ints), got %s"
+                                   % (name, shape, type(x).__name__))
     if x.dtype.kind not in "iu":
-        raise InvalidArgumentError("%s has dtype %s: lengths and offsets are integers (int32)"
-                                   % (name, x.dtype))
-    if x.ndim != 1 or x.shape[0] < 1:
-        raise InvalidArgumentError("%s has shape %s but [batch + 1] is expected"
-                                   % (name, list(x.shape)))
+        raise InvalidArgumentError("%s has dtype %s: lengths, offsets and page indices are "
+                                   "integers (int32)" % (name, x.dtype))
+    if x.ndim != ndim or x.shape[0] < 1:
+        raise InvalidArgumentError("%s has shape %s but %s is expected"
+                                   % (name, list(x.shape), shape))
     if x.dtype != np.int32:
         if x.size and (x.min() < np.iinfo(np.int32).min or x.max() > np.iinfo(np.int32).max):
             raise InvalidArgumentError("%s holds values outside int32" % name)
@@ -94,8 +105,7 @@ def index_array(x, name):
 def numpy_inputs(inputs):
     """Inputs with their NumPy index tensors converted and checked (see index_array)."""
     return inputs._replace(**{name: index_array(getattr(inputs, name), name)
-                              for name in ("cu_seqlens_q", "cu_seqlens_kv", "seq_offsets_q",
-                                           "seq_offsets_kv")})
+                              for name in INDEX_SHAPES})
 
 
 def check_writable(name, x):
@@ -123,7 +133,8 @@ def dims_of(arrays, q, k, v, options, inputs):
             max_q = arrays.max_length(inputs.cu_seqlens_q, "cu_seqlens_q")
         if not max_kv and inputs.cu_seqlens_kv is not None:
             max_kv = arrays.max_length(inputs.cu_seqlens_kv, "cu_seqlens_kv")
-    return problem_dims(options.layout, q.shape, k.shape, v.shape, batch, max_q, max_kv)
+    table = None if inputs.page_table is None else tuple(inputs.page_table.shape)
+    return problem_dims(options.layout, q.shape, k.shape, v.shape, batch, max_q, max_kv, table)
 
 
 def _tensors(inputs):
@@ -131,6 +142,20 @@ def _tensors(inputs):
             "sink_logits": inputs.sink_logits, "cu_seqlens_q": inputs.cu_seqlens_q,
             "cu_seqlens_kv": inputs.cu_seqlens_kv, "seq_offsets_q": inputs.seq_offsets_q,
             "seq_offsets_kv": inputs.seq_offsets_kv}
+
+
+def paged_tensors(inputs):
+    """The forward's paged K/V tensors (none for contiguous K/V)."""
+    if inputs.page_table is None and inputs.seqlens_kv is None:
+        return {}
+    return {"page_table": inputs.page_table, "seqlens_kv": inputs.seqlens_kv}
+
+
+def refuse_paged_backward(inputs):
+    """Paged K/V is forward only (fusedattn.h): said in the Python call's terms."""
+    if inputs.page_table is not None or inputs.seqlens_kv is not None:
+        raise InvalidArgumentError("page_table / seqlens_kv: paged K/V is forward only (a "
+                                   "serving cache); the backward takes contiguous k and v")
 
 
 def exported(tensors):
@@ -180,7 +205,7 @@ def run_forward(arrays, q, k, v, options, inputs, is_training=False, return_lse=
         lse = arrays.empty(lse_shape(options.layout, q.shape), "float32", q, zero=thd)
     graph = score_mod.graph if score_mod is not None else None
     workspace = _workspace(arrays, _C.fwd_workspace_size(config, graph), q)
-    tensors = dict(q=q, k=k, v=v, o=o, lse=lse, **_tensors(inputs))
+    tensors = dict(q=q, k=k, v=v, o=o, lse=lse, **_tensors(inputs), **paged_tensors(inputs))
     if score_mod is not None:
         tensors["score_mod_tensors"] = score_mod.tensors()
     _C.fwd(config, exported(tensors), dropout_seed=options.dropout_seed, workspace=workspace,
@@ -193,6 +218,7 @@ def run_backward(arrays, d_o, q, k, v, o, lse, options, inputs, bias_requires_gr
     """Allocates dq, dk, dv (dbias when bias_requires_grad, dsink for the sink softmax, the
     gradients of score_mod tensors that require one) with `arrays` and runs the backward.
     Returns Gradients (absent ones None)."""
+    refuse_paged_backward(inputs)
     dims = dims_of(arrays, q, k, v, options, inputs)
     bias_requires_grad = bool(bias_requires_grad and inputs.bias is not None)
     bias_shape = None if inputs.bias is None else tuple(inputs.bias.shape)

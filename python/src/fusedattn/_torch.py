@@ -27,7 +27,7 @@ import torch
 from . import _C, _flex, _problem
 from ._cache import cache_root as _cache_root
 from ._errors import InvalidArgumentError
-from ._run import Gradients, gradients_by_name
+from ._run import INDEX_SHAPES, Gradients, gradients_by_name, refuse_paged_backward
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -176,19 +176,20 @@ def _max_lengths(layout, max_seqlen_q, max_seqlen_kv, cu_seqlens_q, cu_seqlens_k
 
 def _int32(t, name, q):
     """An index tensor as the library reads it: int32 on q's device. int64 tensors (torch's
-    default integer) are converted; a list or tuple of ints becomes a tensor."""
+    default integer) are converted; a list or tuple of ints (or of lists, for page_table)
+    becomes a tensor."""
     if t is None:
         return t
     if not isinstance(t, torch.Tensor):
         if isinstance(t, (list, tuple)):
             return torch.tensor(t, dtype=torch.int32, device=q.device)
-        raise InvalidArgumentError("%s must be an int32 tensor [batch + 1] (or a list of ints), "
-                                   "got %s" % (name, type(t).__name__))
+        raise InvalidArgumentError("%s must be an int32 tensor %s (or a list of ints), got %s"
+                                   % (name, INDEX_SHAPES[name], type(t).__name__))
     if t.dtype == torch.int32:
         return t
     if t.dtype.is_floating_point or t.dtype == torch.bool or t.dtype.is_complex:
-        raise InvalidArgumentError("%s has dtype %s: lengths and offsets are integers (int32)"
-                                   % (name, t.dtype))
+        raise InvalidArgumentError("%s has dtype %s: lengths, offsets and page indices are "
+                                   "integers (int32)" % (name, t.dtype))
     return t.to(torch.int32)
 
 
@@ -213,10 +214,11 @@ def _float32(t, name):
 def attention(q, k, v, layout, mask, window, bias, bias_type, alibi_slopes, softcap, sinks,
               softmax, dropout_p, dropout_seed, scale, cu_seqlens_q, cu_seqlens_kv,
               seq_offsets_q, seq_offsets_kv, max_seqlen_q, max_seqlen_kv, deterministic, backend,
-              return_lse, score_mod, mask_mod):
+              return_lse, score_mod, mask_mod, page_table=None, seqlens_kv=None):
     """fusedattn.attention for torch tensors (the arguments in its order; see there). Under
     torch.compile or CUDA-graph capture give max_seqlen_q/kv for "thd" (else cu_seqlens are
-    read on the host) and a dropout_seed when dropout_p > 0."""
+    read on the host) and a dropout_seed when dropout_p > 0. Paged K/V (page_table) needs no
+    host read: max_seqlen_kv defaults to what the table holds."""
     key = (layout, mask, window, bias_type, softcap, softmax, dropout_p, scale, deterministic,
            backend, bias is not None, alibi_slopes is not None, sinks is not None)
     compiling = torch.compiler.is_compiling()
@@ -240,6 +242,8 @@ def attention(q, k, v, layout, mask, window, bias, bias_type, alibi_slopes, soft
     cu_seqlens_kv = _int32(cu_seqlens_kv, "cu_seqlens_kv", q)
     seq_offsets_q = _int32(seq_offsets_q, "seq_offsets_q", q)
     seq_offsets_kv = _int32(seq_offsets_kv, "seq_offsets_kv", q)
+    page_table = _int32(page_table, "page_table", q)
+    seqlens_kv = _int32(seqlens_kv, "seqlens_kv", q)
     max_q, max_kv = _max_lengths(options.layout, max_seqlen_q, max_seqlen_kv, cu_seqlens_q,
                                  cu_seqlens_kv)
     text, mod_tensors = "", []
@@ -256,14 +260,19 @@ def attention(q, k, v, layout, mask, window, bias, bias_type, alibi_slopes, soft
                             or bias_requires_grad
                             or (sinks is not None and sinks.requires_grad)
                             or any(t.requires_grad for t in mod_tensors))
+    if is_training and (page_table is not None or seqlens_kv is not None):
+        raise InvalidArgumentError(
+            "page_table / seqlens_kv: paged K/V is forward only (a serving cache), but q, k, v, "
+            "bias, sinks or a score_mod tensor requires grad: call under torch.no_grad() or "
+            "torch.inference_mode(), or detach them")
     problem = prefix + _flags(is_training, return_lse, bias_requires_grad)
     fwd = _FWD
     if not (compiling or _has_torch_function((q, k, v, bias, sinks, alibi_slopes, *mod_tensors))):
         fwd = _FAST_FWD
     try:
         o, lse = fwd(q, k, v, bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_kv,
-                     seq_offsets_q, seq_offsets_kv, mod_tensors, problem, text,
-                     [max_q, max_kv, seed])
+                     seq_offsets_q, seq_offsets_kv, page_table, seqlens_kv, mod_tensors, problem,
+                     text, [max_q, max_kv, seed])
     except InvalidArgumentError as error:
         _problem.add_layout_hint(error, layout, q, k)
         raise
@@ -272,6 +281,7 @@ def attention(q, k, v, layout, mask, window, bias, bias_type, alibi_slopes, soft
 
 def attention_backward(d_o, q, k, v, o, lse, options, inputs, bias_requires_grad, mod):
     """fusedattn.attention_backward for torch tensors: the bwd operator, without autograd."""
+    refuse_paged_backward(inputs)
     cu_q = _int32(inputs.cu_seqlens_q, "cu_seqlens_q", q)
     cu_kv = _int32(inputs.cu_seqlens_kv, "cu_seqlens_kv", q)
     max_q, max_kv = _max_lengths(options.layout, options.max_seqlen_q, options.max_seqlen_kv,
@@ -306,7 +316,7 @@ def _detached(t):
 
 @torch.library.register_fake("fusedattn::fwd")
 def _fwd_fake(q, k, v, bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_kv, seq_offsets_q,
-              seq_offsets_kv, score_mod_tensors, problem, score_mod, ints):
+              seq_offsets_kv, page_table, seqlens_kv, score_mod_tensors, problem, score_mod, ints):
     _, is_training, return_lse, _ = _decoded(problem)
     o = q.new_empty(_problem.output_shape(q.shape, v.shape))
     if is_training or return_lse:

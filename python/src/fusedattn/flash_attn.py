@@ -16,8 +16,9 @@ reads the device.
 
 Not taken, with an error that says so: return_attn_probs=True (fusedattn never materializes
 the probabilities; fusedattn.attention(..., return_lse=True) gives the log-sum-exp), alibi
-slopes per batch ([batch, heads]), block_table (paged KV caches), and flash_attn_with_kvcache,
-which waits for paged KV in the C API. Dropout draws a different (equally distributed) random
+slopes per batch ([batch, heads]), block_table (paged KV caches), and flash_attn_with_kvcache
+(paged K/V is in the C API and in fusedattn.attention(..., page_table=, seqlens_kv=), forward
+only and on the reference backend so far; these entry points do not map onto it yet). Dropout draws a different (equally distributed) random
 mask than FlashAttention, from a seed taken from torch's default CPU generator.
 """
 

@@ -383,6 +383,11 @@ Status PreCheck(const Problem& p) {
   const auto& c = p.config;
   if (p.device != Device::kCuda)
     return NotSupported("runs on CUDA tensors only (config.device is CPU)");
+  if (p.paged)
+    return NotSupported(
+        "paged K/V (page_size = %lld): this backend builds no paged SDPA graph (cuDNN's "
+        "page-table tensors) yet",
+        (long long)c.page_size);
   if (p.has_score_mod()) FUSEDATTN_RETURN_IF_ERROR(ScoreModPreCheck(p));
   if (c.qkv_dtype != FUSEDATTN_DTYPE_FLOAT16 && c.qkv_dtype != FUSEDATTN_DTYPE_BFLOAT16)
     return NotSupported(

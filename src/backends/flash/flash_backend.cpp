@@ -421,6 +421,11 @@ class FlashBackendImpl final : public Backend {
     const auto& c = p.config;
     if (p.device != Device::kCuda)
       return NotSupported("runs on CUDA tensors only, and config.device is CPU");
+    if (p.paged)
+      return NotSupported(
+          "paged K/V (page_size = %lld): flash's kernels read contiguous K/V only; its paged "
+          "decode kernel (split-KV with page-table gathers, README) is not built yet",
+          (long long)c.page_size);
     if (p.has_score_mod()) FUSEDATTN_RETURN_IF_ERROR(CheckScoreMod(p));
     const size_t need = flash::SimpleSharedBytes(static_cast<int>(c.head_dim_qk),
                                                  static_cast<int>(c.head_dim_v));

@@ -96,14 +96,30 @@ Status AttachVector(const void* data, int64_t length, int64_t stride, size_t ele
   return buffer->Attach(data, bytes, device, stream, read);
 }
 
-// Per-sequence lengths and THD token starts, read (and checked) on the host.
+// Per-sequence lengths, THD token starts and the pages of paged K/V, read (and checked) on the
+// host.
 struct Sequences {
   std::vector<int64_t> len_q, len_kv, start_q, start_kv;
+  int64_t page_size = 0;                   // paged K/V: > 0
+  std::vector<std::vector<int32_t>> pages;  // paged K/V: the pages of each sequence's keys
+
+  // Where key j of sequence b is in the k and v views: (batch index, position) to pass to At()
+  // with start 0. Paged: the page and the token inside it; else the sequence and its position.
+  void LocateKey(int64_t b, int64_t j, int64_t* view_b, int64_t* view_i) const {
+    if (page_size > 0) {
+      *view_b = pages[b][j / page_size];
+      *view_i = j % page_size;
+    } else {
+      *view_b = b;
+      *view_i = start_kv[b] + j;
+    }
+  }
 };
 
 Status ReadIndexArray(const int32_t* data, int64_t count, Device device, void* stream,
                       std::vector<int32_t>* out) {
   out->assign(static_cast<size_t>(count), 0);
+  if (count == 0) return Status::Ok();  // a sequence without keys uses no page table entry
   if (device == Device::kCpu) {
     std::memcpy(out->data(), data, static_cast<size_t>(count) * sizeof(int32_t));
     return Status::Ok();
@@ -120,48 +136,87 @@ Status ReadSequences(const Problem& p, const Tensors& t, void* stream, Sequences
   seq->start_q.assign(batch, 0);
   seq->start_kv.assign(batch, 0);
   if (!p.padding) return Status::Ok();
+  // Paged K/V takes the key lengths from seqlens_kv instead (ReadPages).
+  const bool keys = !p.paged;
   std::vector<int32_t> cu_q, cu_kv, off_q, off_kv;
   FUSEDATTN_RETURN_IF_ERROR(ReadIndexArray(t.cu_seqlens_q, batch + 1, p.device, stream, &cu_q));
-  FUSEDATTN_RETURN_IF_ERROR(ReadIndexArray(t.cu_seqlens_kv, batch + 1, p.device, stream, &cu_kv));
+  if (keys)
+    FUSEDATTN_RETURN_IF_ERROR(
+        ReadIndexArray(t.cu_seqlens_kv, batch + 1, p.device, stream, &cu_kv));
   if (t.seq_offsets_q)
     FUSEDATTN_RETURN_IF_ERROR(
         ReadIndexArray(t.seq_offsets_q, batch + 1, p.device, stream, &off_q));
-  if (t.seq_offsets_kv)
+  if (keys && t.seq_offsets_kv)
     FUSEDATTN_RETURN_IF_ERROR(
         ReadIndexArray(t.seq_offsets_kv, batch + 1, p.device, stream, &off_kv));
   for (int64_t b = 0; b < batch; ++b) {
     int64_t lq = int64_t{cu_q[b + 1]} - cu_q[b];
-    int64_t lkv = int64_t{cu_kv[b + 1]} - cu_kv[b];
     if (lq < 0 || lq > c.max_seqlen_q)
       return InvalidArgument(
           "cu_seqlens_q[%lld..%lld] = %d..%d gives sequence %lld length %lld, outside [0, "
           "max_seqlen_q = %lld]",
           (long long)b, (long long)b + 1, cu_q[b], cu_q[b + 1], (long long)b, (long long)lq,
           (long long)c.max_seqlen_q);
+    seq->len_q[b] = lq;
+    if (p.thd) {
+      int64_t sq = t.seq_offsets_q ? off_q[b] : cu_q[b];
+      if (sq < 0 || sq + lq > t.q.num_tokens)
+        return InvalidArgument(
+            "%s[%lld] = %lld with length %lld runs past the %lld tokens of q",
+            t.seq_offsets_q ? "seq_offsets_q" : "cu_seqlens_q", (long long)b, (long long)sq,
+            (long long)lq, (long long)t.q.num_tokens);
+      seq->start_q[b] = sq;
+    }
+    if (!keys) continue;
+    int64_t lkv = int64_t{cu_kv[b + 1]} - cu_kv[b];
     if (lkv < 0 || lkv > c.max_seqlen_kv)
       return InvalidArgument(
           "cu_seqlens_kv[%lld..%lld] = %d..%d gives sequence %lld length %lld, outside [0, "
           "max_seqlen_kv = %lld]",
           (long long)b, (long long)b + 1, cu_kv[b], cu_kv[b + 1], (long long)b, (long long)lkv,
           (long long)c.max_seqlen_kv);
-    seq->len_q[b] = lq;
     seq->len_kv[b] = lkv;
     if (p.thd) {
-      int64_t sq = t.seq_offsets_q ? off_q[b] : cu_q[b];
       int64_t skv = t.seq_offsets_kv ? off_kv[b] : cu_kv[b];
-      if (sq < 0 || sq + lq > t.q.num_tokens)
-        return InvalidArgument(
-            "%s[%lld] = %lld with length %lld runs past the %lld tokens of q",
-            t.seq_offsets_q ? "seq_offsets_q" : "cu_seqlens_q", (long long)b, (long long)sq,
-            (long long)lq, (long long)t.q.num_tokens);
       if (skv < 0 || skv + lkv > t.k.num_tokens)
         return InvalidArgument(
             "%s[%lld] = %lld with length %lld runs past the %lld tokens of k",
             t.seq_offsets_kv ? "seq_offsets_kv" : "cu_seqlens_kv", (long long)b, (long long)skv,
             (long long)lkv, (long long)t.k.num_tokens);
-      seq->start_q[b] = sq;
       seq->start_kv[b] = skv;
     }
+  }
+  return Status::Ok();
+}
+
+// Paged K/V: each sequence's key length (seqlens_kv) and the pages its keys are on (the first
+// ceil(length / page_size) entries of its page_table row, the only ones read), each checked
+// against the pool. Nothing else of the table is looked at.
+Status ReadPages(const Problem& p, const FwdTensors& t, void* stream, Sequences* seq) {
+  const auto& c = p.config;
+  const int64_t batch = c.batch, page_size = c.page_size;
+  std::vector<int32_t> lengths;
+  FUSEDATTN_RETURN_IF_ERROR(ReadIndexArray(t.seqlens_kv, batch, p.device, stream, &lengths));
+  seq->page_size = page_size;
+  seq->pages.assign(static_cast<size_t>(batch), {});
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t length = lengths[b];
+    if (length < 0 || length > c.max_seqlen_kv)
+      return InvalidArgument("seqlens_kv[%lld] = %lld is outside [0, max_seqlen_kv = %lld]",
+                             (long long)b, (long long)length, (long long)c.max_seqlen_kv);
+    seq->len_kv[b] = length;
+    // Validation checked that a row holds max_seqlen_kv keys: the entries read are in the row.
+    const int64_t used = (length + page_size - 1) / page_size;
+    std::vector<int32_t>& pages = seq->pages[b];
+    FUSEDATTN_RETURN_IF_ERROR(ReadIndexArray(t.page_table + b * t.page_table_stride, used,
+                                             p.device, stream, &pages));
+    for (int64_t e = 0; e < used; ++e)
+      if (pages[e] < 0 || pages[e] >= t.num_pages)
+        return InvalidArgument(
+            "page_table[%lld, %lld] = %d is not a page of the pool: page indices are in [0, "
+            "num_pages = %lld) (sequence %lld has %lld keys on its first %lld entries)",
+            (long long)b, (long long)e, pages[e], (long long)t.num_pages, (long long)b,
+            (long long)length, (long long)used);
   }
   return Status::Ok();
 }
@@ -355,11 +410,17 @@ Status ReferenceBackendImpl::forward(const Problem& p, const FwdTensors& t, void
   const Device dev = p.device;
   Sequences seq;
   FUSEDATTN_RETURN_IF_ERROR(ReadSequences(p, t, stream, &seq));
+  if (p.paged) FUSEDATTN_RETURN_IF_ERROR(ReadPages(p, t, stream, &seq));
 
   HostBuffer q, k, v, o, lse, bias, alibi, sinks, max_logit;
   FUSEDATTN_RETURN_IF_ERROR(AttachView(t.q, B, HQ, SQ, DQK, p.thd, dev, stream, true, &q));
-  FUSEDATTN_RETURN_IF_ERROR(AttachView(t.k, B, HKV, SKV, DQK, p.thd, dev, stream, true, &k));
-  FUSEDATTN_RETURN_IF_ERROR(AttachView(t.v, B, HKV, SKV, DV, p.thd, dev, stream, true, &v));
+  // K and V: the sequences' rows, or the whole pools of paged K/V.
+  const int64_t kv_batch = p.paged ? t.num_pages : B, kv_seq = p.paged ? c.page_size : SKV;
+  const bool kv_packed = p.thd && !p.paged;
+  FUSEDATTN_RETURN_IF_ERROR(
+      AttachView(t.k, kv_batch, HKV, kv_seq, DQK, kv_packed, dev, stream, true, &k));
+  FUSEDATTN_RETURN_IF_ERROR(
+      AttachView(t.v, kv_batch, HKV, kv_seq, DV, kv_packed, dev, stream, true, &v));
   FUSEDATTN_RETURN_IF_ERROR(AttachView(t.o, B, HQ, SQ, DV, p.thd, dev, stream, true, &o));
   if (t.lse.present())
     FUSEDATTN_RETURN_IF_ERROR(
@@ -401,7 +462,9 @@ Status ReferenceBackendImpl::forward(const Problem& p, const FwdTensors& t, void
           LoadRow(t.q, q.host(), b, h, i, seq.start_q[b], DQK, qrow.data());
           if (mod.active()) mod.StartRow(b, h, i, lq, lkv);
           for (int64_t j = lo; j < hi; ++j) {
-            LoadRow(t.k, k.host(), b, hk, j, seq.start_kv[b], DQK, krow.data());
+            int64_t kb = 0, kj = 0;
+            seq.LocateKey(b, j, &kb, &kj);
+            LoadRow(t.k, k.host(), kb, hk, kj, 0, DQK, krow.data());
             double qk = 0;
             for (int64_t x = 0; x < DQK; ++x) qk += qrow[x] * krow[x];
             scores[j] = Score(sp, qk, b, h, i, j, lq, lkv, nullptr);
@@ -429,7 +492,9 @@ Status ReferenceBackendImpl::forward(const Problem& p, const FwdTensors& t, void
             double prob = std::exp(scores[j] - row_lse);
             if (c.dropout > 0) prob = drop.Keep(j) ? prob * keep_scale : 0.0;
             if (prob == 0.0) continue;
-            LoadRow(t.v, v.host(), b, hk, j, seq.start_kv[b], DV, vrow.data());
+            int64_t vb = 0, vj = 0;
+            seq.LocateKey(b, j, &vb, &vj);
+            LoadRow(t.v, v.host(), vb, hk, vj, 0, DV, vrow.data());
             for (int64_t x = 0; x < DV; ++x) out[x] += prob * vrow[x];
           }
         }

@@ -15,6 +15,10 @@ Status CheckProblem(const Problem& problem) {
   const auto& c = problem.config;
   if (problem.device != Device::kCuda)
     return NotSupported("runs on CUDA tensors only, and config.device is CPU");
+  if (problem.paged)
+    return NotSupported("paged K/V (page_size = %lld): small_seq's kernels read contiguous K/V "
+                        "only, no page table",
+                        (long long)c.page_size);
   if (c.max_seqlen_q != 1)
     return NotSupported("max_seqlen_q = %lld != 1 (small_seq runs one query token per sequence)",
                         (long long)c.max_seqlen_q);
