@@ -63,7 +63,7 @@ from transformers import AttentionInterface
 from transformers import masking_utils as _masks
 from transformers.masking_utils import AttentionMaskInterface
 
-from .. import _torch, flex
+from .. import _api, _C, _torch, flex
 from .._errors import InvalidArgumentError, NotSupportedError
 from .._sdpa import additive_bias, dropout_seed
 
@@ -574,7 +574,6 @@ def _score_mods_run_cached(device, dtype, heads_q, heads_kv, head_dim_qk, head_d
                            dropout_p, softcap, has_sinks, scale, graph_text):
     """The answer, once per distinct problem; warns (then, once per problem) that the mask runs
     materialized when it is no."""
-    from .. import _api, _C
     shape = (_NOMINAL_BATCH, _NOMINAL_LENGTH)
     config = _api.problem_config(
         shape + (heads_q, head_dim_qk), shape + (heads_kv, head_dim_qk),
