@@ -95,6 +95,7 @@ OWN_DROPOUT_STREAM = ("cudnn",)
 
 
 def draws_own_dropout_mask(q, k, v, arrays, static, direction, kwargs):
+    """Whether the case has dropout and the backend that runs it draws its own mask."""
     return kwargs.get("dropout_p", 0) > 0 and \
         selection(q, k, v, arrays, static, direction).startswith(OWN_DROPOUT_STREAM)
 
