@@ -16,7 +16,7 @@
 # From then on, on that machine, the python and benchmark steps put /tmp/fa4site on PYTHONPATH
 # (use_fa4) so that bench.py times `flash_attn.cute`; without it bench.py records FA4 as n/a.
 set -uo pipefail
-export ROOT OUT BUILD JOBS SHARDS CUDNN_MEMCHECK SANITIZE_FILTER RACECHECK_FILTER NATIVE_BENCHES BENCH_ARGS BENCH_HOST_ARGS KERNEL_PROFILE_ARGS GTEST_FILTER PYTEST_ARGS FLEX_BENCH_ARGS 2>/dev/null
+export ROOT OUT BUILD JOBS SHARDS CUDNN_MEMCHECK SANITIZE_FILTER RACECHECK_FILTER NATIVE_BENCHES BENCH_ARGS BENCH_HOST_ARGS KERNEL_PROFILE_ARGS GTEST_FILTER PYTEST_ARGS FLEX_BENCH_ARGS DROPIN_TESTS 2>/dev/null
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/gpu-out}"
 mkdir -p "$OUT"
@@ -141,11 +141,24 @@ step_python_build() {
     cmake --build "$BUILD/python" -j "$JOBS"
 }
 
+# The drop-ins' test files (issue 19), run by step dropin and left out of step python.
+DROPIN_TESTS="tests/test_sdpa_dropin.py tests/test_flash_attn_dropin.py \
+tests/test_transformers_integration.py tests/test_examples.py"
+
+# The gpu-marked Python tests but the drop-ins' (step dropin runs those; test_jax.py has no gpu
+# marks: step jax_tests runs it): test_torch.py, test_flex_torch.py and any new file. All of
+# them together no longer fit one step: measured on the development machine's CPU (the CPU
+# variants of the same tests), test_examples.py took 55 s (three subprocess runs of about 18 s),
+# test_transformers_integration.py 36 s, test_torch.py 33 s (its benchmark smoke grid 20 s),
+# the others under 3 s each; on the H100 the drop-in files took 100 s of a 240 s limit that the
+# step (with its build) then ran past. PYTEST_ARGS replaces the default file selection.
 step_python() {
   step_python_build || return 1
   use_fa4
   export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
-  (cd "$ROOT/python" && eval python3 -m pytest -q -m gpu ${PYTEST_ARGS:-tests})
+  local ignore="" file
+  for file in $DROPIN_TESTS; do ignore+=" --ignore=$file"; done
+  (cd "$ROOT/python" && eval python3 -m pytest -q -m gpu ${PYTEST_ARGS:-tests $ignore})
 }
 
 step_bench_quick() {
@@ -182,20 +195,20 @@ step_dropin() {
   step_python_build >/dev/null || return 1
   export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
   local rc=0
-  (cd "$ROOT/python" && python3 -m pytest -q -m gpu tests/test_sdpa_dropin.py \
-    tests/test_flash_attn_dropin.py tests/test_transformers_integration.py \
-    tests/test_examples.py) || rc=1
+  (cd "$ROOT/python" && python3 -m pytest -q -m gpu $DROPIN_TESTS) || rc=1
   python3 "$ROOT/bench/hf_train_step.py" --out "$OUT" || rc=1
   return $rc
 }
 
 # fusedattn.jax on the GPU (jax 0.11.2 there). step_python_build also builds the JAX FFI handlers
 # (libfusedattn_jax_ffi.so) when python3 imports jax. jax_tests: test_jax.py whole on the CPU
-# platform (the CI tests under this jax), then its oracle cases on the GPU with the library's
-# choice and with each GPU backend forced (float32, float16, bfloat16; a case the backend refuses
-# is skipped with the reason; JAX_BACKENDS picks, default "auto cudnn flash small_seq";
-# JAX_CPU_TESTS=0 leaves out the CPU part); several minutes: TIMEOUT_jax_tests=580. jax_bench: bench/jax_bench.py, its check against the CPU
-# reference and jax.nn's cuDNN, then the timing against jax.nn.dot_product_attention;
+# platform (the CI tests under this jax), then its oracle cases, forward and gradients, on the
+# GPU with the library's choice and with each GPU backend forced (float32, float16, bfloat16; a
+# case the backend refuses is skipped with the reason; JAX_BACKENDS picks, default "auto cudnn
+# flash small_seq"; JAX_CPU_TESTS=0 leaves out the CPU part); several minutes (the forward cases
+# alone took 15-70 s per backend on the H100): TIMEOUT_jax_tests=580. jax_bench:
+# bench/jax_bench.py, its check against the CPU reference and jax.nn's cuDNN, then the timing
+# against jax.nn.dot_product_attention;
 # JAX_BENCH_ARGS, e.g. "--grid all" (default: the headline points, b1 h16 d128 s16384 causal and
 # not).
 step_jax_tests() {
@@ -209,7 +222,8 @@ step_jax_tests() {
   for backend in ${JAX_BACKENDS:-auto cudnn flash small_seq}; do
     echo "== oracle cases on the GPU, backend $backend"
     (cd "$ROOT/python" && FUSEDATTN_TEST_JAX_BACKEND=$backend \
-      python3 -m pytest -q -rs tests/test_jax.py -k matches_oracle) || rc=1
+      python3 -m pytest -q -rs tests/test_jax.py \
+      -k "test_forward_matches_oracle or test_gradients_match_oracle") || rc=1
   done
   return $rc
 }

@@ -69,7 +69,10 @@
  *   u >= threshold,  threshold = min(floor(dropout * 2^32), 2^32 - 1).
  * (b is the sequence index also for THD; i and j are positions inside the sequence; the row
  * counter is 32 bits, so batch * heads_q * max_seqlen_q <= 2^32 when dropout is on.) Every backend
- * that implements dropout this way reproduces the reference's mask bit for bit.
+ * that implements dropout this way reproduces the reference's mask bit for bit: reference, flash
+ * and small_seq. cuDNN draws from its own random stream instead: the same keep probability and
+ * 1 / (1 - dropout) scaling, and one mask for a forward and its backward with the same seed and
+ * offset, but not the reference's elements (force another backend where the bits must match).
  *
  * ---------------------------------------------------------------------------------------------
  * Tensors

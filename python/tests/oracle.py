@@ -127,7 +127,10 @@ class Problem:
                  bias_type="post_scale", alibi_slopes=None, softcap=0.0, sinks=None,
                  softmax=None, dropout_p=0.0, dropout_seed=None, scale=None, cu_seqlens_q=None,
                  cu_seqlens_kv=None, seq_offsets_q=None, seq_offsets_kv=None, max_seqlen_q=None,
-                 max_seqlen_kv=None, **_ignored):
+                 max_seqlen_kv=None, dropout_keep=None, **_ignored):
+        """dropout_keep: a dropout mask to use instead of the header's Philox mask (a backend's
+        own random stream, recovered by a test): an array in o's layout whose feature j at
+        query row i is 1 where key j is kept, 0 where dropped."""
         self.layout = layout
         self.mask = mask or "none"
         self.window = tuple(window)
@@ -142,6 +145,7 @@ class Problem:
         self.softmax = softmax or ("sink" if sinks is not None else "vanilla")
         self.dropout_p = dropout_p
         self.seed = dropout_seed
+        self.keep = None if dropout_keep is None else _View(dropout_keep, layout)
         self.scale = scale
         self.cu_q, self.cu_kv = cu_seqlens_q, cu_seqlens_kv
         self.off_q, self.off_kv = seq_offsets_q, seq_offsets_kv
@@ -203,11 +207,14 @@ class Problem:
                      0.0)
         return p, lse, has_key
 
-    def _dropout(self, b, h, lq, lkv):
+    def _dropout(self, b, h, start_q, lq, lkv):
         if self.dropout_p <= 0:
             return np.ones((lq, lkv))
-        keep = dropout_keep(self.seed, 0, self.dropout_p, b, h, np.arange(lq), lkv,
-                            self.heads_q, self.max_q)
+        if self.keep is not None:
+            keep = self.keep.get(b, start_q, lq)[h, :, :lkv] != 0
+        else:
+            keep = dropout_keep(self.seed, 0, self.dropout_p, b, h, np.arange(lq), lkv,
+                                self.heads_q, self.max_q)
         return keep / (1 - self.dropout_p)
 
     def forward(self, q, k, v):
@@ -228,7 +235,7 @@ class Problem:
             for h in range(self.heads_q):
                 s, _ = self._scores(Q[h], K[h // group], b, h, lq, lkv)
                 p, row_lse, _ = self._probabilities(s, vis, h)
-                out[h] = (p * self._dropout(b, h, lq, lkv)) @ V[h // group]
+                out[h] = (p * self._dropout(b, h, sq0, lq, lkv)) @ V[h // group]
                 if self.layout == "thd":
                     lse[sq0:sq0 + lq, h] = row_lse
                 else:
@@ -255,7 +262,7 @@ class Problem:
                 hk = h // group
                 s, dsdt = self._scores(Q[h], K[hk], b, h, lq, lkv)
                 p, lse, has_key = self._probabilities(s, vis, h)
-                z = self._dropout(b, h, lq, lkv)
+                z = self._dropout(b, h, sq0, lq, lkv)
                 gv[hk] += (p * z).T @ dO[h]
                 dp = (dO[h] @ V[hk].T) * z
                 delta = np.where(has_key, (dO[h] * O[h]).sum(axis=1), 0.0)

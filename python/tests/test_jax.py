@@ -5,8 +5,12 @@ errors. Skipped when jax is not installed.
 
 FUSEDATTN_TEST_JAX_BACKEND=auto|cudnn|flash|small_seq (the GPU machine: gpu_run.sh jax_tests)
 puts the oracle cases' arrays on the GPU and forces that backend (auto: the library's choice),
-in float32, float16 and bfloat16; cases the backend refuses are skipped with its reason. The
-other tests run where JAX's default device is (run them with JAX_PLATFORMS=cpu there)."""
+in float32, float16 and bfloat16; cases the backend refuses are skipped with its reason. Dropout
+cases compare with the oracle's Philox mask, except where cuDNN runs them: its mask is its own
+random stream, so the test reads that mask from the same call with one-hot values and checks
+the oracle's results with it (forward, and the backward's use of its forward's mask), its
+scaling and its keep fraction. The other tests run where JAX's default device is (run them with
+JAX_PLATFORMS=cpu there)."""
 
 import functools
 import json
@@ -66,15 +70,77 @@ def split(kwargs):
     return arrays, static, oracle
 
 
+def selection(q, k, v, arrays, static, direction):
+    """The library's diagnostic for the case on DEVICE, direction "forward" or
+    "forward+backward": the backend that runs it first, then why the ones before it refused."""
+    line = [text for text in fj.explain(*on_device(q, k, v), **arrays, **static).splitlines()
+            if text.startswith(direction + ":")][0]
+    return line[len(direction) + 1:].strip()
+
+
 def skip_unless_backend_runs(q, k, v, arrays, static, direction):
     """Skips (saying why) when the forced backend refuses the case on the GPU (auto always has
     one: the reference backend runs every problem)."""
     if BACKEND in (None, "auto"):
         return
-    line = [text for text in fj.explain(*on_device(q, k, v), **arrays, **static).splitlines()
-            if text.startswith(direction + ":")][0]
-    if not line[len(direction) + 1:].strip().startswith(BACKEND):
-        pytest.skip(line[:300])
+    diagnostic = selection(q, k, v, arrays, static, direction)
+    if not diagnostic.startswith(BACKEND):
+        pytest.skip(("%s: %s" % (direction, diagnostic))[:300])
+
+
+# Backends whose dropout draws its own random stream, not the header's Philox mask
+# (include/fusedattn/fusedattn.h, "Dropout mask"): cuDNN. The others (reference, flash,
+# small_seq) reproduce the reference's mask bit for bit and are compared with it as it is.
+OWN_DROPOUT_STREAM = ("cudnn",)
+
+
+def draws_own_dropout_mask(q, k, v, arrays, static, direction, kwargs):
+    """Whether the case has dropout and the backend that runs it draws its own mask."""
+    return kwargs.get("dropout_p", 0) > 0 and \
+        selection(q, k, v, arrays, static, direction).startswith(OWN_DROPOUT_STREAM)
+
+
+def key_positions(layout, shape, kwargs):
+    """Each key token's position in its sequence for an array of v's shape without its last
+    axis (-1 for THD tokens outside every sequence)."""
+    if layout == "thd":
+        cu = np.asarray(kwargs["cu_seqlens_kv"])
+        starts = np.asarray(kwargs.get("seq_offsets_kv", cu))
+        positions = np.full(shape[0], -1)
+        for b in range(len(cu) - 1):
+            positions[starts[b]:starts[b] + cu[b + 1] - cu[b]] = np.arange(cu[b + 1] - cu[b])
+        return np.broadcast_to(positions[:, None], shape)
+    axis = {"bshd": 1, "sbhd": 0, "bhsd": 2}[layout]
+    index = [None] * len(shape)
+    index[axis] = slice(None)
+    return np.broadcast_to(np.arange(shape[axis])[tuple(index)], shape)
+
+
+def own_dropout_keep(output_for, q, k, v, oracle, layout):
+    """The dropout mask a backend with its own random stream drew, for the oracle's
+    dropout_keep: output_for(v) runs the case (same key, same call) with other values, and
+    one-hot values v[key j, feature x] = (x == j) make o[row i, feature j] = P[i, j] * keep[i, j]
+    / (1 - p), P the oracle's probabilities without dropout. Checks that every probability is
+    either dropped or kept and scaled by 1 / (1 - p), and that the kept fraction is 1 - p within
+    its sampling error (5 sigma)."""
+    positions = key_positions(layout, v.shape[:-1], oracle)
+    assert positions.max() < v.shape[-1], "one-hot values need head_dim_v >= seqlen_kv"
+    one_hot = (positions[..., None] == np.arange(v.shape[-1])).astype(v.dtype)
+    o = np.asarray(output_for(one_hot), dtype=np.float64)
+    p = oracle["dropout_p"]
+    without = {name: value for name, value in oracle.items() if not name.startswith("dropout")}
+    probabilities, _ = Problem(**without).forward(q, k, one_hot)
+    drawn = probabilities > 1e-3  # where the output tells dropped from kept
+    ratio = np.where(drawn, o * (1 - p) / np.where(drawn, probabilities, 1), 0.0)
+    off = np.minimum(np.abs(ratio), np.abs(ratio - 1))[drawn]
+    assert off.max() < 0.1, "an entry neither dropped nor kept with scale 1/(1-p): %.3g" % \
+        off.max()
+    keep = ratio > 0.5
+    kept, draws = keep[drawn].mean(), drawn.sum()
+    sigma = np.sqrt(p * (1 - p) / draws)
+    assert abs(kept - (1 - p)) < 5 * sigma, "kept %.3f of %d entries, expected %.3f" % (
+        kept, draws, 1 - p)
+    return keep.astype(np.float64)
 
 
 def on_device(*xs):
@@ -102,6 +168,10 @@ def test_forward_matches_oracle(case, dtype):
                                                        **static))
     o, lse = run(*on_device(q, k, v), arrays)
     assert o.dtype == q.dtype and o.shape == q.shape[:-1] + (v.shape[-1],)
+    if draws_own_dropout_mask(q, k, v, arrays, static, "forward", kwargs):
+        oracle["dropout_keep"] = own_dropout_keep(
+            lambda values: run(*on_device(q, k, values), arrays)[0], q, k, v, oracle,
+            case.layout)
     ref_o, ref_lse = Problem(**oracle).forward(q, k, v)
     o64 = np.asarray(o, dtype=np.float64)
     assert not np.isnan(o64).any(), "NaN in o"
@@ -122,9 +192,15 @@ def test_gradients_match_oracle(case, dtype):
 
     def loss(q, k, v, wrt, arrays):
         o = fj.attention(q, k, v, **wrt, **arrays, **static)
-        return jnp.sum(o.astype(jnp.float32) * jnp.asarray(d_o, jnp.float32))
+        return jnp.sum(o.astype(jnp.float32) * jnp.asarray(d_o, jnp.float32)), o
 
-    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(*on_device(q, k, v), wrt, arrays)
+    run = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3), has_aux=True))
+    grads, _ = run(*on_device(q, k, v), wrt, arrays)
+    if draws_own_dropout_mask(q, k, v, dict(arrays, **wrt), static, "forward+backward", kwargs):
+        # The backward must use the mask its forward drew (the same key, the training forward).
+        oracle["dropout_keep"] = own_dropout_keep(
+            lambda values: run(*on_device(q, k, values), wrt, arrays)[1], q, k, v, oracle,
+            case.layout)
     ref = Problem(**oracle).backward(d_o, q, k, v)
     got = dict(dq=grads[0], dk=grads[1], dv=grads[2], dbias=grads[3].get("bias"),
                dsink=grads[3].get("sinks"))

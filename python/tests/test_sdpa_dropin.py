@@ -34,7 +34,8 @@ def _inputs(shape_q, shape_kv, device, seed=0, dim_v=None):
 
 def _check(q, k, v, tolerance=TOLERANCE["float32"], mask_grad=None, **kwargs):
     """Forward and gradients (q, k, v, and a float mask that requires grad) of fusedattn's
-    function against torch's in float64."""
+    function against torch's in float64, computed on the inputs' device (so the reference, its
+    leaves and the output gradient all live there)."""
     out = fusedattn.scaled_dot_product_attention(q, k, v, **kwargs)
     leaves = [x.detach().double().requires_grad_() for x in (q, k, v)]
     ref_kwargs = dict(kwargs)
@@ -44,8 +45,8 @@ def _check(q, k, v, tolerance=TOLERANCE["float32"], mask_grad=None, **kwargs):
     ref = F.scaled_dot_product_attention(*leaves, **ref_kwargs)
     assert out.shape == ref.shape and out.dtype == q.dtype and out.device == q.device
     assert _rel(out, ref) < tolerance, "forward: %.3g" % _rel(out, ref)
-    d_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(7))
-    out.backward(d_out.to(out.device, out.dtype))
+    d_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(out.device)
+    out.backward(d_out.to(out.dtype))
     ref.backward(d_out.double())
     pairs = list(zip("qkv", (q, k, v), leaves))
     if mask_grad:

@@ -10,6 +10,7 @@ it did not make, and what is refused."""
 import copy
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -230,9 +231,20 @@ def test_flash_attention_varlen_kwargs_match_eager(device):
     assert _rel(logits[:, 3:], plain[:, 3:]) > 1e-3
 
 
+@pytest.fixture
+def fresh_compiler():
+    """Compiled state is per process (dynamo's caches, and on CUDA the CUDA graph trees that
+    generate()'s default compile mode records into): a test that compiles leaves none behind,
+    so that one failing inside a CUDA graph recording cannot fail the tests after it (they
+    would stop on an AssertionError in torch/_inductor/cudagraph_trees.py)."""
+    yield
+    torch.compiler.reset()
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("name", ["llama", "mistral", "gemma2"])
+@pytest.mark.usefixtures("fresh_compiler")
 def test_greedy_generation_matches_eager(name, cache, device, read_masks):
     """Left-padded prompts, greedy decoding: the prefill and every decoding step (one query
     against the cache, bottom-right; a static cache's offsets) give eager's tokens."""
@@ -300,22 +312,98 @@ def test_compiles_without_graph_breaks(padding):
     assert _rel(logits[real], reference(ids, attention_mask=mask).logits[real]) < TOLERANCE
 
 
-def test_flex_plan_falls_back_to_its_materialized_mask(monkeypatch):
-    """Where no backend runs score modifiers (float32 on CUDA), a flex plan's mask runs
-    materialized: same results."""
-    real_attention = hf._torch.attention
+@pytest.fixture
+def no_score_mod_backend(monkeypatch):
+    """The library's selection as where no backend runs score modifiers (float32 on CUDA):
+    every problem with a score_mod graph is refused. The integration's answers are cached per
+    problem, so the cache is emptied around the test. (The operators themselves still run the
+    graphs here: the test checks what the integration sends them.)"""
+    real_get_backend = fusedattn._C.get_backend
 
-    def no_score_mods(*args):
-        if args[24] is not None:
-            raise fusedattn.NotSupportedError("no score_mod here (test)")
-        return real_attention(*args)
+    def get_backend(config, graph=None):
+        if graph is not None:
+            raise fusedattn.NotSupportedError("no backend runs score modifiers here (test)")
+        return real_get_backend(config, graph)
 
-    monkeypatch.setattr(hf._torch, "attention", no_score_mods)
+    monkeypatch.setattr(fusedattn._C, "get_backend", get_backend)
+    hf._score_mods_run_cached.cache_clear()
+    yield
+    hf._score_mods_run_cached.cache_clear()
+
+
+def test_flex_plan_falls_back_to_its_materialized_mask(no_score_mod_backend):
+    """Where no backend runs score modifiers, a flex plan's mask runs materialized (with a
+    warning): same results."""
     reference, ours = _models("mistral", "cpu")
     ids, mask, labels = _batch(PADDINGS["hole"], "cpu")
     with pytest.warns(UserWarning, match="materialized"):
-        hf._warned.clear()
         _compare_training_step(reference, ours, ids, mask, labels)
+
+
+def _score_mod_texts(graphs):
+    """The score_mod text of every fusedattn forward call in torch.compile's graphs."""
+    return [node.args[12] for graph in graphs for node in graph.graph.nodes
+            if node.op == "call_function" and node.target is torch.ops.fusedattn.fwd.default]
+
+
+@pytest.mark.usefixtures("fresh_compiler")
+def test_compiled_static_cache_generation_falls_back_before_tracing(no_score_mod_backend):
+    """generate() with a static cache compiles its decoding steps, whose masks are flex plans
+    (a static cache's offsets are tensors): the fallback is decided while tracing, so the
+    compiled graph calls the operator with the materialized mask, not the score modifier that
+    no backend would run (an error inside the compiled graph), and gives eager's tokens."""
+    from transformers.generation.configuration_utils import CompileConfig
+    graphs = []
+
+    def recording_backend(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    compile_config = CompileConfig(fullgraph=True, backend=recording_backend, mode=None)
+    compile_config._compile_all_devices = True  # generate() compiles on CUDA only otherwise
+    reference, ours = _models("llama", "cpu")
+    ids, mask, _ = _batch(PADDINGS["left"], "cpu")
+    kwargs = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0,
+                  cache_implementation="static")
+    outputs = [reference.generate(ids, **kwargs)]
+    with pytest.warns(UserWarning, match="materialized"):  # said while tracing
+        outputs.append(ours.generate(ids, compile_config=compile_config, **kwargs))
+    texts = _score_mod_texts(graphs)
+    assert texts and all(text == "" for text in texts), "a score modifier reached the graph"
+    assert torch.equal(outputs[0], outputs[1])
+
+
+@pytest.mark.usefixtures("fresh_compiler")
+def test_fallback_check_keeps_dynamic_shapes_symbolic(no_score_mod_backend):
+    """Under torch.compile with dynamic sequence lengths (traced as symbolic) the check asks at
+    a nominal length: one graph serves two lengths, with the materialized mask."""
+    graphs = []
+
+    def recording_backend(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    def layer(q, k, v, padding):
+        mask = hf.attention_mask(batch_size=2, q_length=q.shape[2], kv_length=k.shape[2],
+                                 attention_mask=padding, device="cpu")
+        return hf.attention_forward(_Layer(), q, k, v, mask)[0]
+
+    compiled = torch.compile(layer, backend=recording_backend, fullgraph=True)
+    for length in (6, 9):
+        q, k, v = _layer_inputs(q_length=length, kv_length=length)
+        padding = torch.ones(2, length, dtype=torch.bool)
+        padding[0, 2] = False  # a hole: a flex plan
+        for x, axis in ((q, 2), (k, 2), (v, 2), (padding, 1)):
+            torch._dynamo.mark_dynamic(x, axis)  # the sequence axes, as a model's
+        allowed = torch.ones(length, length, dtype=torch.bool).tril()[None, None] & \
+            padding[:, None, None, :]
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "fusedattn: this attention mask runs as a mat")
+            out = compiled(q, k, v, padding)
+        assert _rel(out, _eager(q, k, v, allowed)) < 1e-5
+    assert len(graphs) == 1
+    texts = _score_mod_texts(graphs)
+    assert texts and all(text == "" for text in texts)
 
 
 @pytest.mark.parametrize("q_length,kv_length,q_offset,kv_offset", [

@@ -255,6 +255,34 @@ def explain(q, k, v, *, dtype=None, device=None, batch=None, score_mod=None, mas
     a shape too (seqlens_kv is not needed). Takes attention()'s other arguments. Raises
     InvalidArgumentError when the problem itself is wrong. Paged K/V has no backward: its
     second line says so."""
+    configs = _configs(q, k, v, dtype, device, batch, problem)
+    mod = _flex.as_score_mod(score_mod, mask_mod)
+    graph = mod.graph if mod is not None else None
+    lines = []
+    for label, config in zip(("forward", "forward+backward"), configs):
+        if config is None:
+            lines.append("%s: none: paged K/V is forward only (a serving cache has no "
+                         "backward)" % label)
+            continue
+        try:
+            _, diagnostic = _C.get_backend(config, graph)
+        except NotSupportedError as e:
+            diagnostic = str(e)
+        lines.append("%s: %s" % (label, diagnostic))
+    return "\n".join(lines)
+
+
+def problem_config(q, k, v, *, training=False, dtype=None, device=None, batch=None, **problem):
+    """The _C.Config that backend selection sees for a problem given as explain() takes it, for
+    the forward alone or, with training=True, forward and backward (None for paged K/V, which
+    has no backward); `_C.get_backend(config, graph)` then names the backend (or raises
+    NotSupportedError with every backend's reason). Nothing runs on a device."""
+    return _configs(q, k, v, dtype, device, batch, problem)[1 if training else 0]
+
+
+def _configs(q, k, v, dtype, device, batch, problem):
+    """(forward config, forward + backward config or None for paged K/V) of explain()'s
+    arguments."""
     problem.pop("return_lse", None)
     options, inputs = _problem(problem)
     if dtype is None:
@@ -272,22 +300,10 @@ def explain(q, k, v, *, dtype=None, device=None, batch=None, score_mod=None, mas
     dims = problem_dims(options.layout, _shape_of(q), _shape_of(k), _shape_of(v), batch,
                         max_q, max_kv, table)
     bias_shape = None if inputs.bias is None else _shape_of(inputs.bias)
-    mod = _flex.as_score_mod(score_mod, mask_mod)
-    graph = mod.graph if mod is not None else None
-    lines = []
-    for label, training in (("forward", False), ("forward+backward", True)):
-        if training and dims.page_size:
-            lines.append("%s: none: paged K/V is forward only (a serving cache has no "
-                         "backward)" % label)
-            continue
-        config = build_config(dims, options, dtype, device, training, False, bias_shape,
+    return tuple(None if training and dims.page_size else
+                 build_config(dims, options, dtype, device, training, False, bias_shape,
                               training and bias_shape is not None)
-        try:
-            _, diagnostic = _C.get_backend(config, graph)
-        except NotSupportedError as e:
-            diagnostic = str(e)
-        lines.append("%s: %s" % (label, diagnostic))
-    return "\n".join(lines)
+                 for training in (False, True))
 
 
 def _shape_of(x):

@@ -22,8 +22,12 @@ layer of the forward pass then runs:
   [batch, seq, heads, dim] at once; padded tokens do no work and get 0.
 * flex: the exact mask as a score modifier reading the padding mask [batch, seq_kv] (and the
   packed sequence ids, the query offset) per key: for masks whose runs are not contiguous
-  (holes), for cache offsets that neither alignment fits, and whenever the plan may not read
-  the device (below).
+  (holes), for cache offsets that neither alignment fits (a static cache's), and whenever the
+  plan may not read the device (below). Where no backend runs score modifiers for a layer's
+  tensors (float32 on CUDA: flash runs them in float16 and bfloat16), the same mask runs
+  materialized as a [batch, 1, seq_q, seq_kv] bias, with a warning. The library's backend
+  selection decides this on the host before the call, so it holds under torch.compile too
+  (generate() compiles its decoding steps with a static cache).
 * general: a mask transformers builds from pieces fusedattn does not recognize (or_mask /
   and_mask functions, chunked attention, block-wise overlays) is materialized as transformers'
   own SDPA mask [batch, 1, seq_q, seq_kv] and added as a bias: exact, O(seq_q * seq_kv) memory.
@@ -59,7 +63,7 @@ from transformers import AttentionInterface
 from transformers import masking_utils as _masks
 from transformers.masking_utils import AttentionMaskInterface
 
-from .. import _torch, flex
+from .. import _api, _C, _torch, flex
 from .._errors import InvalidArgumentError, NotSupportedError
 from .._sdpa import additive_bias, dropout_seed
 
@@ -519,22 +523,72 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
             None, None)
         return out.view(batch, q_length, heads, out.shape[-1]), None
     if plan.kind == "flex" and plan.bias is None:
-        try:
+        if _score_mods_run(q, k, v, sinks, p, softcap, scaling, plan.score_mod):
             return _torch.attention(
                 q, k, v, "bshd", None, (-1, -1), None, "post_scale", None, softcap, sinks, None,
                 p, seed, scaling, None, None, None, None, None, None, False, "auto", False,
                 plan.score_mod, None), None
-        except NotSupportedError as error:
-            # No backend here runs score modifiers for this problem (float32 on CUDA): the
-            # same mask, materialized, from now on for every layer of this plan.
-            _warn_once(("flex", query.device.type, query.dtype), (
-                "fusedattn: this attention mask runs as a materialized [batch, 1, seq_q, "
-                "seq_kv] mask on %s %s tensors (%s)" % (query.device.type, query.dtype, error)))
-            plan.bias = additive_bias(plan.visible(), query, kv_length, torch)
+        # No backend here runs score modifiers for this problem (float32 on CUDA): the same
+        # mask, materialized, from now on for every layer of this plan.
+        plan.bias = additive_bias(plan.visible(), query, kv_length, torch)
     return _torch.attention(
         q, k, v, "bshd", plan.mask, plan.window, plan.bias, "post_scale", None, softcap, sinks,
         None, p, seed, scaling, None, None, None, None, None, None, False, "auto", False, None,
         None), None
+
+
+def _score_mods_run(q, k, v, sinks, dropout_p, softcap, scaling, score_mod):
+    """Whether a backend runs this layer's flex plan (q, k, v: [batch, seq, heads, dim]) with
+    its score modifier: the library's own backend selection, asked on the host before the call
+    (nothing runs, nothing synchronizes). Asked, not learned from the call's NotSupportedError,
+    because under torch.compile (transformers compiles generate's decoding steps with a static
+    cache) the traced call runs nothing: the error would come from inside the compiled graph,
+    past any fallback. While torch.compile traces, the answer becomes a constant of the graph.
+
+    The question is the layer's problem at a nominal batch and sequence length: those are the
+    sizes torch.compile may trace as symbolic (one graph for every length), and they decide
+    only extreme cases (a CUDA grid or an int32 offset overflowing), where the call then raises
+    the library's error. Heads and head dims are the layer's own (static in every model)."""
+    training = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, v, sinks))
+    return _score_mods_run_for(
+        q.device.type, q.dtype, q.shape[2], k.shape[2], q.shape[3], v.shape[3], bool(training),
+        float(dropout_p), float(softcap), sinks is not None,
+        None if scaling is None else float(scaling), score_mod.text)
+
+
+@torch.compiler.assume_constant_result
+def _score_mods_run_for(device, dtype, heads_q, heads_kv, head_dim_qk, head_dim_v, training,
+                        dropout_p, softcap, has_sinks, scale, graph_text):
+    """_score_mods_run's answer from plain values (torch.compile calls it while tracing and
+    keeps the result as a constant)."""
+    return _score_mods_run_cached(device, dtype, heads_q, heads_kv, head_dim_qk, head_dim_v,
+                                  training, dropout_p, softcap, has_sinks, scale, graph_text)
+
+
+_NOMINAL_BATCH, _NOMINAL_LENGTH = 1, 128
+
+
+@functools.lru_cache(maxsize=256)
+def _score_mods_run_cached(device, dtype, heads_q, heads_kv, head_dim_qk, head_dim_v, training,
+                           dropout_p, softcap, has_sinks, scale, graph_text):
+    """The answer, once per distinct problem; warns (then, once per problem) that the mask runs
+    materialized when it is no."""
+    shape = (_NOMINAL_BATCH, _NOMINAL_LENGTH)
+    config = _api.problem_config(
+        shape + (heads_q, head_dim_qk), shape + (heads_kv, head_dim_qk),
+        shape + (heads_kv, head_dim_v), training=training, dtype=str(dtype).replace("torch.", ""),
+        device=device, layout="bshd", dropout_p=dropout_p, softcap=softcap,
+        sinks=True if has_sinks else None, scale=scale)
+    try:
+        _C.get_backend(config, _C.ScoreModGraph.deserialize(graph_text))
+    except NotSupportedError as error:
+        warnings.warn(
+            "fusedattn: this attention mask runs as a materialized [batch, 1, seq_q, seq_kv] "
+            "mask on %s %s tensors, since no backend runs it as a score modifier there (%s)"
+            % (device, dtype, error))
+        return False
+    return True
 
 
 def _flattened(q, k, v, plan, varlen, p, seed, scaling, softcap, sinks):
