@@ -341,9 +341,13 @@ def test_flex_plan_falls_back_to_its_materialized_mask(no_score_mod_backend):
 
 
 def _score_mod_texts(graphs):
-    """The score_mod text of every fusedattn forward call in torch.compile's graphs."""
-    return [node.args[12] for graph in graphs for node in graph.graph.nodes
-            if node.op == "call_function" and node.target is torch.ops.fusedattn.fwd.default]
+    """The score_mod text of every fusedattn forward call in torch.compile's graphs (found by
+    its name in the operator's schema, which may gain arguments)."""
+    op = torch.ops.fusedattn.fwd.default
+    index = [argument.name for argument in op._schema.arguments].index("score_mod")
+    return [node.args[index] if len(node.args) > index else node.kwargs["score_mod"]
+            for graph in graphs for node in graph.graph.nodes
+            if node.op == "call_function" and node.target is op]
 
 
 @pytest.mark.usefixtures("fresh_compiler")
