@@ -606,6 +606,32 @@ def test_no_mask_is_causal_as_transformers_sdpa():
     assert _rel(out, _eager(q, k, v, torch.ones(6, 6, dtype=torch.bool))) < 1e-5
 
 
+def test_dense_plan_copies_neither_inputs_nor_output(monkeypatch):
+    """The unpadded causal batch (the dense plan) hands the operator the layer's q, k, v
+    ([batch, heads, seq, dim] views of the projections) as they are, and its output is already
+    the contiguous [batch, seq_q, heads, dim] that the layer reshapes without a copy."""
+    generator = torch.Generator().manual_seed(5)
+    query, key, value = (torch.randn(2, 6, heads, 8, generator=generator).transpose(1, 2)
+                         for heads in (4, 2, 2))
+    mask = hf.attention_mask(batch_size=2, q_length=6, kv_length=6, device="cpu")
+    assert mask._fusedattn_plan.kind == "dense"
+    seen = []
+    operator = fusedattn._torch._FAST_FWD
+
+    def recording_operator(q, k, v, *args):
+        seen.append((q, k, v))
+        return operator(q, k, v, *args)
+
+    monkeypatch.setattr(fusedattn._torch, "_FAST_FWD", recording_operator)
+    out, _ = hf.attention_forward(_Layer(), query, key, value, mask)
+    (q, k, v), = seen
+    for given, taken in ((query, q), (key, k), (value, v)):
+        assert taken.data_ptr() == given.data_ptr()
+        assert taken.stride() == given.transpose(1, 2).stride()
+    assert out.shape == (2, 6, 4, 8) and out.is_contiguous()
+    assert _rel(out, _eager(query, key, value, torch.ones(6, 6, dtype=torch.bool).tril())) < 1e-5
+
+
 def test_output_attentions_warns_and_returns_none():
     q, k, v = _layer_inputs()
     with pytest.warns(UserWarning, match="output_attentions"):

@@ -126,8 +126,13 @@ def _prefix_of(options):
                      "1" if options.deterministic else "0"))
 
 
+_FLAG_TEXTS = tuple("%d%d%d" % (i >> 2, (i >> 1) & 1, i & 1) for i in range(8))
+
+
 def _flags(is_training, return_lse, bias_requires_grad):
-    return "".join("1" if x else "0" for x in (is_training, return_lse, bias_requires_grad))
+    # A lookup, not a join: attention() calls this on every call.
+    return _FLAG_TEXTS[(4 if is_training else 0) + (2 if return_lse else 0)
+                       + (1 if bias_requires_grad else 0)]
 
 
 def _decoded(problem):
@@ -236,14 +241,19 @@ def attention(q, k, v, layout, mask, window, bias, bias_type, alibi_slopes, soft
     seed = 0
     if options.dropout_p > 0:
         seed = dropout_seed if dropout_seed is not None else random.getrandbits(63)
-    sinks = _float32(sinks, "sinks")
-    alibi_slopes = _float32(alibi_slopes, "alibi_slopes")
-    cu_seqlens_q = _int32(cu_seqlens_q, "cu_seqlens_q", q)
-    cu_seqlens_kv = _int32(cu_seqlens_kv, "cu_seqlens_kv", q)
-    seq_offsets_q = _int32(seq_offsets_q, "seq_offsets_q", q)
-    seq_offsets_kv = _int32(seq_offsets_kv, "seq_offsets_kv", q)
-    page_table = _int32(page_table, "page_table", q)
-    seqlens_kv = _int32(seqlens_kv, "seqlens_kv", q)
+    if sinks is not None:
+        sinks = _float32(sinks, "sinks")
+    if alibi_slopes is not None:
+        alibi_slopes = _float32(alibi_slopes, "alibi_slopes")
+    if (cu_seqlens_q is not None or cu_seqlens_kv is not None or seq_offsets_q is not None
+            or seq_offsets_kv is not None or page_table is not None or seqlens_kv is not None):
+        # Variable length or paged K/V; a dense problem (the common call) skips all of this.
+        cu_seqlens_q = _int32(cu_seqlens_q, "cu_seqlens_q", q)
+        cu_seqlens_kv = _int32(cu_seqlens_kv, "cu_seqlens_kv", q)
+        seq_offsets_q = _int32(seq_offsets_q, "seq_offsets_q", q)
+        seq_offsets_kv = _int32(seq_offsets_kv, "seq_offsets_kv", q)
+        page_table = _int32(page_table, "page_table", q)
+        seqlens_kv = _int32(seqlens_kv, "seqlens_kv", q)
     max_q, max_kv = _max_lengths(options.layout, max_seqlen_q, max_seqlen_kv, cu_seqlens_q,
                                  cu_seqlens_kv)
     text, mod_tensors = "", []

@@ -468,6 +468,8 @@ def _plan_of(mask, module, query, key, is_causal, sliding_window):
 
 
 def _varlen_kwargs(kwargs):
+    if kwargs.get("cu_seq_lens_q") is None:  # the common call: one lookup
+        return None
     names = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
     values = [kwargs.get(n) for n in names]
     return values if all(v is not None for v in values) else None
@@ -478,6 +480,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     """transformers' attention function for "fusedattn": query [batch, heads, seq_q, dim],
     key/value [batch, heads_kv, seq_kv, dim] and the layer's mask (see attention_mask);
     returns (output [batch, seq_q, heads, dim_v], None)."""
+    # Every layer of every step comes here: the common call (a plan of our mask function, no
+    # dropout, no FlashAttention varlen arguments) does a few lookups before the op.
     if kwargs.get("output_attentions", False):
         _warn_once("output_attentions", "the fusedattn attention implementation does not return "
                    "attention weights (output_attentions=True): use attn_implementation='eager' "
@@ -486,19 +490,21 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         raise NotSupportedError("the fusedattn attention implementation does not take "
                                 "position_bias (T5-style relative attention bias); use "
                                 "attn_implementation='sdpa' or 'eager' for this model")
-    if type(attention_mask).__name__ == "BlockMask":
-        raise NotSupportedError("the fusedattn attention implementation got a flex_attention "
-                                "BlockMask: its masks come from its own mask function "
-                                "(attn_implementation='fusedattn' on the model)")
-    plan = _plan_of(attention_mask, module, query, key, is_causal, sliding_window)
+    plan = getattr(attention_mask, _PLAN, None)
+    if plan is None:
+        if type(attention_mask).__name__ == "BlockMask":
+            raise NotSupportedError("the fusedattn attention implementation got a "
+                                    "flex_attention BlockMask: its masks come from its own mask "
+                                    "function (attn_implementation='fusedattn' on the model)")
+        plan = _plan_of(attention_mask, module, query, key, is_causal, sliding_window)
     batch, heads, q_length, _ = query.shape
     kv_length = key.shape[2]
     if isinstance(plan, Plan) and (plan.q_length != q_length or plan.kv_length != kv_length):
         raise InvalidArgumentError(
             "the attention mask was made for %d queries and %d keys but the layer has %d and %d"
             % (plan.q_length, plan.kv_length, q_length, kv_length))
-    p = float(dropout or 0.0)
-    seed = dropout_seed(p, _torch)
+    p = float(dropout) if dropout else 0.0
+    seed = dropout_seed(p, _torch) if p else None
     sinks = s_aux
     softcap = float(softcap) if softcap else 0.0
     # [batch, seq, heads, dim] views of the [batch, heads, seq, dim] inputs: the output is then
