@@ -171,16 +171,23 @@
  *                                   wrong results (unwritten rows, NaN), so cuDNN plans are per
  *                                   shape unless this is 1 (needs cuDNN 9.18); see
  *                                   src/backends/cudnn/README.md, "Dynamic shapes: status"
- *   FUSEDATTN_CACHE_DIR=dir         the on-disk cache of compiled kernels (cuDNN's kernel caches,
- *                                   from cuDNN 9.10; only with FUSEDATTN_CUDNN_DYNAMIC_SHAPES=1,
- *                                   without it nothing is written or read), so that a new process
- *                                   does not compile again; default $XDG_CACHE_HOME/fusedattn, else
+ *   FUSEDATTN_CUDNN_BATCH_CHUNKS=n  the most launches of plans built for smaller batches a cuDNN
+ *                                   call makes instead of building a plan for its own batch
+ *                                   (default and maximum 8; 0 or 1: off); see
+ *                                   src/backends/cudnn/README.md, "Plans across shapes"
+ *   FUSEDATTN_CACHE_DIR=dir         the on-disk cache of compiled code, so that a new process
+ *                                   does not compile again: cuDNN's per-shape plans (cudnn-plans/,
+ *                                   written after each build and read instead of building; keyed
+ *                                   by the plan, fusedattn, cuDNN, cudnn-frontend and driver
+ *                                   versions and the GPU model), and with
+ *                                   FUSEDATTN_CUDNN_DYNAMIC_SHAPES=1 instead cuDNN's kernel caches
+ *                                   (cudnn/, from cuDNN 9.10; keyed also by the GPU's UUID);
+ *                                   default $XDG_CACHE_HOME/fusedattn, else
  *                                   $HOME/.cache/fusedattn; "", "0" or "off" turns it off. The
  *                                   directory must belong to the user and not be writable by
  *                                   group or others (it holds code that gets loaded); entries
- *                                   are keyed by fusedattn, cuDNN, driver and GPU (model, SM
- *                                   count, UUID) versions, written atomically, checksummed, and a
- *                                   damaged one is ignored and rewritten.
+ *                                   are written atomically, checksummed, and a damaged one (or
+ *                                   one cuDNN refuses) is ignored and rewritten.
  *   FUSEDATTN_CACHE_MAX_MB=n        its size bound (default 1024); the least recently used
  *                                   entries go first
  *   FUSEDATTN_FLASH_WGMMA=0         flash: no Hopper wgmma kernels
