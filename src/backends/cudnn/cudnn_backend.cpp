@@ -15,9 +15,12 @@
 // Shapes: a graph bakes in its batch and sequence lengths, so every shape has a plan of its own
 // (THD problems without a per-sequence bias build for a power-of-two batch capacity, so batch
 // sizes within one power of two share a plan). A dense problem whose batch grew runs in batch
-// chunks of a plan already built for fewer sequences of the same tensors (plan_spec.h
+// chunks of plans already built for fewer sequences of the same tensors (plan_spec.h
 // BatchChunks; at most FUSEDATTN_CUDNN_BATCH_CHUNKS launches), so a new batch size builds nothing
-// unless it is smaller than every built one. That is the default. Dynamic shapes
+// unless it is no sum of built ones. THD problems plan for their longest sequence rounded up to a
+// bucket (plan_spec.h ThdSeqlenBucket). Per-shape plans are stored on disk after they are built
+// and read back by later processes instead of building (the plan store, README.md "The on-disk
+// caches"). That is the default. Dynamic shapes
 // (FUSEDATTN_CUDNN_DYNAMIC_SHAPES=1; experimental, off by default: on cuDNN 9.19 they gave wrong
 // results after a shape change; README.md "Dynamic shapes: status") group the shapes of a
 // problem into a structure (the problem without its shape, plan_spec.h MakeStructureKey) whose
