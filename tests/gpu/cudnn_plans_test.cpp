@@ -434,6 +434,28 @@ int RunSelf(const std::string& filter, const std::vector<std::string>& extra_env
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+// A child process appends its mode to the file kChildRanVariable names: a child that ran no test
+// (a filter that matched nothing) also exits 0, so the parent checks what the children wrote.
+void NoteChildRan(const char* mode) {
+  if (const char* ran = std::getenv(kChildRanVariable)) {
+    if (FILE* f = std::fopen(ran, "a")) {
+      std::fprintf(f, "%s\n", mode);
+      std::fclose(f);
+    }
+  }
+}
+
+// The modes the children appended to ran_file, one per line.
+std::string ChildrenRan(const std::string& ran_file) {
+  std::string text;
+  if (FILE* f = std::fopen(ran_file.c_str(), "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f)) text += line;
+    std::fclose(f);
+  }
+  return text;
+}
+
 std::vector<std::string> CacheFiles(const std::string& dir, const char* sub = "cudnn") {
   std::vector<std::string> files;
   const std::string command = "ls '" + dir + "'/" + sub + "/*.fab 2>/dev/null";
@@ -476,17 +498,6 @@ TEST(CudnnDynamicDiskCache, ASecondProcessStartsFromTheKernelCacheAndRepairsADam
   const std::string filter = "CudnnDynamicDiskCacheChild.*";
   const std::string ran_file = dir + "/child_ran";
   const std::string ran_env = std::string(kChildRanVariable) + "=" + ran_file;
-  // The modes the children appended to ran_file: proof that each ran its test.
-  auto children_ran = [&] {
-    std::string text;
-    if (FILE* f = std::fopen(ran_file.c_str(), "r")) {
-      char line[256];
-      while (std::fgets(line, sizeof line, f)) text += line;
-      std::fclose(f);
-    }
-    return text;
-  };
-
   EXPECT_EQ(RunSelf(filter, {dir_env, ran_env, std::string(kChildVariable) + "=hit"}), 0)
       << "the child that reads the kernel caches failed (its output is above)";
 
@@ -499,7 +510,7 @@ TEST(CudnnDynamicDiskCache, ASecondProcessStartsFromTheKernelCacheAndRepairsADam
       << "the child that finds truncated kernel caches failed (its output is above)";
   EXPECT_EQ(RunSelf(filter, {dir_env, ran_env, std::string(kChildVariable) + "=hit"}), 0)
       << "the repaired kernel caches were not read (the child's output is above)";
-  EXPECT_EQ(children_ran(), "hit\ndamaged\nhit\n") << "each child process ran its test";
+  EXPECT_EQ(ChildrenRan(ran_file), "hit\ndamaged\nhit\n") << "each child process ran its test";
   const std::string remove = "rm -rf '" + dir + "'";
   EXPECT_EQ(std::system(remove.c_str()), 0);
 }
@@ -511,12 +522,7 @@ TEST(CudnnDynamicDiskCacheChild, RunsTheStructureFromTheDiskCache) {
   if (mode == nullptr)
     GTEST_SKIP() << "runs only as the child process of CudnnDynamicDiskCache.ASecondProcess...";
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
-  if (const char* ran = std::getenv(kChildRanVariable)) {
-    if (FILE* f = std::fopen(ran, "a")) {
-      std::fprintf(f, "%s\n", mode);
-      std::fclose(f);
-    }
-  }
+  NoteChildRan(mode);
   ASSERT_EQ(cudnn::DynamicShapesOffReason(), "") << "the parent turned dynamic shapes on";
   const bool expect_hit = std::strcmp(mode, "hit") == 0;
   const auto start = std::chrono::steady_clock::now();
@@ -600,13 +606,7 @@ TEST(CudnnPlanStore, ASecondProcessReadsThePlansAndRepairsADamagedStore) {
   }
   EXPECT_EQ(child("damaged"), 0) << "the child that finds truncated plans failed";
   EXPECT_EQ(child("hit"), 0) << "the rewritten plans were not read";
-  std::string text;
-  if (FILE* f = std::fopen(ran_file.c_str(), "r")) {
-    char line[256];
-    while (std::fgets(line, sizeof line, f)) text += line;
-    std::fclose(f);
-  }
-  EXPECT_EQ(text, "hit\ndamaged\nhit\n") << "each child process ran its test";
+  EXPECT_EQ(ChildrenRan(ran_file), "hit\ndamaged\nhit\n") << "each child process ran its test";
   const std::string remove = "rm -rf '" + dir + "'";
   EXPECT_EQ(std::system(remove.c_str()), 0);
 }
@@ -618,12 +618,7 @@ TEST(CudnnPlanStoreChild, RunsTheStructureFromTheStore) {
   if (mode == nullptr)
     GTEST_SKIP() << "runs only as the child process of CudnnPlanStore.ASecondProcess...";
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
-  if (const char* ran = std::getenv(kChildRanVariable)) {
-    if (FILE* f = std::fopen(ran, "a")) {
-      std::fprintf(f, "%s\n", mode);
-      std::fclose(f);
-    }
-  }
+  NoteChildRan(mode);
   // cuDNN's own start-up first (its first handle and engine libraries, paid by any process),
   // so that the figure below is the structure's plans alone.
   fusedattn_config start_up = Config(1, 1, 1, 64, 64, 64);

@@ -202,6 +202,23 @@ struct Settings {
   std::string batch_chunks_off;
 };
 
+// The on-disk store in <cache dir>/<subdirectory>; a disabled one when *off already says why
+// not, or when the cache directory is off or unusable (*off then says why).
+std::unique_ptr<BlobCache> OpenStore(const char* subdirectory, std::string* off) {
+  if (off->empty()) {
+    const CacheLocation where = CacheLocationFromEnvironment();
+    if (!where.enabled) {
+      *off = where.reason;
+    } else {
+      auto store = std::make_unique<BlobCache>(where.directory + "/" + subdirectory,
+                                               where.max_bytes);
+      if (store->enabled()) return store;
+      *off = store->status().message();
+    }
+  }
+  return std::make_unique<BlobCache>(BlobCache::Disabled(*off));
+}
+
 std::shared_ptr<const Settings> MakeSettings() {
   auto s = std::make_shared<Settings>();
   const int64_t version = static_cast<int64_t>(cudnnGetVersion());
@@ -218,28 +235,11 @@ std::shared_ptr<const Settings> MakeSettings() {
     s->disk_off = Format("cuDNN %s cannot write its kernel cache out (%s can)",
                          VersionText(version).c_str(),
                          VersionText(kMinKernelCacheJsonCudnn).c_str());
-  } else {
-    CacheLocation where = CacheLocationFromEnvironment();
-    if (!where.enabled) {
-      s->disk_off = where.reason;
-    } else {
-      s->disk = std::make_unique<BlobCache>(where.directory + "/cudnn", where.max_bytes);
-      if (!s->disk->enabled()) s->disk_off = s->disk->status().message();
-    }
   }
-  if (!s->disk) s->disk = std::make_unique<BlobCache>(BlobCache::Disabled(s->disk_off));
-  if (s->dynamic != DynamicShapesMode::kOff) {
+  s->disk = OpenStore("cudnn", &s->disk_off);
+  if (s->dynamic != DynamicShapesMode::kOff)
     s->plans_off = "dynamic shapes are on: their kernels go to the kernel cache instead";
-  } else {
-    CacheLocation where = CacheLocationFromEnvironment();
-    if (!where.enabled) {
-      s->plans_off = where.reason;
-    } else {
-      s->plans = std::make_unique<BlobCache>(where.directory + "/cudnn-plans", where.max_bytes);
-      if (!s->plans->enabled()) s->plans_off = s->plans->status().message();
-    }
-  }
-  if (!s->plans) s->plans = std::make_unique<BlobCache>(BlobCache::Disabled(s->plans_off));
+  s->plans = OpenStore("cudnn-plans", &s->plans_off);
   return s;
 }
 
