@@ -43,6 +43,22 @@ Problem MakeCuda(fusedattn_config c) {
   return p;
 }
 
+// The spec of a problem's graph for the canonical tensors, in one direction.
+SdpaGraphSpec SpecOf(const fusedattn_config& config, Direction direction = Direction::kForward) {
+  Problem p = MakeCuda(config);
+  return direction == Direction::kForward ? ForwardSpec(p, CanonicalFwdTensors(p))
+                                          : BackwardSpec(p, CanonicalBwdTensors(p));
+}
+
+// The machine the on-disk keys are tested for.
+MachineIdentity H100Identity() {
+  MachineIdentity m;
+  m.gpu_name = "NVIDIA H100 80GB HBM3", m.gpu_uuid = "0a1b2c3d4e5f60718293a4b5c6d7e8f9";
+  m.sm_count = 132, m.compute_capability = 90, m.driver_version = 13000;
+  m.cudnn_version = 91900, m.frontend_version = 13200, m.fusedattn_version = "0.1.0";
+  return m;
+}
+
 void SetThd(fusedattn_config* c) {
   c->q_format = c->kv_format = c->o_format = c->do_format = c->dqkv_format =
       FUSEDATTN_FORMAT_THD;
@@ -473,13 +489,8 @@ TEST(CudnnBatchChunks, RefusedWhereSequencesAreNotIndependentOrSlicesMisaligned)
   fusedattn_config c = BaseConfig();
   c.batch = 8;
   c.is_training = 1;
-  auto spec_of = [](const fusedattn_config& config, Direction direction) {
-    Problem p = MakeCuda(config);
-    return direction == Direction::kForward ? ForwardSpec(p, CanonicalFwdTensors(p))
-                                            : BackwardSpec(p, CanonicalBwdTensors(p));
-  };
   auto refusal = [&](const fusedattn_config& config, Direction direction) {
-    return BatchChunkRefusal(spec_of(config, direction));
+    return BatchChunkRefusal(SpecOf(config, direction));
   };
   EXPECT_TRUE(refusal(c, Direction::kForward).ok());
   EXPECT_TRUE(refusal(c, Direction::kBackward).ok());
@@ -499,10 +510,10 @@ TEST(CudnnBatchChunks, RefusedWhereSequencesAreNotIndependentOrSlicesMisaligned)
   EXPECT_TRUE(refusal(other, Direction::kBackward).ok()) << "a per-sequence bias gradient";
   // Alignment of each chunk's slices.
   const BatchChunks three_fives = ChooseBatchChunks(8, {3, 5}, 8);  // 5 + 3
-  EXPECT_TRUE(BatchChunkAlignment(spec_of(c, Direction::kBackward), three_fives).ok());
+  EXPECT_TRUE(BatchChunkAlignment(SpecOf(c, Direction::kBackward), three_fives).ok());
   other = c;
   other.max_seqlen_q = 3, other.heads_q = other.heads_kv = 1;  // LSE rows of 12 bytes
-  EXPECT_THAT_MESSAGE(BatchChunkAlignment(spec_of(other, Direction::kForward), three_fives),
+  EXPECT_THAT_MESSAGE(BatchChunkAlignment(SpecOf(other, Direction::kForward), three_fives),
                       "LSE");
 }
 
@@ -664,27 +675,20 @@ TEST(CudnnStructureKey, SharedByShapesAndSeparatingEverythingElse) {
 // The on-disk kernel cache's key: one per structure and machine; another cuDNN, GPU (model or
 // board), driver, cudnn-frontend or fusedattn never reads the file.
 TEST(CudnnDiskKey, NamesTheMachineAndTheStructure) {
-  MachineIdentity m;
-  m.gpu_name = "NVIDIA H100 80GB HBM3", m.gpu_uuid = "0a1b2c3d4e5f60718293a4b5c6d7e8f9";
-  m.sm_count = 132, m.compute_capability = 90, m.driver_version = 13000;
-  m.cudnn_version = 91900, m.frontend_version = 13200, m.fusedattn_version = "0.1.0";
+  const MachineIdentity m = H100Identity();
   fusedattn_config c = BaseConfig();
   c.mask = FUSEDATTN_MASK_CAUSAL;
-  auto spec_of = [](const fusedattn_config& config) {
-    Problem p = MakeCuda(config);
-    return ForwardSpec(p, CanonicalFwdTensors(p));
-  };
-  const std::string key = KernelCacheDiskKey(spec_of(c), m);
+  const std::string key = KernelCacheDiskKey(SpecOf(c), m);
   EXPECT_NE(key.find("cudnn 91900"), std::string::npos) << key;
   EXPECT_NE(key.find(m.gpu_uuid), std::string::npos) << key;
   fusedattn_config other_shape = c;
   other_shape.batch = 7, other_shape.max_seqlen_q = other_shape.max_seqlen_kv = 200;
-  EXPECT_EQ(key, KernelCacheDiskKey(spec_of(other_shape), m)) << "another shape, same file";
+  EXPECT_EQ(key, KernelCacheDiskKey(SpecOf(other_shape), m)) << "another shape, same file";
   fusedattn_config other = c;
   other.mask = FUSEDATTN_MASK_NONE;
-  EXPECT_NE(key, KernelCacheDiskKey(spec_of(other), m)) << "another structure";
+  EXPECT_NE(key, KernelCacheDiskKey(SpecOf(other), m)) << "another structure";
   auto differs = [&](MachineIdentity changed, const char* what) {
-    EXPECT_NE(key, KernelCacheDiskKey(spec_of(c), changed)) << what;
+    EXPECT_NE(key, KernelCacheDiskKey(SpecOf(c), changed)) << what;
   };
   MachineIdentity x = m;
   x.cudnn_version = 91400, differs(x, "cuDNN version");
@@ -701,32 +705,24 @@ TEST(CudnnDiskKey, NamesTheMachineAndTheStructure) {
 }
 
 TEST(CudnnPlanDiskKey, NamesTheGpuModelAndEveryWordOfThePlan) {
-  MachineIdentity m;
-  m.gpu_name = "NVIDIA H100 80GB HBM3", m.gpu_uuid = "0a1b2c3d4e5f60718293a4b5c6d7e8f9";
-  m.sm_count = 132, m.compute_capability = 90, m.driver_version = 13000;
-  m.cudnn_version = 91900, m.frontend_version = 13200, m.fusedattn_version = "0.1.0";
+  const MachineIdentity m = H100Identity();
   fusedattn_config c = BaseConfig();
   c.mask = FUSEDATTN_MASK_CAUSAL;
   c.is_training = 1;
-  auto spec_of = [](const fusedattn_config& config, Direction direction) {
-    Problem p = MakeCuda(config);
-    return direction == Direction::kForward ? ForwardSpec(p, CanonicalFwdTensors(p))
-                                            : BackwardSpec(p, CanonicalBwdTensors(p));
-  };
-  const std::string key = PlanDiskKey(spec_of(c, Direction::kForward), m);
+  const std::string key = PlanDiskKey(SpecOf(c, Direction::kForward), m);
   EXPECT_NE(key.find("cudnn plan"), std::string::npos) << key;
   EXPECT_NE(key.find("NVIDIA H100 80GB HBM3"), std::string::npos) << key;
-  EXPECT_EQ(key, PlanDiskKey(spec_of(c, Direction::kForward), m)) << "stable";
-  EXPECT_NE(key, PlanDiskKey(spec_of(c, Direction::kBackward), m)) << "direction";
+  EXPECT_EQ(key, PlanDiskKey(SpecOf(c, Direction::kForward), m)) << "stable";
+  EXPECT_NE(key, PlanDiskKey(SpecOf(c, Direction::kBackward), m)) << "direction";
   fusedattn_config other = c;
   other.batch = 7;
-  EXPECT_NE(key, PlanDiskKey(spec_of(other, Direction::kForward), m)) << "a plan per shape";
+  EXPECT_NE(key, PlanDiskKey(SpecOf(other, Direction::kForward), m)) << "a plan per shape";
   other = c, other.max_seqlen_kv = 200;
-  EXPECT_NE(key, PlanDiskKey(spec_of(other, Direction::kForward), m)) << "sequence length";
+  EXPECT_NE(key, PlanDiskKey(SpecOf(other, Direction::kForward), m)) << "sequence length";
   other = c, other.mask = FUSEDATTN_MASK_NONE;
-  EXPECT_NE(key, PlanDiskKey(spec_of(other, Direction::kForward), m)) << "mask";
+  EXPECT_NE(key, PlanDiskKey(SpecOf(other, Direction::kForward), m)) << "mask";
   auto differs = [&](MachineIdentity changed, const char* what) {
-    EXPECT_NE(key, PlanDiskKey(spec_of(c, Direction::kForward), changed)) << what;
+    EXPECT_NE(key, PlanDiskKey(SpecOf(c, Direction::kForward), changed)) << what;
   };
   MachineIdentity x = m;
   x.cudnn_version = 91400, differs(x, "cuDNN version");
@@ -738,7 +734,7 @@ TEST(CudnnPlanDiskKey, NamesTheGpuModelAndEveryWordOfThePlan) {
   x = m, x.fusedattn_version = "0.2.0", differs(x, "fusedattn");
   // A plan is compiled for a GPU model, not a board: the GPUs of one machine share the files.
   x = m, x.gpu_uuid = "ffffffffffffffffffffffffffffffff";
-  EXPECT_EQ(key, PlanDiskKey(spec_of(c, Direction::kForward), x)) << "another board";
+  EXPECT_EQ(key, PlanDiskKey(SpecOf(c, Direction::kForward), x)) << "another board";
 }
 
 TEST(CudnnScratch, RegionsAreAlignedAndDisjoint) {
