@@ -150,7 +150,12 @@
  * ---------------------------------------------------------------------------------------------
  * Backend selection and run-time fallback
  * ---------------------------------------------------------------------------------------------
- * fusedattn_get_backend and the workspace sizes decide from the config alone. A backend that
+ * fusedattn_get_backend and the workspace sizes decide from the config alone. The preference
+ * order on CUDA: small_seq (it accepts only one query token against a short K/V), then cuDNN and
+ * flash in the order of their measured speed for the problem's class on the device's
+ * architecture (a table made from committed benchmark results: dense plain problems by dtype,
+ * head dim, mask, GQA, direction and sequence length), cuDNN first where nothing was measured;
+ * explain's first line says which and, between cuDNN and flash, why. A backend that
  * accepts a problem may still be unable to read a call's tensors (cuDNN: a misaligned pointer or
  * stride, a head-dim stride other than 1). fusedattn_fwd / fusedattn_bwd then give the call to
  * the next backend that accepts the problem, in the same preference order, provided the
