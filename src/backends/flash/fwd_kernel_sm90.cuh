@@ -2,14 +2,21 @@
 // tiles loaded by TMA through a two-stage mbarrier pipeline, FlashAttention-3 style.
 //
 // One block per (query tile of 128 rows, head, sequence), three warpgroups:
-//  * warpgroup 0 is the producer (one warp works, with few registers: setmaxnreg 24/32): it loads
-//    Q once and streams K(n), V(n) into stage n % 2, waiting until both consumers released the
-//    stage (k_empty / v_empty) before overwriting it;
-//  * warpgroups 1 and 2 are consumers (setmaxnreg 240/232), 64 query rows each: S = Q K^T with both
-//    operands from shared memory (m64n128k16, K-major), the online softmax in registers
-//    (exp2 with the scale folded into one FFMA), then O += P V with P in registers as the A
-//    operand and V an MN-major B operand (transpose bit). The two consumers overlap each other's
-//    softmax with their GEMMs on the tensor cores.
+//  * warpgroup 0 is the producer (one warp works, with few registers: setmaxnreg 24): it loads
+//    K of the first step, then Q, then K(j) ahead of V(j - 1) (V lags K by one step, the order in
+//    which the consumers use them), each into stage j % 2, waiting until both consumers released
+//    the stage (k_empty / v_empty) before overwriting it;
+//  * warpgroups 1 and 2 are consumers (setmaxnreg 240 at d128, 104 at d64), 64 query rows each:
+//    S = Q K^T with both operands from shared memory (m64nNk16, K-major), the online softmax in
+//    registers (exp2 with the scale folded into one FFMA), then O += P V with P in registers as
+//    the A operand and V an MN-major B operand (transpose bit).
+// Main loop, FlashAttention-3 style: step 0 computes S(0) and its softmax alone; step n >= 1
+// issues S(n) and O += P(n - 1) V(n - 1) back to back; the last O += P V comes alone. At d128 a
+// consumer waits only for S(n), masks it and computes its softmax while its O += P V still runs
+// on the tensor cores, then rescales O and packs P(n) (intra-warpgroup overlap). At d64 (104
+// registers cannot hold S, P and O at once) O += P V completes before S(n) is issued. Around the
+// issue of a step's products the two consumers take turns (ping-pong, two named barriers), so
+// that one consumer's softmax runs while the tensor cores compute the other's products.
 // Key tiles are walked from the last to the first; only tiles the mask reaches are visited and
 // element masks run only on tiles that cross a boundary (per consumer's 64 rows). Out-of-bounds
 // rows of a tensor are zero-filled by TMA; rows past a sequence's length that are inside the
@@ -54,8 +61,8 @@ struct Sm90FwdTile {
                 "register budget");
   // The softmax of S(n + 1) overlaps O += P(n) V(n) of the same consumer: S, P and O in
   // registers at once (64 + 32 + 64 at d128). d64's 104 registers cannot hold its 32 + 16 + 32
-  // with the rest (ptxas then serializes every wgmma, C7512): there a consumer waits for both
-  // products and only the ping-pong between the consumers hides its softmax.
+  // with the rest (ptxas then serializes every wgmma, C7512): there O += P V completes before
+  // S is issued, and only the ping-pong between the consumers hides the softmax.
   static constexpr bool kOverlapSoftmax = kHeadDim == 128;
   // The two consumers take turns issuing their products (see the kernel).
   static constexpr bool kPingPong = true;
@@ -124,8 +131,8 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
   // consumer 0's warps release the stages.
   const bool upper_rows_absent = m0 + 64 >= seq.len_q;
   const int releasing_warps = upper_rows_absent ? Tile::kConsumerWarps / 2 : Tile::kConsumerWarps;
-  // d128's key tile [n0, n0 + 128) across the end of the keys with at most 64 keys left: both
-  // products over 64 keys (S's upper columns are masked to -inf, V's upper rows not read).
+  // d128's key tile [n0, n0 + 128) across the end of the keys with at most 64 keys left: O += P V
+  // over 64 keys (V's upper rows are not read; S is computed over all 128 and masked).
   auto half_keys_at = [&](int n0) { return kBlockN == 128 && n0 + 64 >= seq.len_kv; };
   if (threadIdx.x == 0) {
     sm90::MbarInit(q_full, 1);
@@ -353,17 +360,16 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
   // it issues a step's two products and, right after issuing them, lets the other consumer issue
   // its own (bar.arrive on the other's barrier; 256 threads = one warpgroup syncing plus one
   // arriving). The tensor cores then run one consumer's products while the other computes its
-  // softmax. Consumer 0 takes the first turn; both run the same number of steps (loop_count - 1),
-  // and consumer 1's last step passes no turn on (nobody would take it), so that no barrier is
-  // left half-arrived at exit. A tile with consumer 1 idle runs consumer 0 alone, without turns.
-  // Consumer c's turn is named barrier kTurnBarrier + c (ids 1 and 2; 0 is __syncthreads).
-  constexpr int kTurnBarrier = 1;
+  // softmax. Both consumers run the same number of steps (1 .. loop_count - 1); consumer 0 takes
+  // step 1 without waiting, and consumer 1's last step passes no turn on (nobody would take it):
+  // every arrival then meets exactly one wait, and no barrier is left half-arrived at exit. A
+  // tile with consumer 1 idle runs consumer 0 alone, without turns.
+  constexpr int kTurnBarrier = 1;  // ids 1 and 2 (0 is __syncthreads)
   auto wait_for_turn = [](int c) { sm90::NamedBarrierOfPair<true, kTurnBarrier, 256>(c); };
   auto pass_turn_to = [](int c) { sm90::NamedBarrierOfPair<false, kTurnBarrier, 256>(c); };
   const bool ping_pong = Tile::kPingPong && !upper_rows_absent;
 
   if (loop_count > 0) {
-    if (ping_pong && wg == 0 && loop_count > 1) pass_turn_to(0);  // the first turn is 0's
     sm90::MbarWait(q_full, 0);
 
     // Step 0: S(0) and its softmax alone (the key tile that crosses the end of the keys comes
@@ -389,6 +395,7 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
     for (int it = 1; it < loop_count; ++it) {
       const int n0 = (n_tile_end - 1 - it) * kBlockN;
       const int stage = it % kStages, prev = (it - 1) % kStages;
+      const bool wait_turn = ping_pong && !(wg == 0 && it == 1);
       const bool pass_turn = ping_pong && !(wg == 1 && it == loop_count - 1);
       float s[kBlockN / 2];
       float correction[2];
@@ -396,7 +403,7 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
         // Both products issued back to back; the softmax of S(it) runs while the tensor cores
         // still compute O += P V; then O is rescaled and P(it) packed.
         sm90::MbarWait(k_full + stage, (it / kStages) & 1);
-        if (ping_pong) wait_for_turn(wg);
+        if (wait_turn) wait_for_turn(wg);
         score_product(s, stage, sm90::Static<kBlockN>());
         sm90::MbarWait(v_full + prev, ((it - 1) / kStages) & 1);
         value_product_of(it - 1, prev);
@@ -412,7 +419,7 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
       } else {
         // O += P V complete before S is issued (their registers would not fit together).
         sm90::MbarWait(v_full + prev, ((it - 1) / kStages) & 1);
-        if (ping_pong) wait_for_turn(wg);
+        if (wait_turn) wait_for_turn(wg);
         value_product_of(it - 1, prev);
         sm90::WgmmaWait<0>();
         sm90::FenceOperands(acc_o);
