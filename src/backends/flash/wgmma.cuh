@@ -263,34 +263,23 @@ __device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
 #endif
 }
 
-// bar.arrive on hardware barrier `id` for `threads` threads: counts this warp's arrival without
-// waiting (the other side of a hand-off whose receiver calls NamedBarrierSync with the same count).
-__device__ __forceinline__ void NamedBarrierArrive(int id, int threads) {
-#if FUSEDATTN_SM90_DEVICE
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-#endif
-}
-
 // bar.sync (kSync) or bar.arrive on hardware barrier kFirstId + which (which 0 or 1, the same in
 // the whole warp) for kThreads threads. Both ids are immediates, picked by predicate rather than
-// by a branch: a barrier id in a register makes ptxas count all 16 barriers of the block as used
-// (which can limit the blocks per SM), and a branch where wgmmas are in flight can make it
-// serialize them.
+// by a branch: with a barrier id in a register ptxas counts all 16 barriers of the block as used,
+// and a branch where wgmmas are in flight can make it serialize them.
 template <bool kSync, int kFirstId, int kThreads>
 __device__ __forceinline__ void NamedBarrierOfPair(int which) {
 #if FUSEDATTN_SM90_DEVICE
   if constexpr (kSync) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n@!p bar.sync %1, %3;\n@p bar.sync %2, %3;\n}\n" ::"r"(
-            which),
-        "n"(kFirstId), "n"(kFirstId + 1), "n"(kThreads)
-        : "memory");
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n"
+                 "@!p bar.sync %1, %3;\n@p bar.sync %2, %3;\n}\n" ::"r"(which),
+                 "n"(kFirstId), "n"(kFirstId + 1), "n"(kThreads)
+                 : "memory");
   } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n@!p bar.arrive %1, %3;\n@p bar.arrive %2, %3;\n}\n" ::"r"(
-            which),
-        "n"(kFirstId), "n"(kFirstId + 1), "n"(kThreads)
-        : "memory");
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n"
+                 "@!p bar.arrive %1, %3;\n@p bar.arrive %2, %3;\n}\n" ::"r"(which),
+                 "n"(kFirstId), "n"(kFirstId + 1), "n"(kThreads)
+                 : "memory");
   }
 #endif
 }
