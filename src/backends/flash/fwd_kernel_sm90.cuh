@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
       const int stage = j % kStages;
       unsigned char* v_dst = v_s + stage * kKvBytes;
       // Rows past the keys but inside the tensor exist only with per-sequence lengths; they are
-      // zeroed where O += P V reads them (all kBlockN rows, or the lower 64 at half_keys below).
+      // zeroed where O += P V reads them (all kBlockN rows, or the lower 64 on a half tile).
       const int v_rows_read = half_keys_at(n0) ? 64 : kBlockN;
       const bool patch_v = p.padding && n0 + v_rows_read > seq.len_kv;
       uint64_t* v_bar = patch_v ? fix : v_full + stage;
