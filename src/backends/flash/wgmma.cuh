@@ -263,6 +263,27 @@ __device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
 #endif
 }
 
+// bar.sync (kSync) or bar.arrive on hardware barrier kFirstId + which (which 0 or 1, the same in
+// the whole warp) for kThreads threads. Both ids are immediates, picked by predicate rather than
+// by a branch: with a barrier id in a register ptxas counts all 16 barriers of the block as used,
+// and a branch where wgmmas are in flight can make it serialize them.
+template <bool kSync, int kFirstId, int kThreads>
+__device__ __forceinline__ void NamedBarrierOfPair(int which) {
+#if FUSEDATTN_SM90_DEVICE
+  if constexpr (kSync) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n"
+                 "@!p bar.sync %1, %3;\n@p bar.sync %2, %3;\n}\n" ::"r"(which),
+                 "n"(kFirstId), "n"(kFirstId + 1), "n"(kThreads)
+                 : "memory");
+  } else {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n"
+                 "@!p bar.arrive %1, %3;\n@p bar.arrive %2, %3;\n}\n" ::"r"(which),
+                 "n"(kFirstId), "n"(kFirstId + 1), "n"(kThreads)
+                 : "memory");
+  }
+#endif
+}
+
 // ---- TMA ----
 
 __device__ __forceinline__ void PrefetchTensorMap(const CUtensorMap* map) {
