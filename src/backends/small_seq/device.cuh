@@ -57,7 +57,29 @@ struct Team {
   __host__ __device__ static constexpr int64_t WarpsFor(int64_t rows) {
     return (rows + kPerWarp - 1) / kPerWarp;
   }
+  // The warps of a forward whose teams run rows_per_team rows each.
+  __host__ __device__ static constexpr int64_t ForwardWarpsFor(int64_t rows, int rows_per_team) {
+    const int64_t rows_per_warp = int64_t{kPerWarp} * rows_per_team;
+    return (rows + rows_per_warp - 1) / rows_per_warp;
+  }
 };
+
+// The forward's teams run several rows one after another (forward.cuh): a warp's fixed costs
+// (indices, the softmax tail, the stores) then overlap the loads of its next row instead of
+// leaving the SM without loads in flight, and a grid of fewer, longer-lived blocks has fewer
+// block launches. kForwardRowsPerTeam is the most rows a team runs; the launch gives fewer when
+// the grid would otherwise not fill the GPU (ForwardRowsPerTeam).
+constexpr int kForwardRowsPerTeam = 4;
+// Warps that fill the largest GPU twice over (an H100 SXM holds 132 x 64 resident warps).
+constexpr int64_t kWarpsToFillGpu = 16384;
+// Rows per team for a problem of `rows` rows whose teams would need `warps_one_row_each` warps
+// running one row each: as many as keep at least kWarpsToFillGpu warps, 1 to kForwardRowsPerTeam.
+__host__ __device__ constexpr int ForwardRowsPerTeam(int64_t warps_one_row_each) {
+  int64_t rows_per_team = warps_one_row_each / kWarpsToFillGpu;
+  return rows_per_team < 1 ? 1
+         : rows_per_team > kForwardRowsPerTeam ? kForwardRowsPerTeam
+                                               : static_cast<int>(rows_per_team);
+}
 
 // The largest value over the warp's teams (every lane gets it): lanes kLanes apart are the other
 // teams' lanes at the same position.
@@ -110,6 +132,9 @@ __host__ __device__ constexpr int MinBlocksPerSm() {
   constexpr bool k16Bit = sizeof(T) == 2;
   switch (kKind) {
     case KernelKind::kForward:
+#ifdef SS_FWD_BLOCKS
+      return SS_FWD_BLOCKS;
+#endif
       if (k16Bit) return kDim == 512 ? 5 : kDim == 256 ? 7 : 6;
       return kDim == 512 ? 3 : 7;
     case KernelKind::kBackward:
