@@ -264,9 +264,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock,
                                   MinBlocksPerSm<KernelKind::kForward, T, kDimQk>())
     ForwardKernel(const KernelParams p, const int rows_per_team) {
   using TeamOf = Team<T, kDimQk, kDimV>;
-  using QkLayout = RowLayout<T, kDimQk>;
-  constexpr int kVec = QkLayout::kVecElems;
-  constexpr int kQkVecs = QkLayout::kVecsPerLane;
+  constexpr int kQkVecs = RowLayout<T, kDimQk>::kVecsPerLane;
   constexpr int kChunk = ChunkKeys<T, kDimQk, kDimV>();
 
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -300,7 +298,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock,
       nr = BeginForwardRow<T, kDimQk, kDimV>(p, next_first_row, lane);
       LoadQ<T, kDimQk>(p, nr, lane, next_q_raw);
     }
-    if (next_in_row || next_row) {  // one call site: the chunk loads (and Philox) inline once
+    if (next_in_row || next_row) {  // one call site: the chunk loads are inlined once
       // Field by field: a reference to either row would put both rows in local memory.
       const int64_t base = next_in_row ? r.lo + int64_t{kChunk} * (chunk + 1) : nr.lo;
       LoadChunk<T, kDimQk, kDimV>(p, next_in_row ? r.b : nr.b, next_in_row ? r.h : nr.h,

@@ -33,7 +33,10 @@ template <typename T, int kDimQk, int kDimV>
 Status LaunchForwardForDims(const KernelParams& p, cudaStream_t stream) {
   using TeamOf = Team<T, kDimQk, kDimV>;
   const int64_t rows = p.batch * p.heads_q;
-  const int rows_per_team = ForwardRowsPerTeam(TeamOf::WarpsFor(rows));
+  // A step: per team a q and an O row and max_seqlen_kv K and V rows.
+  const int64_t bytes_per_step = int64_t{TeamOf::kPerWarp} * int64_t{sizeof(T)} *
+                                 ((kDimQk + kDimV) * (1 + p.max_seqlen_kv));
+  const int rows_per_team = ForwardRowsPerTeam(TeamOf::WarpsFor(rows), bytes_per_step);
   ForwardKernel<T, kDimQk, kDimV>
       <<<BlocksFor(TeamOf::ForwardWarpsFor(rows, rows_per_team)), kThreadsPerBlock, 0, stream>>>(
           p, rows_per_team);
