@@ -130,9 +130,10 @@ __host__ __device__ constexpr int GroupSumChunkKeys() {
 // Blocks per SM that each kernel asks the compiler to fit (the minimum of __launch_bounds__): the
 // largest count whose register cap, 65536 / (kThreadsPerBlock * blocks) rounded down to 8, ptxas
 // met without spilling (nvcc -Xptxas -v on sm_90a, CUDA 13.0, kChunkVectors = 2; the backward and
-// group sum after the team kernels, the forward after its row pipeline: 16-bit and float32 up to
-// d = 256 at 4 blocks, 114-128 registers; float32 d = 512 at 3, 168). More resident warps keep
-// more loads in flight. Redo the sweep when the kernels change.
+// group sum after the team kernels, the forward after its row pipeline: 16-bit at every head dim
+// and float32 up to d = 256 at 4 blocks, 114-128 registers, 5 spills; float32 d = 512 at 3, 168
+// registers). More resident warps keep more loads in flight. Redo the sweep when the kernels
+// change.
 enum class KernelKind { kForward, kBackward, kGroupSum };
 template <KernelKind kKind, typename T, int kDim>
 __host__ __device__ constexpr int MinBlocksPerSm() {
