@@ -101,6 +101,11 @@ size_t DecodeWorkspaceBytes(const Problem& p);
 Status RunDecode(const Problem& p, const FwdTensors& t, const FlashParams& common,
                  void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
+// The split count of this process's last flash forward if it ran on the decode kernel, else 0
+// (tests and benchmarks read it; set by the forward).
+int LastDecodeSplits();
+void SetLastDecodeSplits(int splits);
+
 // The kernels of one instance (decode_kernel.cuh, instances/flash_decode_*.cu).
 template <typename Element, int kHeadDim>
 Status LaunchDecode(const DecodeParams& p, int block_rows, cudaStream_t stream);

@@ -473,6 +473,7 @@ class FlashBackendImpl final : public Backend {
     // Paged K/V, and contiguous problems with max_seqlen_q <= 16, run on the decode kernel
     // (decode.h); a contiguous one whose tensors it cannot read (NotSupported, nothing written)
     // takes the kernels below.
+    flash::SetLastDecodeSplits(0);
     if (flash::WantsDecode(problem)) {
       Status status = flash::RunDecode(problem, t, p, workspace, workspace_bytes, s);
       if (problem.paged || status.code() != FUSEDATTN_ERROR_NOT_SUPPORTED) return status;
