@@ -6,7 +6,9 @@
 //    cp.async), float16/bfloat16 with o_dtype == qkv_dtype, head dims that are multiples of 8 up
 //    to 256 (padded to a compiled instance, instances/), and q/k/v/dO rows that are contiguous and
 //    16-byte aligned;
-//  * the simple path (simple_kernels.cu): SIMT, every dtype, head dim and stride.
+//  * the simple path (simple_kernels.cu): SIMT, every dtype, head dim and stride;
+// and, for max_seqlen_q <= 16 against paged or contiguous K/V, the decode kernel (decode.h,
+// decode_kernel.cuh: split-KV with a combine), the only one that reads paged K/V.
 // check() sees only the Problem, so the choice between them is made per call from the tensors.
 //
 // Backward: a preprocess computes D = rowsum(dO * O); the fast kernel is parallel over key blocks
