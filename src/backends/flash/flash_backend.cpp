@@ -6,7 +6,9 @@
 //    cp.async), float16/bfloat16 with o_dtype == qkv_dtype, head dims that are multiples of 8 up
 //    to 256 (padded to a compiled instance, instances/), and q/k/v/dO rows that are contiguous and
 //    16-byte aligned;
-//  * the simple path (simple_kernels.cu): SIMT, every dtype, head dim and stride.
+//  * the simple path (simple_kernels.cu): SIMT, every dtype, head dim and stride;
+// and, for max_seqlen_q <= 16 against paged or contiguous K/V, the decode kernel (decode.h,
+// decode_kernel.cuh: split-KV with a combine), the only one that reads paged K/V.
 // check() sees only the Problem, so the choice between them is made per call from the tensors.
 //
 // Backward: a preprocess computes D = rowsum(dO * O); the fast kernel is parallel over key blocks
@@ -22,6 +24,7 @@
 
 #include <cstring>
 
+#include "backends/flash/decode.h"
 #include "backends/flash/jit.h"
 #include "backends/flash/kernels.h"
 #include "backends/flash/schedule.h"
@@ -421,11 +424,13 @@ class FlashBackendImpl final : public Backend {
     const auto& c = p.config;
     if (p.device != Device::kCuda)
       return NotSupported("runs on CUDA tensors only, and config.device is CPU");
-    if (p.paged)
-      return NotSupported(
-          "paged K/V (page_size = %lld): flash's kernels read contiguous K/V only; its paged "
-          "decode kernel (split-KV with page-table gathers, README) is not built yet",
-          (long long)c.page_size);
+    if (p.paged) {  // only the decode kernel reads pages (decode.h)
+      Status fits = flash::DecodeFits(p);
+      if (!fits.ok())
+        return NotSupported("paged K/V (page_size = %lld) runs on flash's decode kernel only: %s",
+                            (long long)c.page_size, fits.message().c_str());
+      return Status::Ok();
+    }
     if (p.has_score_mod()) FUSEDATTN_RETURN_IF_ERROR(CheckScoreMod(p));
     const size_t need = flash::SimpleSharedBytes(static_cast<int>(c.head_dim_qk),
                                                  static_cast<int>(c.head_dim_v));
@@ -450,6 +455,9 @@ class FlashBackendImpl final : public Backend {
                  ? AlignUp(FlexBlockMaskBytes(p, jit::Kernel::kForward))
                  : 0;
     if (WantsSchedule(p)) *bytes = AlignUp(flash::ScheduleBytes(p.config.batch));
+    // The decode kernel's split partials (decode.h); a contiguous problem may still take the
+    // other kernels when its tensors do not suit it, so it keeps their size too.
+    if (flash::WantsDecode(p)) *bytes = std::max(*bytes, flash::DecodeWorkspaceBytes(p));
     return Status::Ok();
   }
 
@@ -464,6 +472,14 @@ class FlashBackendImpl final : public Backend {
                  size_t workspace_bytes, void* stream) override {
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     FlashParams p = CommonParams(problem, t);
+    // Paged K/V, and contiguous problems with max_seqlen_q <= 16, run on the decode kernel
+    // (decode.h); a contiguous one whose tensors it cannot read (NotSupported, nothing written)
+    // takes the kernels below.
+    flash::SetLastDecodeSplits(0);
+    if (flash::WantsDecode(problem)) {
+      Status status = flash::RunDecode(problem, t, p, workspace, workspace_bytes, s);
+      if (problem.paged || status.code() != FUSEDATTN_ERROR_NOT_SUPPORTED) return status;
+    }
     if (WantsSchedule(problem) && workspace != nullptr &&
         workspace_bytes >= flash::ScheduleBytes(problem.config.batch))
       p.schedule_workspace = static_cast<int32_t*>(workspace);
