@@ -65,8 +65,8 @@ struct Sm90BwdTile {
   // setmaxnreg: the block starts at 168 per thread (65536 / 384, rounded down to 8); the producer
   // (TMA issue only) gives back what the consumers take (128 * producer + 256 * consumer <=
   // 384 * 168).
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
+  static constexpr int kProducerRegs = 32;
+  static constexpr int kConsumerRegs = 232;
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 384 * 168, "register budget");
   // dQ [kBlockM][kHeadDim] in two 64 x 64 tiles: by rows (d64) or by columns (d128).
   static constexpr bool kDqSplitRows = kBlockM == 128;
@@ -236,8 +236,8 @@ __global__ void __launch_bounds__(384, 1)
         // A tile that crosses the end of the queries within the rows dV and dK read (all kBlockM,
         // or the lower 64 at d64's half_queries) lands on `fix`, gets its rows past the sequence
         // zeroed, and full[stage] is arrived by hand. The rows past 64 at half_queries only reach
-        // S^T and dP^T columns whose P^T is masked to zero and whose dS^T only consumer 1's
-        // skipped dQ rows would read.
+        // S^T and dP^T columns whose P^T is masked to zero and whose dS^T reaches only
+        // consumer 1's dQ rows past the queries, which the dQ warp never adds.
         const int query_rows_read = half_queries_at(m0) ? 64 : kBlockM;
         const bool patch_q = p.padding && m0 + query_rows_read > seq.len_q;
         if (lane == 0) {
@@ -496,12 +496,12 @@ __global__ void __launch_bounds__(384, 1)
           for (int kk = 0; kk < decltype(query_chunks)::value; ++kk)
             sm90::Wgmma<Element, kHeadDim>::template RS<1>(
                 acc_dv, pa[kk], sm90::MakeDesc(do_addr + kk * 2048, kBlockM * 128, 1024), true);
+          sm90::WgmmaCommit();
         };
         if (half_queries)
           dv_product(sm90::Static<kBlockM / 32>());
         else
           dv_product(sm90::Static<kBlockM / 16>());
-        sm90::WgmmaCommit();
       }  // kHasKeys
 
       // dQ tile = dS K over all 128 keys, once both consumers' dS^T is in place; issued before dK
@@ -534,12 +534,12 @@ __global__ void __launch_bounds__(384, 1)
           for (int kk = 0; kk < decltype(query_chunks)::value; ++kk)
             sm90::Wgmma<Element, kHeadDim>::template RS<1>(
                 acc_dk, dsa[kk], sm90::MakeDesc(q_addr + kk * 2048, kBlockM * 128, 1024), true);
+          sm90::WgmmaCommit();
         };
         if (half_queries)
           dk_product(sm90::Static<kBlockM / 32>());
         else
           dk_product(sm90::Static<kBlockM / 16>());
-        sm90::WgmmaCommit();
         sm90::WgmmaWait<1>();  // dV and dQ done, dK may still run
       } else {
         sm90::WgmmaWait<0>();
