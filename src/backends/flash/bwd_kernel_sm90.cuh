@@ -1,25 +1,31 @@
 // The Hopper backward (sm_90a): the key-block kernel of bwd_kernel.cuh rebuilt on warpgroup MMA
 // (wgmma) from 128-byte-swizzled shared memory, with TMA loads through a two-stage mbarrier
-// pipeline. The preprocess (D = rowsum(dO * O), sink partials, zeroed dQ workspace) and the dQ
-// conversion are the mma.sync path's (simple_kernels.cu); only the key-block kernel is replaced.
+// pipeline. The preprocess (D = rowsum(dO * O), sink partials, zeroed dQ workspace) is the
+// mma.sync path's and so is the dQ conversion (simple_kernels.cu), which reads this kernel's
+// tiled workspace order (dq_accum_layout.h; the host sets dq_accum_tiled).
 //
 // One block per (key tile of kBlockN = 128 keys, kv head, sequence), three warpgroups:
-//  * warpgroup 0 is the producer (one warp works, few registers: setmaxnreg): it loads K and V of
-//    the block once, then per step Q and dO of kBlockM query rows by TMA into stage step % 2 and
-//    the step's LSE (log2 units) and D into shared memory, after both consumers released the
-//    stage;
+//  * warpgroup 0 is the producer (few registers: setmaxnreg); warp 0 loads K and V of the block
+//    once, then per step Q and dO of kBlockM query rows by TMA into stage step % 2, after both
+//    consumers released the stage; warp 1 adds each consumer's dQ tile of each step to the
+//    float32 workspace with one bulk reduce-add (cp.reduce.async.bulk .add.f32) from shared
+//    memory; warps 2 and 3 exit;
 //  * warpgroups 1 and 2 are consumers, 64 keys each (keys as the M dimension: every product whose
 //    result is an A operand later comes out in the A layout already):
 //      S^T  = K_wg Q^T     (SS, both K-major)      dP^T = V_wg dO^T   (SS, both K-major)
 //      P^T  = 2^(S^T scale log2(e) - LSE)           dS^T = P^T o (dP^T - D) scale
 //      dV  += P^T dO       (RS: P^T from registers, dO an MN-major B)
 //      dK  += dS^T Q       (RS: dS^T from registers, Q an MN-major B)
-//    dS^T also goes to shared memory ([queries / 64][128 keys][64 queries], swizzled); after a
-//    named barrier of the two consumers each computes one 64 x 64 tile of
+//    dS^T also goes to shared memory ([queries / 64][128 keys][64 queries], swizzled); dV is
+//    issued, and after a named barrier of the two consumers each computes one 64 x 64 tile of
 //      dQ   = dS K         (SS: dS^T read as an MN-major A, K as an MN-major B; all 128 keys)
-//    and adds it to the float32 dQ workspace with float4 atomics. dS^T is double-buffered, so one
-//    barrier per step suffices: a consumer passes the barrier of step n only after the other one
-//    has arrived there, i.e. finished step n - 1 and its reads of the buffer step n + 1 reuses.
+//    issued before dK, so that while dK runs the consumer writes the dQ tile to its own shared
+//    buffer in register order (128-bit stores) and hands it to the producer's warp 1 (named
+//    barriers kDqFull / kDqEmpty per consumer): no atomics from the consumers. dS^T is
+//    double-buffered, so one barrier per step suffices: a consumer passes the barrier of step n
+//    only after the other one has arrived there, i.e. finished step n - 1 and its reads of the
+//    buffer step n + 1 reuses. The step's LSE (log2 units) and D reach shared memory through the
+//    consumers (see the stats below).
 // Tiles: d128 takes kBlockM = 64 queries per step and splits dQ [64 x 128] by columns (consumer w:
 // columns 64 w..); d64 takes kBlockM = 128 and splits dQ [128 x 64] by rows (consumer w: rows
 // 64 w..). Either way each consumer's dQ tile is one 64-column swizzle block of dS^T and of K, so
@@ -36,7 +42,9 @@
 // dV or dQ), and the mask makes P = dS = 0 there.
 // Ends of sequences with at most 64 keys or queries left in a tile: consumer 1 of a block with no
 // upper keys computes only its dQ tile (over the lower 64 keys), and d64's step with no upper
-// queries runs dV, dK over 64 queries and skips consumer 1's dQ rows.
+// queries runs dV, dK over 64 queries; consumer 1's dQ rows of that step lie past the sequence
+// and the dQ warp adds none of them (it adds only a tile's rows inside the sequence, which also
+// keeps the rows past the end of the queries of every tile out of the workspace).
 // Sinks need nothing here: the forward's LSE includes the sink (so P is already normalized with
 // it), D = rowsum(dO * O) is unchanged, and the preprocess computes the sink gradient's partials.
 #pragma once
@@ -63,8 +71,9 @@ struct Sm90BwdTile {
   static constexpr int kConsumerWarps = 8;
   static constexpr int kConsumerThreads = 256;
   // setmaxnreg: the block starts at 168 per thread (65536 / 384, rounded down to 8); the producer
-  // (TMA issue only) gives back what the consumers take (128 * producer + 256 * consumer <=
-  // 384 * 168).
+  // (TMA and bulk-copy issue) gives back what the consumers take (128 * producer + 256 *
+  // consumer <= 384 * 168). 32 / 232 rather than 24 / 240: at 24 ptxas spilled two values of the
+  // load warp once the dQ warp was added; the consumers fit 232 without spills.
   static constexpr int kProducerRegs = 32;
   static constexpr int kConsumerRegs = 232;
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 384 * 168, "register budget");
@@ -412,7 +421,8 @@ __global__ void __launch_bounds__(384, 1)
         sm90::WgmmaWait<1>();
         sm90::FenceOperands(st);
         // At half_queries only the lower 64 queries' slices: the upper ones feed nothing (their
-        // P^T is masked to zero below and their dS^T reaches only consumer 1's skipped dQ rows).
+        // P^T is masked to zero below and their dS^T reaches only consumer 1's dQ rows past the
+        // queries, which the dQ warp never adds).
         auto exponentials = [&](auto slices) {
 #pragma unroll
           for (int i = 0; i < decltype(slices)::value; ++i) {
@@ -481,7 +491,8 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             const int row = 64 * wg + 16 * warp + g + 8 * r;
-            *reinterpret_cast<uint32_t*>(ds_buf + sm90::Swizzle128Offset(row, 8 * i + 2 * t, kBlockN)) =
+            *reinterpret_cast<uint32_t*>(ds_buf +
+                                         sm90::Swizzle128Offset(row, 8 * i + 2 * t, kBlockN)) =
                 dsa[i / 2][2 * (i % 2) + r];
           }
         }
@@ -564,7 +575,7 @@ __global__ void __launch_bounds__(384, 1)
       sm90::FenceOperands(acc_dv);
       sm90::FenceOperands(acc_dk);
       __syncwarp();
-      if (kHasKeys && lane == 0) sm90::MbarArrive(empty + stage);  // this warp is done with the stage
+      if (kHasKeys && lane == 0) sm90::MbarArrive(empty + stage);  // this warp is done with it
     }
   };
   if (has_keys)
@@ -601,8 +612,9 @@ template <typename Element, int kHeadDim>
 Status LaunchWgmmaBackward(const FlashParams& p, cudaStream_t stream, bool* launched) {
   using Tile = Sm90BwdTile<kHeadDim>;
   *launched = false;
-  // The plain variant with the atomic dQ workspace of this instance; everything else (score
-  // modifiers, dropout, bias gradients, deterministic mode) stays on the mma.sync kernels.
+  // The plain variant with the dQ workspace of this instance (added to in no fixed order);
+  // everything else (score modifiers, dropout, bias gradients, deterministic mode) stays on the
+  // mma.sync kernels.
   if (NeedsFullKernel(p) || p.deterministic || p.dbias_mode != kDbiasNone ||
       p.flex.block_mask != nullptr || p.dq_accum == nullptr || p.dq_accum_dim != kHeadDim ||
       p.head_dim_qk > kHeadDim || p.head_dim_v > kHeadDim || p.qkv_dtype != p.o_dtype ||
