@@ -100,6 +100,8 @@ struct Sm90BwdTile {
                     kQBytes % 1024 == 0 && kDsBytes % 1024 == 0,
                 "swizzled tiles start 1024-byte aligned");
   static_assert(kDqOffset % 16 == 0 && kDqBytes % 16 == 0, "bulk copies: 16-byte aligned");
+  static_assert(kDqOffset % 256 == 0 && kDqBytes % 256 == 0,
+                "the dQ stores address float4 k by XOR 64 k: bits 6-7 free in the buffer's base");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
   // Named barriers (0 is __syncthreads): the consumers' per-step barrier, and per consumer c the
   // dQ hand-off to the producer's dQ warp (one consumer warpgroup + one warp): kDqFull + c (the
