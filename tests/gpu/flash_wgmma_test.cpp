@@ -663,8 +663,9 @@ TEST(FlashWgmmaBwd, ThdManyUnevenSequencesScheduled) {
 
 // Sequences whose last tile holds at most 64 rows or keys (64 mod 128, and one either side of
 // it): the kernels then skip the absent half (forward: consumer 1's rows, d128's upper 64 keys;
-// backward: consumer 1's keys, d64's upper 64 queries of a step and their dQ rows) and leave the
-// rows past the sequence that no product reads unpatched: with padding, those rows hold NaN.
+// backward: consumer 1's keys, d64's upper 64 queries of a step, whose dQ rows are computed but
+// never added to the workspace) and leave the rows past the sequence that no product reads
+// unpatched: with padding, those rows hold NaN.
 TEST(FlashWgmmaBwd, HalfTilesAtTheEndsOfSequences) {
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
   TensorOptions o;

@@ -378,24 +378,26 @@ Status FastForward(int dim, const FlashParams& p, cudaStream_t s) {
 // The key-block kernel of the backward: the wgmma one (bwd_kernel_sm90.cuh) under the forward's
 // conditions, plus non-deterministic mode without bias gradients (LaunchWgmmaBackward checks and
 // reports whether it launched); else the mma.sync kernel. Both leave dQ in dq_accum (or nothing,
-// deterministic) for the same conversion.
+// deterministic) for the same conversion: the wgmma kernel in its tiled order, which it notes in
+// p->dq_accum_tiled (dq_accum_layout.h).
 template <typename Element>
-Status FastBackward(int dim, const FlashParams& p, cudaStream_t s) {
+Status FastBackward(int dim, FlashParams* p, cudaStream_t s) {
 #ifdef FUSEDATTN_FLASH_SM90
   if ((dim == 64 || dim == 128) && flash::WgmmaEnabled()) {
     bool launched = false;
-    Status status = dim == 64 ? flash::LaunchWgmmaBackward<Element, 64>(p, s, &launched)
-                              : flash::LaunchWgmmaBackward<Element, 128>(p, s, &launched);
+    Status status = dim == 64 ? flash::LaunchWgmmaBackward<Element, 64>(*p, s, &launched)
+                              : flash::LaunchWgmmaBackward<Element, 128>(*p, s, &launched);
     if (launched || !status.ok()) {
       flash::SetLastBackwardUsedWgmma(launched);
+      p->dq_accum_tiled = launched;
       return status;
     }
   }
 #endif
   switch (dim) {
-    case 64: return flash::LaunchFastBackward<Element, 64>(p, s);
-    case 128: return flash::LaunchFastBackward<Element, 128>(p, s);
-    case 256: return flash::LaunchFastBackward<Element, 256>(p, s);
+    case 64: return flash::LaunchFastBackward<Element, 64>(*p, s);
+    case 128: return flash::LaunchFastBackward<Element, 128>(*p, s);
+    case 256: return flash::LaunchFastBackward<Element, 256>(*p, s);
   }
   return InternalError("flash: no backward instance for head dim %d", dim);
 }
@@ -604,8 +606,8 @@ class FlashBackendImpl final : public Backend {
     }
     if (fast) {
       const bool half = c.qkv_dtype == FUSEDATTN_DTYPE_FLOAT16;
-      FUSEDATTN_RETURN_IF_ERROR(half ? FastBackward<flash::Half>(dim, p, s)
-                                     : FastBackward<flash::Bfloat16>(dim, p, s));
+      FUSEDATTN_RETURN_IF_ERROR(half ? FastBackward<flash::Half>(dim, &p, s)
+                                     : FastBackward<flash::Bfloat16>(dim, &p, s));
       if (p.deterministic) {
         FUSEDATTN_RETURN_IF_ERROR(half ? FastBackwardDq<flash::Half>(dim, p, s)
                                        : FastBackwardDq<flash::Bfloat16>(dim, p, s));
