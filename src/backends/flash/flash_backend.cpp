@@ -478,6 +478,7 @@ class FlashBackendImpl final : public Backend {
     // (decode.h); a contiguous one whose tensors it cannot read (NotSupported, nothing written)
     // takes the kernels below.
     flash::SetLastDecodeSplits(0);
+    flash::SetLastForwardUsedWgmma(false);  // also when the decode kernel runs it
     if (flash::WantsDecode(problem)) {
       Status status = flash::RunDecode(problem, t, p, workspace, workspace_bytes, s);
       if (problem.paged || status.code() != FUSEDATTN_ERROR_NOT_SUPPORTED) return status;
@@ -487,7 +488,6 @@ class FlashBackendImpl final : public Backend {
       p.schedule_workspace = static_cast<int32_t*>(workspace);
     p.max_logit = t.max_logit;
     p.max_logit_stride = t.max_logit_stride;
-    flash::SetLastForwardUsedWgmma(false);
     const int dim = FastHeadDim(problem);
     const bool fast = FastForwardFits(dim) && RowsAligned16(t.q) && RowsAligned16(t.k) &&
                       RowsAligned16(t.v);
