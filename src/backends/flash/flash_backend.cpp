@@ -421,6 +421,10 @@ class FlashBackendImpl final : public Backend {
     const auto& c = p.config;
     if (p.device != Device::kCuda)
       return NotSupported("runs on CUDA tensors only, and config.device is CPU");
+    if (p.fp8)
+      return NotSupported(
+          "FP8 attention (qkv_dtype fp8_e4m3): flash has no FP8 kernels yet (cuDNN and the "
+          "reference run it)");
     if (p.paged)
       return NotSupported(
           "paged K/V (page_size = %lld): flash's kernels read contiguous K/V only; its paged "
