@@ -3,9 +3,13 @@
 // for CUDA calls copy it to device memory and point the args at the copy (same layout).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <vector>
 
 #include "fusedattn/fusedattn.h"
+#include "testing/tensors.h"
 
 namespace fusedattn::testing {
 
@@ -67,6 +71,123 @@ inline void PointBwdArgsAt(const fusedattn_config& c, Fp8Factors* block, fusedat
 inline float PowerOfTwoScale(double amax, double max_finite) {
   if (!(amax > 0)) return 1.0f;
   return static_cast<float>(std::exp2(std::floor(std::log2(max_finite / amax))));
+}
+
+// Float64 attention on the descaled FP8 inputs, unquantized, and the bound of the quantization
+// points of fusedattn.h ("FP8 attention") per output element. For an FP8 type with m mantissa
+// bits and smallest normal 2^e_min, rounding to nearest moves y by at most
+//   u |y| + a,   u = 2^-(m+1),  a = 2^(e_min - m - 1)   (e4m3: 2^-4, 2^-10; e5m2: 2^-3, 2^-17)
+// when y does not saturate; with y = x * scale read back as Q8(y) / scale (power-of-two scales),
+// |Q8(x scale) / scale - x| <= u |x| + a / scale. Summed over the GEMM that reads the quantized
+// tensor, per element:
+//   O[i,x]  : sum_j (u_s p_ij + a_s / scale_s) |v_jx|
+//   dV[j,x] : sum_i (u_s p_ij + a_s / scale_s) |dO_ix|
+//   dQ[i,x] : sum_j (u_dp |dP_ij| + a_dp / scale_dp) |k_jx|;  dK[j,x] likewise with |q_ix|
+// (tests/cpu/fp8_test.cpp holds the reference to it; tests/gpu/cudnn_fp8_test.cpp derives the
+// GPU's tolerance from it). BSHD tensors, masks none or causal (top-left), no dropout.
+struct Fp8Type {
+  double u, a;
+};
+inline Fp8Type RoundingOf(fusedattn_dtype dtype) {
+  return dtype == FUSEDATTN_DTYPE_FP8_E5M2 ? Fp8Type{std::ldexp(1.0, -3), std::ldexp(1.0, -17)}
+                        : Fp8Type{std::ldexp(1.0, -4), std::ldexp(1.0, -10)};
+}
+inline double MaxFinite(fusedattn_dtype dtype) {
+  return dtype == FUSEDATTN_DTYPE_FP8_E5M2 ? 57344.0 : 448.0;
+}
+
+// Float64 attention, unquantized, on the descaled FP8 inputs (BSHD, masks none or causal), with
+// the per-element bounds of the header comment.
+struct Exact {
+  // [b][s][h][x] like the BSHD tensors.
+  std::vector<double> o, o_bound, dq, dq_bound, dk, dk_bound, dv, dv_bound;
+  double amax_s = 0, amax_dp = 0;
+};
+
+inline int64_t Idx(int64_t b, int64_t s, int64_t h, int64_t x, int64_t S, int64_t H, int64_t D) {
+  return ((b * S + s) * H + h) * D + x;
+}
+
+// backward = false: O and its bound (and amax_s). backward = true: dQ, dK, dV and their bounds
+// (and amax_dp), from the O and LSE in t (the ones the backward reads).
+inline Exact ExactAttention(const fusedattn_config& c, const ProblemTensors& t, const Fp8Factors& f,
+                     bool backward) {
+  const int64_t B = c.batch, HQ = c.heads_q, HKV = c.heads_kv, SQ = c.max_seqlen_q,
+                SKV = c.max_seqlen_kv, D = c.head_dim_qk, G = HQ / HKV;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const Fp8Type s_type = RoundingOf(FUSEDATTN_DTYPE_FP8_E4M3), dp_type = RoundingOf(DoDtype(c));
+  Exact e;
+  e.o.assign(B * SQ * HQ * D, 0), e.o_bound.assign(e.o.size(), 0);
+  e.dq = e.dq_bound = e.o;
+  e.dk.assign(B * SKV * HKV * D, 0), e.dk_bound = e.dv = e.dv_bound = e.dk;
+  auto q = [&](int64_t b, int64_t i, int64_t h, int64_t x) {
+    return t.q.at({b, i, h, x}) * f.descale_q;
+  };
+  auto k = [&](int64_t b, int64_t j, int64_t h, int64_t x) {
+    return t.k.at({b, j, h, x}) * f.descale_k;
+  };
+  auto v = [&](int64_t b, int64_t j, int64_t h, int64_t x) {
+    return t.v.at({b, j, h, x}) * f.descale_v;
+  };
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < HQ; ++h)
+      for (int64_t i = 0; i < SQ; ++i) {
+        const int64_t hk = h / G;
+        const int64_t hi = c.mask == FUSEDATTN_MASK_CAUSAL ? std::min(i + 1, SKV) : SKV;
+        std::vector<double> s(hi);
+        for (int64_t j = 0; j < hi; ++j) {
+          double dot = 0;
+          for (int64_t x = 0; x < D; ++x) dot += q(b, i, h, x) * k(b, j, hk, x);
+          s[j] = scale * dot;
+        }
+        double lse;
+        if (!backward) {
+          const double m = *std::max_element(s.begin(), s.end());
+          double sum = 0;
+          for (double sj : s) sum += std::exp(sj - m);
+          lse = m + std::log(sum);
+        } else {
+          lse = t.lse.at({b, h, i});  // what the backward reads
+        }
+        std::vector<double> p(hi);
+        for (int64_t j = 0; j < hi; ++j) {
+          p[j] = std::exp(s[j] - lse);
+          e.amax_s = std::max(e.amax_s, p[j]);
+        }
+        if (!backward) {
+          for (int64_t x = 0; x < D; ++x)
+            for (int64_t j = 0; j < hi; ++j) {
+              e.o[Idx(b, i, h, x, SQ, HQ, D)] += p[j] * v(b, j, hk, x);
+              e.o_bound[Idx(b, i, h, x, SQ, HQ, D)] +=
+                  (s_type.u * p[j] + s_type.a / f.scale_s) * std::fabs(v(b, j, hk, x));
+            }
+          continue;
+        }
+        std::vector<double> d_o(D), o(D);
+        double delta = 0;
+        for (int64_t x = 0; x < D; ++x) {
+          d_o[x] = t.d_o.at({b, i, h, x}) * f.descale_do;
+          o[x] = t.o.at({b, i, h, x}) * (IsFp8(c.o_dtype) ? f.descale_o : 1.0f);
+          delta += d_o[x] * o[x];
+        }
+        for (int64_t j = 0; j < hi; ++j) {
+          double dpv = 0;
+          for (int64_t x = 0; x < D; ++x) dpv += d_o[x] * v(b, j, hk, x);
+          const double dp = p[j] * (dpv - delta) * scale;  // the gradient of q . k
+          e.amax_dp = std::max(e.amax_dp, std::fabs(dp));
+          const double dp_error = dp_type.u * std::fabs(dp) + dp_type.a / f.scale_dp;
+          for (int64_t x = 0; x < D; ++x) {
+            const int64_t iq = Idx(b, i, h, x, SQ, HQ, D), ik = Idx(b, j, hk, x, SKV, HKV, D);
+            e.dv[ik] += p[j] * d_o[x];
+            e.dv_bound[ik] += (s_type.u * p[j] + s_type.a / f.scale_s) * std::fabs(d_o[x]);
+            e.dq[iq] += dp * k(b, j, hk, x);
+            e.dq_bound[iq] += dp_error * std::fabs(k(b, j, hk, x));
+            e.dk[ik] += dp * q(b, i, h, x);
+            e.dk_bound[ik] += dp_error * std::fabs(q(b, i, h, x));
+          }
+        }
+      }
+  return e;
 }
 
 }  // namespace fusedattn::testing
