@@ -187,11 +187,12 @@ int main(int argc, char** argv) {
   cudaGetDeviceProperties(&prop, 0);
   std::printf("%s, cuDNN %lld, %d iterations, FUSEDATTN_FP8_CHECK_SCALES=0 (no host check)\n",
               prop.name, (long long)fusedattn_cudnn_version(), iters);
-  fusedattn::testing::Fp8Factors* factors = nullptr;  // all 1, on the device
-  fusedattn::testing::Fp8Factors ones;
-  if (!CudaOk(cudaMalloc(&factors, sizeof ones), "cudaMalloc factors") ||
-      !CudaOk(cudaMemcpy(factors, &ones, sizeof ones, cudaMemcpyHostToDevice), "factors"))
+  fusedattn::testing::Fp8Factors ones;  // every factor 1; copied to the device
+  void* block = nullptr;
+  if (!CudaOk(cudaMalloc(&block, sizeof ones), "cudaMalloc factors") ||
+      !CudaOk(cudaMemcpy(block, &ones, sizeof ones, cudaMemcpyHostToDevice), "factors"))
     return 1;
+  auto* factors = static_cast<fusedattn::testing::Fp8Factors*>(block);
   for (int causal : causals)
     for (int64_t s : seqlens) {
       fusedattn_config c = FUSEDATTN_CONFIG_INIT;

@@ -663,12 +663,12 @@ BwdTensors CanonicalBwdTensors(const Problem& p) {
   t.k = Canonical(c.kv_format, c.batch, c.max_seqlen_kv, c.heads_kv, c.head_dim_qk, c.qkv_dtype);
   t.v = Canonical(c.kv_format, c.batch, c.max_seqlen_kv, c.heads_kv, c.head_dim_v, c.qkv_dtype);
   t.o = Canonical(c.o_format, c.batch, c.max_seqlen_q, c.heads_q, c.head_dim_v, c.o_dtype);
-  t.d_o = Canonical(c.do_format, c.batch, c.max_seqlen_q, c.heads_q, c.head_dim_v, c.o_dtype);
-  t.dq = Canonical(c.dqkv_format, c.batch, c.max_seqlen_q, c.heads_q, c.head_dim_qk, c.qkv_dtype);
+  t.d_o = Canonical(c.do_format, c.batch, c.max_seqlen_q, c.heads_q, c.head_dim_v, c.do_dtype);
+  t.dq = Canonical(c.dqkv_format, c.batch, c.max_seqlen_q, c.heads_q, c.head_dim_qk, c.dqkv_dtype);
   t.dk = Canonical(c.dqkv_format, c.batch, c.max_seqlen_kv, c.heads_kv, c.head_dim_qk,
-                   c.qkv_dtype);
+                   c.dqkv_dtype);
   t.dv = Canonical(c.dqkv_format, c.batch, c.max_seqlen_kv, c.heads_kv, c.head_dim_v,
-                   c.qkv_dtype);
+                   c.dqkv_dtype);
   t.lse = CanonicalLse(p);
   if (p.has_tensor_bias()) t.bias = CanonicalBias(p);
   if (c.bias_requires_grad) t.dbias = CanonicalBias(p);
