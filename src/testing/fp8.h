@@ -97,12 +97,31 @@ inline double MaxFinite(fusedattn_dtype dtype) {
 }
 
 // Float64 attention, unquantized, on the descaled FP8 inputs (BSHD, masks none or causal), with
-// the per-element bounds of the header comment.
+// the per-element bounds of the header comment (*_bound), and for a float32 implementation
+// (*_f32) a bound F of how far what it quantizes may drift from the exact value before rounding,
+// carried through the GEMM that reads it: with gamma_n = n 2^-24 / (1 - n 2^-24) (a sum of n
+// float32 products of exact FP8 operands),
+//   score       es_ij  = gamma_D scale sum_x |q_ix k_jx| + 4 2^-24 |s_ij|
+//   LSE (fwd)   el_i   = max_j es_ij + gamma_skv + 4 2^-24 |LSE_i|   (the backward reads it given)
+//   p           ep_ij  = 1.01 p_ij (es_ij + el_i + 2^-22)               (exp of a small error)
+//   dP          edp_ij = 1.01 scale (ep_ij |dpv_ij - D_i| + p_ij gamma_D (sum_x |dO_ix v_jx|
+//                        + sum_x |dO_ix o_ix|)) + 2^-22 |dP_ij|
+//   F: O[i,x] sum_j ep |v_jx|; dV[j,x] sum_i ep |dO_ix|; dQ[i,x] sum_j edp |k_jx|; dK[j,x]
+//   sum_i edp |q_ix|.
 struct Exact {
   // [b][s][h][x] like the BSHD tensors.
   std::vector<double> o, o_bound, dq, dq_bound, dk, dk_bound, dv, dv_bound;
+  std::vector<double> o_f32, dq_f32, dk_f32, dv_f32;
   double amax_s = 0, amax_dp = 0;
+  double p_relative_f32 = 0;  // max of ep_ij / p_ij: a float32 amax_s's relative error
+  double dp_f32 = 0;          // max of edp_ij: a float32 amax_dp's error
 };
+
+// gamma_n of the comment above.
+inline double Gamma32(int64_t n) {
+  const double nu = static_cast<double>(n) * std::ldexp(1.0, -24);
+  return nu / (1.0 - nu);
+}
 
 inline int64_t Idx(int64_t b, int64_t s, int64_t h, int64_t x, int64_t S, int64_t H, int64_t D) {
   return ((b * S + s) * H + h) * D + x;
@@ -118,8 +137,9 @@ inline Exact ExactAttention(const fusedattn_config& c, const ProblemTensors& t, 
   const Fp8Type s_type = RoundingOf(FUSEDATTN_DTYPE_FP8_E4M3), dp_type = RoundingOf(DoDtype(c));
   Exact e;
   e.o.assign(B * SQ * HQ * D, 0), e.o_bound.assign(e.o.size(), 0);
-  e.dq = e.dq_bound = e.o;
-  e.dk.assign(B * SKV * HKV * D, 0), e.dk_bound = e.dv = e.dv_bound = e.dk;
+  e.dq = e.dq_bound = e.o_f32 = e.dq_f32 = e.o;
+  e.dk.assign(B * SKV * HKV * D, 0), e.dk_bound = e.dv = e.dv_bound = e.dk_f32 = e.dv_f32 = e.dk;
+  const double u32 = std::ldexp(1.0, -24), gamma_d = Gamma32(D);
   auto q = [&](int64_t b, int64_t i, int64_t h, int64_t x) {
     return t.q.at({b, i, h, x}) * f.descale_q;
   };
@@ -134,11 +154,17 @@ inline Exact ExactAttention(const fusedattn_config& c, const ProblemTensors& t, 
       for (int64_t i = 0; i < SQ; ++i) {
         const int64_t hk = h / G;
         const int64_t hi = c.mask == FUSEDATTN_MASK_CAUSAL ? std::min(i + 1, SKV) : SKV;
-        std::vector<double> s(hi);
+        std::vector<double> s(hi), es(hi);
+        double es_max = 0;
         for (int64_t j = 0; j < hi; ++j) {
-          double dot = 0;
-          for (int64_t x = 0; x < D; ++x) dot += q(b, i, h, x) * k(b, j, hk, x);
+          double dot = 0, dot_abs = 0;
+          for (int64_t x = 0; x < D; ++x) {
+            dot += q(b, i, h, x) * k(b, j, hk, x);
+            dot_abs += std::fabs(q(b, i, h, x) * k(b, j, hk, x));
+          }
           s[j] = scale * dot;
+          es[j] = gamma_d * scale * dot_abs + 4 * u32 * std::fabs(s[j]);
+          es_max = std::max(es_max, es[j]);
         }
         double lse;
         if (!backward) {
@@ -149,41 +175,57 @@ inline Exact ExactAttention(const fusedattn_config& c, const ProblemTensors& t, 
         } else {
           lse = t.lse.at({b, h, i});  // what the backward reads
         }
-        std::vector<double> p(hi);
+        const double el = backward ? 0.0 : es_max + Gamma32(hi) + 4 * u32 * std::fabs(lse);
+        std::vector<double> p(hi), ep(hi);
         for (int64_t j = 0; j < hi; ++j) {
           p[j] = std::exp(s[j] - lse);
+          ep[j] = 1.01 * p[j] * (es[j] + el + 4 * u32);
+          e.p_relative_f32 = std::max(e.p_relative_f32, 1.01 * (es[j] + el + 4 * u32));
           e.amax_s = std::max(e.amax_s, p[j]);
         }
         if (!backward) {
           for (int64_t x = 0; x < D; ++x)
             for (int64_t j = 0; j < hi; ++j) {
-              e.o[Idx(b, i, h, x, SQ, HQ, D)] += p[j] * v(b, j, hk, x);
-              e.o_bound[Idx(b, i, h, x, SQ, HQ, D)] +=
-                  (s_type.u * p[j] + s_type.a / f.scale_s) * std::fabs(v(b, j, hk, x));
+              const int64_t io = Idx(b, i, h, x, SQ, HQ, D);
+              e.o[io] += p[j] * v(b, j, hk, x);
+              e.o_bound[io] += (s_type.u * p[j] + s_type.a / f.scale_s) * std::fabs(v(b, j, hk, x));
+              e.o_f32[io] += ep[j] * std::fabs(v(b, j, hk, x));
             }
           continue;
         }
         std::vector<double> d_o(D), o(D);
-        double delta = 0;
+        double delta = 0, delta_abs = 0;
         for (int64_t x = 0; x < D; ++x) {
           d_o[x] = t.d_o.at({b, i, h, x}) * f.descale_do;
           o[x] = t.o.at({b, i, h, x}) * (IsFp8(c.o_dtype) ? f.descale_o : 1.0f);
           delta += d_o[x] * o[x];
+          delta_abs += std::fabs(d_o[x] * o[x]);
         }
         for (int64_t j = 0; j < hi; ++j) {
-          double dpv = 0;
-          for (int64_t x = 0; x < D; ++x) dpv += d_o[x] * v(b, j, hk, x);
+          double dpv = 0, dpv_abs = 0;
+          for (int64_t x = 0; x < D; ++x) {
+            dpv += d_o[x] * v(b, j, hk, x);
+            dpv_abs += std::fabs(d_o[x] * v(b, j, hk, x));
+          }
           const double dp = p[j] * (dpv - delta) * scale;  // the gradient of q . k
           e.amax_dp = std::max(e.amax_dp, std::fabs(dp));
           const double dp_error = dp_type.u * std::fabs(dp) + dp_type.a / f.scale_dp;
+          const double edp = 1.01 * scale *
+                                 (ep[j] * std::fabs(dpv - delta) +
+                                  p[j] * gamma_d * (dpv_abs + delta_abs)) +
+                             4 * u32 * std::fabs(dp);
+          e.dp_f32 = std::max(e.dp_f32, edp);
           for (int64_t x = 0; x < D; ++x) {
             const int64_t iq = Idx(b, i, h, x, SQ, HQ, D), ik = Idx(b, j, hk, x, SKV, HKV, D);
             e.dv[ik] += p[j] * d_o[x];
             e.dv_bound[ik] += (s_type.u * p[j] + s_type.a / f.scale_s) * std::fabs(d_o[x]);
+            e.dv_f32[ik] += ep[j] * std::fabs(d_o[x]);
             e.dq[iq] += dp * k(b, j, hk, x);
             e.dq_bound[iq] += dp_error * std::fabs(k(b, j, hk, x));
+            e.dq_f32[iq] += edp * std::fabs(k(b, j, hk, x));
             e.dk[ik] += dp * q(b, i, h, x);
             e.dk_bound[ik] += dp_error * std::fabs(q(b, i, h, x));
+            e.dk_f32[ik] += edp * std::fabs(q(b, i, h, x));
           }
         }
       }
