@@ -117,7 +117,8 @@
  *               softcap, times attn_scale (what multiplies k in dQ and q in dK; TE's "dP")
  *   amax_dp     = max |dP| over every (b, h, i, j)
  *   dP_fp8      = Q8_do_dtype(dP * scale_dp)                     (quantized in dO's FP8 type)
- *   dQ[i]       = sum_j dP_fp8[i, j] * descale_dp * k_j;  dK[j] = sum_i dP_fp8[i, j] * descale_dp * q_i
+ *   dQ[i]       = sum_j dP_fp8[i, j] * descale_dp * k_j
+ *   dK[j]       = sum_i dP_fp8[i, j] * descale_dp * q_i      (summed over the group in GQA)
  *   amax_dq/dk/dv = max |dQ| / |dK| / |dV| over every element written (before scaling)
  *   dQ/dK/dV stored: dqkv_dtype FP8: Q8_dqkv_dtype(dX * scale_dX); else rounded (no scale_dX)
  *   dbias, dsink and score_mod gradients use the unquantized dS (they are not FP8 tensors).

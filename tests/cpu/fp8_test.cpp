@@ -192,7 +192,8 @@ double ExpectWithinBound(const char* name, const HostTensor& out, const std::vec
                           << ", error " << error << " > bound " << limit;
         }
   EXPECT_EQ(failures, 0) << name;
-  ::testing::Test::RecordProperty(std::string(name) + "_worst_error_over_bound", std::to_string(worst_ratio));
+  ::testing::Test::RecordProperty(std::string(name) + "_worst_error_over_bound",
+                                  std::to_string(worst_ratio));
   return max_error;
 }
 

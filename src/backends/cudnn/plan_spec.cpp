@@ -440,7 +440,8 @@ static Status Fp8PreCheck(const Problem& p) {
         (long long)c.head_dim_qk, (long long)c.head_dim_v, other);
   if (c.max_seqlen_q > kInt32Max || c.max_seqlen_kv > kInt32Max)
     return NotSupported("max_seqlen above 2^31-1: cuDNN's sequence lengths are int32");
-  if (EffectiveWindow(p.window_left, c) >= kInt32Max || EffectiveWindow(p.window_right, c) > kInt32Max)
+  if (EffectiveWindow(p.window_left, c) >= kInt32Max ||
+      EffectiveWindow(p.window_right, c) > kInt32Max)
     return NotSupported("window_left = %lld, window_right = %lld: cuDNN's band bounds are int32",
                         (long long)p.window_left, (long long)p.window_right);
   return Status::Ok();
