@@ -58,6 +58,11 @@ TEST(CudnnFp8PreCheck, RefusesWhatNeedsOurKernelsNamingTheFeatureAndTheReference
       {"unseen keys",
        [](fusedattn_config* c) { c->mask = FUSEDATTN_MASK_CAUSAL, c->max_seqlen_kv = 96; },
        "without a partner"},
+      {"band with sq > skv",
+       [](fusedattn_config* c) {
+         c->mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT, c->max_seqlen_q = 96;
+       },
+       "padded kernels"},
       {"bias", [](fusedattn_config* c) { c->bias_type = FUSEDATTN_BIAS_POST_SCALE; },
        "bias_type = post_scale"},
       {"sink", [](fusedattn_config* c) { c->softmax_type = FUSEDATTN_SOFTMAX_OFF_BY_ONE; },

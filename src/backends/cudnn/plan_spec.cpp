@@ -400,6 +400,12 @@ static Status Fp8PreCheck(const Problem& p) {
         "FP8 with mask = %s: per-sequence lengths need this backend's prepare and fix-up kernels, "
         "which have no FP8 version yet (%s)",
         MaskName(c.mask), other);
+  if (CudnnMaskOf(p).const_lengths)
+    return NotSupported(
+        "FP8 with max_seqlen_q = %lld > max_seqlen_kv = %lld and a band: cuDNN runs that only in "
+        "its padded kernels, whose lengths this backend's prepare kernel writes (no FP8 version "
+        "yet) (%s)",
+        (long long)c.max_seqlen_q, (long long)c.max_seqlen_kv, other);
   if (BandOf(p).any_row_empty(c.max_seqlen_q, c.max_seqlen_kv) ||
       BandOf(p).any_key_unseen(c.max_seqlen_q, c.max_seqlen_kv))
     return NotSupported(

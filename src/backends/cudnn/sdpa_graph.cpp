@@ -809,9 +809,14 @@ class GraphMaker {
   static bool IsFp8(fusedattn_dtype dtype) {
     return dtype == FUSEDATTN_DTYPE_FP8_E4M3 || dtype == FUSEDATTN_DTYPE_FP8_E5M2;
   }
-  // The causal mask / window of an FP8 graph (Fp8PreCheck: no padding).
+  // The padding and band of an FP8 graph (Fp8PreCheck refuses padding today: the prepare kernel
+  // that writes the lengths has no FP8 call path; the graph is built as the spec says anyway).
   template <typename Options>
   void set_band(Options& options) {
+    if (s_.padding) {
+      auto [seq_q, seq_kv] = seq_lens();
+      options.set_padding_mask(true).set_seq_len_q(seq_q).set_seq_len_kv(seq_kv);
+    }
     if (s_.has_left_bound || s_.has_right_bound)
       options.set_diagonal_alignment(s_.bottom_right ? fe::DiagonalAlignment_t::BOTTOM_RIGHT
                                                      : fe::DiagonalAlignment_t::TOP_LEFT);
