@@ -426,6 +426,11 @@ class FlashBackendImpl final : public Backend {
     const auto& c = p.config;
     if (p.device != Device::kCuda)
       return NotSupported("runs on CUDA tensors only, and config.device is CPU");
+    if (p.fp8)
+      return NotSupported(
+          "FP8 attention (qkv_dtype %s): flash has no FP8 kernels yet (cuDNN and the reference "
+          "run it)",
+          DtypeName(c.qkv_dtype));
     if (p.paged) {  // only the decode kernel reads pages (decode.h)
       Status fits = flash::DecodeFits(p);
       if (!fits.ok())
