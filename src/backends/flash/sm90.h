@@ -26,15 +26,15 @@ bool LastBackwardUsedWgmma();
 void SetLastBackwardUsedWgmma(bool used);
 
 // The wgmma forward of a plain problem (no bias, ALiBi, softcap or dropout) on head dims padded
-// to kHeadDim (64 or 128). Sets *launched = false and returns Ok without launching anything when
+// to kHeadDim (64, 128 or 256). Sets *launched = false and returns Ok without launching anything when
 // the problem or its tensors do not qualify (score modifiers, scale <= 0, strides or addresses TMA
 // cannot describe); the caller then runs the mma.sync kernel.
 template <typename Element, int kHeadDim>
 Status LaunchWgmmaForward(const FlashParams& p, cudaStream_t stream, bool* launched);
 
-// The wgmma key-block kernel of the backward (bwd_kernel_sm90.cuh) for the same plain problems,
-// in place of LaunchFastBackward: needs the preprocess before (D, zeroed dq_accum with
-// dq_accum_dim == kHeadDim) and LaunchConvertDq after. Sets *launched = false and returns Ok
+// The wgmma key-block kernel of the backward (bwd_kernel_sm90.cuh) for the same plain problems
+// at kHeadDim 64 or 128, in place of LaunchFastBackward: needs the preprocess before (D, zeroed
+// dq_accum with dq_accum_dim == kHeadDim) and LaunchConvertDq after. Sets *launched = false and returns Ok
 // without launching anything when the problem does not qualify (score modifiers, dropout, bias
 // gradients, config.deterministic, tensors TMA cannot describe); the caller then runs the
 // mma.sync kernel.
