@@ -430,7 +430,10 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
         sm90::MbarWait(k_full + stage, (it / kStages) & 1);
         if (wait_turn) wait_for_turn(wg);
         score_product(s, stage, sm90::Static<kBlockN>());
-        if constexpr (Tile::kRescaleOBeforeValueProduct) rescale_o(correction);  // of step it - 1
+        if constexpr (Tile::kRescaleOBeforeValueProduct) {
+          sm90::FenceOperands(acc_o);  // keeps the rescale after the issue of S (no instruction)
+          rescale_o(correction);       // the correction of step it - 1
+        }
         sm90::MbarWait(v_full + prev, ((it - 1) / kStages) & 1);
         value_product_of(it - 1, prev);
         if (pass_turn) pass_turn_to(1 - wg);
