@@ -3,7 +3,8 @@
 //
 //  * FlashWgmmaTile.*: one warpgroup MMA tile (sm90.h's WgmmaTileSelfTest) against a CPU
 //    matmul: the descriptors and the 128-byte swizzle, apart from the attention logic (mode 3,
-//    MnMajorA, is the backward's dQ = dS K with the transpose-A bit).
+//    MnMajorA, is the backward's dQ = dS K with the transpose-A bit; modes 4 and 5 the d256
+//    forward's m64n80 S = Q K^T from four TMA boxes and m64n256 O += P V).
 //  * FlashWgmma/FlashWgmmaCase.*: forward cases (masks, lengths, layouts, GQA, sinks) for bf16
 //    and fp16 at head dims 64, 128 and 256: O, LSE and max_logit against the reference with the
 //    tolerances of shared/DESIGN.md, poisoned outputs, and on an sm_90 device the check that the
@@ -224,10 +225,14 @@ void ExpectBackwardMatches(const Case& k) {
 void ExpectTileMatches(int mode, fusedattn_dtype dtype) {
   const bool bf16 = dtype == FUSEDATTN_DTYPE_BFLOAT16;
   // mode 0, 2: C[64][64] = A[64][128] B[64][128]^T; mode 1: C[64][128] = A[64][64] B[64][128];
-  // mode 3: C[64][64] = At[128][64]^T B[128][64].
-  const int m = 64, n = mode == 1 ? 128 : 64, k = mode == 1 ? 64 : 128;
+  // mode 3: C[64][64] = At[128][64]^T B[128][64]; mode 4: C[64][80] = A[64][256] B[80][256]^T;
+  // mode 5: C[64][256] = A[64][80] B[80][256].
+  const int m = 64;
+  const int n = mode == 1 ? 128 : mode == 4 ? 80 : mode == 5 ? 256 : 64;
+  const int k = mode == 1 ? 64 : mode == 4 ? 256 : mode == 5 ? 80 : 128;
+  const bool b_is_kn = mode == 1 || mode == 3 || mode == 5;  // B stored [k][n], else [n][k]
   HostTensor a(dtype, mode == 3 ? std::vector<int64_t>{k, m} : std::vector<int64_t>{m, k}),
-      b(dtype, mode == 1 || mode == 3 ? std::vector<int64_t>{k, n} : std::vector<int64_t>{n, k});
+      b(dtype, b_is_kn ? std::vector<int64_t>{k, n} : std::vector<int64_t>{n, k});
   std::mt19937_64 rng(77 + mode);
   a.fill_uniform(rng, -1, 1);
   b.fill_uniform(rng, -1, 1);
@@ -237,7 +242,7 @@ void ExpectTileMatches(int mode, fusedattn_dtype dtype) {
       double sum = 0;
       for (int x = 0; x < k; ++x)
         sum += (mode == 3 ? a.get(x * m + i) : a.get(i * k + x)) *
-               (mode == 1 || mode == 3 ? b.get(x * n + j) : b.get(j * k + x));
+               (b_is_kn ? b.get(x * n + j) : b.get(j * k + x));
       expected[i * n + j] = sum;
     }
   void *da = nullptr, *db = nullptr, *dc = nullptr;
@@ -280,14 +285,15 @@ TEST_P(FlashWgmmaTile, MatchesCpuMatmul) {
 }
 
 std::string TileName(const ::testing::TestParamInfo<FlashWgmmaTile::ParamType>& info) {
-  static const char* kModes[] = {"SsKMajor", "RsMnMajor", "SsKMajorTma", "MnMajorA"};
+  static const char* kModes[] = {"SsKMajor",  "RsMnMajor",         "SsKMajorTma",
+                                 "MnMajorA", "SsKMajorTmaD256N80", "RsMnMajorN256K80"};
   return std::string(kModes[std::get<0>(info.param)]) +
          (std::get<1>(info.param) == FUSEDATTN_DTYPE_BFLOAT16 ? "Bf16" : "Fp16");
 }
 
 INSTANTIATE_TEST_SUITE_P(
     FlashWgmmaTiles, FlashWgmmaTile,
-    ::testing::Combine(::testing::Values(0, 1, 2, 3),
+    ::testing::Combine(::testing::Values(0, 1, 2, 3, 4, 5),
                        ::testing::Values(FUSEDATTN_DTYPE_BFLOAT16, FUSEDATTN_DTYPE_FLOAT16)),
     TileName);
 

@@ -64,7 +64,11 @@ bool EncodeLaunchTensorMap(void* map, const FlashParams& p, const TensorArg& t, 
 //  mode 2: mode 0 with the operands loaded by TMA (tensor maps from EncodeQkvTensorMap);
 //  mode 3: C[64][64] = A[64][128] . B[128][64] with `a` holding A transposed, At[128][64], both
 //          operands MN-major from shared memory written by threads (the backward's dQ = dS K
-//          pattern: dS^T read through the transpose-A bit, K as an MN-major B).
+//          pattern: dS^T read through the transpose-A bit, K as an MN-major B);
+//  mode 4: C[64][80] = A[64][256] . B[80][256]^T, both loaded by TMA as four 64-column boxes
+//          (the d256 forward's S = Q K^T: m64n80k16, boxes of 80 rows);
+//  mode 5: C[64][256] = A[64][80] . B[80][256], A from registers, B MN-major in four column
+//          blocks of 80 rows (the d256 forward's O += P V: m64n256k16).
 Status WgmmaTileSelfTest(int mode, bool bf16, const void* a, const void* b, float* c,
                          cudaStream_t stream);
 
