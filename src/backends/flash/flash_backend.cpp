@@ -112,13 +112,19 @@ size_t FastBackwardSmem(int dim) {
 bool FastForwardFits(int dim) { return dim > 0 && FastForwardSmem(dim) <= SharedLimit(); }
 bool FastBackwardFits(int dim) { return dim > 0 && FastBackwardSmem(dim) <= SharedLimit(); }
 
-// Whether a THD problem may run the wgmma kernels, which then take the heavy-first tile schedule
-// (schedule.h) from the workspace: THD, no score_mod, a 64/128 instance and the wgmma path
-// enabled on the current device. Only these problems get the schedule's workspace, so that a
-// forward elsewhere keeps needing none.
-bool WantsSchedule(const Problem& p) {
+// The instances of the wgmma kernels (generate_kernels.py's SM90_DIRECTIONS): the forward has
+// 64, 128 and 256, the backward 64 and 128.
+bool HasWgmmaInstance(int dim, bool backward) {
+  return dim == 64 || dim == 128 || (dim == 256 && !backward);
+}
+
+// Whether a THD problem may run the wgmma forward (or backward), which then takes the
+// heavy-first tile schedule (schedule.h) from the workspace: THD, no score_mod, a wgmma instance
+// of that direction and the wgmma path enabled on the current device. Only these problems get
+// the schedule's workspace, so that a forward elsewhere keeps needing none.
+bool WantsSchedule(const Problem& p, bool backward) {
   const int dim = FastHeadDim(p);
-  return p.thd && !p.score_mod && (dim == 64 || dim == 128) && flash::WgmmaEnabled();
+  return p.thd && !p.score_mod && HasWgmmaInstance(dim, backward) && flash::WgmmaEnabled();
 }
 
 // cp.async copies 16-byte pieces of rows: the head dim must be the innermost axis and every row
@@ -342,7 +348,7 @@ BwdWorkspace PlanBwdWorkspace(const Problem& problem) {
       w.total += AlignUp(static_cast<size_t>(e[0] * e[1] * e[2] * e[3]) * sizeof(float));
     }
   }
-  if (WantsSchedule(problem) && !c.deterministic) {
+  if (WantsSchedule(problem, /*backward=*/true) && !c.deterministic) {
     w.schedule = w.total;
     w.has_schedule = true;
     w.total += AlignUp(flash::ScheduleBytes(c.batch));
@@ -351,16 +357,17 @@ BwdWorkspace PlanBwdWorkspace(const Problem& problem) {
 }
 
 // The wgmma forward (fwd_kernel_sm90.cuh) when the build has it, the device is sm_90, the problem
-// is plain (no bias, ALiBi, softcap, dropout), the instance is 64 or 128 and TMA can describe the
-// tensors (LaunchWgmmaForward checks and reports whether it launched); else the mma.sync kernel.
-// FUSEDATTN_FLASH_WGMMA=0 turns the wgmma path off.
+// is plain (no bias, ALiBi, softcap, dropout), the instance is 64, 128 or 256 and TMA can
+// describe the tensors (LaunchWgmmaForward checks and reports whether it launched); else the
+// mma.sync kernel. FUSEDATTN_FLASH_WGMMA=0 turns the wgmma path off.
 template <typename Element>
 Status FastForward(int dim, const FlashParams& p, cudaStream_t s) {
 #ifdef FUSEDATTN_FLASH_SM90
-  if ((dim == 64 || dim == 128) && flash::WgmmaEnabled()) {
+  if (HasWgmmaInstance(dim, /*backward=*/false) && flash::WgmmaEnabled()) {
     bool launched = false;
-    Status status = dim == 64 ? flash::LaunchWgmmaForward<Element, 64>(p, s, &launched)
-                              : flash::LaunchWgmmaForward<Element, 128>(p, s, &launched);
+    Status status = dim == 64    ? flash::LaunchWgmmaForward<Element, 64>(p, s, &launched)
+                    : dim == 128 ? flash::LaunchWgmmaForward<Element, 128>(p, s, &launched)
+                                 : flash::LaunchWgmmaForward<Element, 256>(p, s, &launched);
     if (launched || !status.ok()) {
       flash::SetLastForwardUsedWgmma(launched);
       return status;
@@ -383,7 +390,7 @@ Status FastForward(int dim, const FlashParams& p, cudaStream_t s) {
 template <typename Element>
 Status FastBackward(int dim, FlashParams* p, cudaStream_t s) {
 #ifdef FUSEDATTN_FLASH_SM90
-  if ((dim == 64 || dim == 128) && flash::WgmmaEnabled()) {
+  if (HasWgmmaInstance(dim, /*backward=*/true) && flash::WgmmaEnabled()) {
     bool launched = false;
     Status status = dim == 64 ? flash::LaunchWgmmaBackward<Element, 64>(*p, s, &launched)
                               : flash::LaunchWgmmaBackward<Element, 128>(*p, s, &launched);
@@ -461,7 +468,8 @@ class FlashBackendImpl final : public Backend {
     *bytes = p.score_mod && FastHeadDim(p) > 0
                  ? AlignUp(FlexBlockMaskBytes(p, jit::Kernel::kForward))
                  : 0;
-    if (WantsSchedule(p)) *bytes = AlignUp(flash::ScheduleBytes(p.config.batch));
+    if (WantsSchedule(p, /*backward=*/false))
+      *bytes = AlignUp(flash::ScheduleBytes(p.config.batch));
     // The decode kernel's split partials (decode.h); a contiguous problem may still take the
     // other kernels when its tensors do not suit it, so it keeps their size too.
     if (flash::WantsDecode(p)) *bytes = std::max(*bytes, flash::DecodeWorkspaceBytes(p));
@@ -488,7 +496,7 @@ class FlashBackendImpl final : public Backend {
       Status status = flash::RunDecode(problem, t, p, workspace, workspace_bytes, s);
       if (problem.paged || status.code() != FUSEDATTN_ERROR_NOT_SUPPORTED) return status;
     }
-    if (WantsSchedule(problem) && workspace != nullptr &&
+    if (WantsSchedule(problem, /*backward=*/false) && workspace != nullptr &&
         workspace_bytes >= flash::ScheduleBytes(problem.config.batch))
       p.schedule_workspace = static_cast<int32_t*>(workspace);
     p.max_logit = t.max_logit;
