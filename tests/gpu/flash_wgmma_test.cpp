@@ -374,8 +374,11 @@ std::vector<Case> CasesFor(fusedattn_dtype dtype, int64_t d) {
   auto add = [&](std::string name, fusedattn_config c, TensorOptions o = {},
                  bool poison_padding = false) {
     o.seed = 4000 + cases.size() * 13 + d;
-    // max_seqlen_q <= 16 runs on the decode kernel (flash_decode_test.cpp), not on wgmma.
-    cases.push_back({name, c, o, poison_padding, c.max_seqlen_q > 16});
+    // max_seqlen_q <= 16 runs on the decode kernel (flash_decode_test.cpp), not on wgmma, at the
+    // head dims it is built for (64 and 128).
+    const bool decode = c.max_seqlen_q <= 16 && c.head_dim_qk == c.head_dim_v &&
+                        (c.head_dim_qk == 64 || c.head_dim_qk == 128);
+    cases.push_back({name, c, o, poison_padding, !decode});
   };
   add("no_mask", Config(2, 4, 4, 200, 200, d, dtype));
   CausalCases(dtype, d, add);

@@ -520,7 +520,8 @@ __global__ void __launch_bounds__(384, 1)
       // dQ tile = dS K over all 128 keys, once both consumers' dS^T is in place; issued before dK
       // so that its trip through shared memory overlaps the dK product.
       if (stat_next) stats[((step + 1) & 1) * 2 * kBlockM + ctid] = next_stat;
-      sm90::NamedBarrierSync(Tile::kStepBarrier, Tile::kConsumerThreads);
+      // The other consumer may be in the other instance of this loop (kHasKeys differs).
+      sm90::NamedBarrierSyncFromDivergentCode(Tile::kStepBarrier, Tile::kConsumerThreads);
       // At d64's half step consumer 1's dQ rows lie past the queries: it computes them anyway
       // (from dS^T columns that hold garbage there, maybe NaN), and the dQ warp adds none of them
       // (the tile has no rows of the sequence); no branch between the products.

@@ -314,6 +314,17 @@ __device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
 #endif
 }
 
+// NamedBarrierSync for threads that reach the barrier from different instructions (the
+// backward's consumer with keys and the one without run separately compiled step loops):
+// barrier.sync without .aligned, which bar.sync (= barrier.sync.aligned) implies and which
+// compute-sanitizer's synccheck then reports. Only there: the non-aligned form everywhere cost
+// the d64 backward 28 bytes of spills.
+__device__ __forceinline__ void NamedBarrierSyncFromDivergentCode(int id, int threads) {
+#if FUSEDATTN_SM90_DEVICE
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+#endif
+}
+
 // bar.sync (kSync) or bar.arrive on hardware barrier kFirstId + which (which 0 or 1, the same in
 // the whole warp) for kThreads threads. Both ids are immediates, picked by predicate rather than
 // by a branch: with a barrier id in a register ptxas counts all 16 barriers of the block as used,
