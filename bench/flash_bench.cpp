@@ -25,10 +25,30 @@
 #include "common/dtype.h"
 #include "fusedattn/fusedattn.h"
 #ifdef FUSEDATTN_WITH_FLASH
-#include "backends/flash/sm90.h"  // which forward kernel ran (FUSEDATTN_FLASH_WGMMA=0|1)
+#include "backends/flash/planner.h"  // which kernels run (FUSEDATTN_FLASH_WGMMA=0|1)
 #endif
 
 namespace {
+
+#ifdef FUSEDATTN_WITH_FLASH
+// The kernel flash's plan runs for these arguments (planner.h), e.g. "hopper-wgmma d128 plain".
+std::string KernelText(fusedattn::flash::KernelPath path, int instance,
+                       fusedattn::flash::KernelVariant variant) {
+  std::string text = fusedattn::flash::KernelPathName(path);
+  if (instance > 0) text += " d" + std::to_string(instance);
+  return text + " " + fusedattn::flash::KernelVariantName(variant);
+}
+std::string ForwardKernel(const fusedattn_config& c, const fusedattn_fwd_args& a) {
+  fusedattn::flash::ForwardPlan plan;
+  if (!fusedattn::flash::PlanForwardCall(c, a, &plan).ok() || !plan.status.ok()) return "no plan";
+  return KernelText(plan.path, plan.instance, plan.variant);
+}
+std::string BackwardKernel(const fusedattn_config& c, const fusedattn_bwd_args& a) {
+  fusedattn::flash::BackwardPlan plan;
+  if (!fusedattn::flash::PlanBackwardCall(c, a, &plan).ok() || !plan.status.ok()) return "no plan";
+  return KernelText(plan.path, plan.instance, plan.variant);
+}
+#endif
 
 struct Options {
   fusedattn_backend backend = FUSEDATTN_BACKEND_FLASH;
@@ -168,7 +188,7 @@ void RunOne(const Options& o, fusedattn_dtype dtype, int64_t d, int64_t seqlen, 
               causal ? "causal" : "full", fwd_ms, flops / fwd_ms / 1e9);
 #ifdef FUSEDATTN_WITH_FLASH
   if (o.backend == FUSEDATTN_BACKEND_FLASH)
-    std::printf(" [%s]", fusedattn::flash::LastForwardUsedWgmma() ? "wgmma" : "mma.sync");
+    std::printf(" [%s]", ForwardKernel(c, fa).c_str());
 #endif
   if (!o.fwd_only && fwd_ms > 0) {
     double bwd_host_ms = 0;
@@ -177,7 +197,7 @@ void RunOne(const Options& o, fusedattn_dtype dtype, int64_t d, int64_t seqlen, 
     std::printf(" | bwd %8.3f ms %6.1f", bwd_ms, 2.5 * flops / bwd_ms / 1e9);
 #ifdef FUSEDATTN_WITH_FLASH
     if (o.backend == FUSEDATTN_BACKEND_FLASH)
-      std::printf(" [%s]", fusedattn::flash::LastBackwardUsedWgmma() ? "wgmma" : "mma.sync");
+      std::printf(" [%s]", BackwardKernel(c, ba).c_str());
 #endif
     std::printf(" | fwd+bwd %8.3f ms %6.1f | bwd host %.3f ms/call", both_ms,
                 3.5 * flops / both_ms / 1e9, bwd_host_ms);
