@@ -1,8 +1,8 @@
 // Attention semantics defined once: which keys a query row sees under fusedattn.h's causal mask
 // and sliding window, with the diagonal aligned to the top left or the bottom right. Every backend
 // reads it, on the host and on the device: the reference (through Problem::visible_keys), flash's
-// kernels and planner (device_common.cuh), small_seq's kernels (device.cuh) and cuDNN's mapping and
-// fix-up kernels. Plain inline C++ for host compilers, __host__ __device__ under nvcc and NVRTC
+// kernels (device_common.cuh), small_seq's kernels (device.cuh), cuDNN's mapping and fix-up
+// kernels, and the score_mod band recognizer (flex/band_mask.h). Plain inline C++ for host compilers, __host__ __device__ under nvcc and NVRTC
 // (jit.cpp embeds this header for the score_mod kernels). tests/cpu/band_test.cpp is its
 // specification.
 //
@@ -36,6 +36,10 @@ struct Band {
   int64_t left = -1;   // keys j >= d - left are visible; -1: unbounded
   int64_t right = -1;  // keys j <= d + right are visible; -1: unbounded (0 for causal masks)
   bool bottom_right = false;  // d = i + seqlen_kv - seqlen_q, else d = i
+
+  FUSEDATTN_BAND_HD bool operator==(const Band& o) const {
+    return left == o.left && right == o.right && bottom_right == o.bottom_right;
+  }
 
   FUSEDATTN_BAND_HD DiagonalAlignment alignment() const {
     return bottom_right ? DiagonalAlignment::kBottomRight : DiagonalAlignment::kTopLeft;
