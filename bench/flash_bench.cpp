@@ -8,8 +8,9 @@
 // Usage: flash_bench [--backend flash|cudnn|...] [--dtype bf16|fp16|all] [--d 64|128|...|all]
 //                    [--seqlen N|all] [--causal 0|1|all] [--tokens 16384] [--hidden 2048]
 //                    [--iters 10] [--fwd-only] [--deterministic]
-// With --backend flash each line says which forward and which backward key-block kernel ran:
-// [wgmma] (Hopper, sm_90) or [mma.sync]; FUSEDATTN_FLASH_WGMMA=0 turns both wgmma kernels off.
+// With --backend flash each line says which forward and which backward key-block kernel ran, as
+// the call's plan (planner.h) names it: [hopper-wgmma d128 plain] (Hopper, sm_90) or
+// [mma.sync d128 plain]; FUSEDATTN_FLASH_WGMMA=0 turns both wgmma kernels off.
 // Defaults run the standard grid: bf16 and fp16, d 64 and 128, seqlen 1024..16384 at 16k tokens
 // (batch = tokens / seqlen, heads = hidden / d), causal and not. Exits 0 without a GPU.
 #include <cuda_runtime_api.h>

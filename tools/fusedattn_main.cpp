@@ -93,9 +93,9 @@ struct Verdict {
 
 Verdict VerdictOf(const fusedattn_config& config, fusedattn_backend id) {
   char msg[kMessageBytes];
-  if (!fusedattn_backend_available(id, msg, sizeof msg)) return {"unavailable", msg};
+  if (!fusedattn_backend_available(id, msg, sizeof msg)) return {"unavailable", msg, ""};
   if (DeviceIsCpu(config) && id != FUSEDATTN_BACKEND_REFERENCE)
-    return {"not_asked", "runs on CUDA tensors only, and the device is cpu"};
+    return {"not_asked", "runs on CUDA tensors only, and the device is cpu", ""};
   fusedattn_config forced = config;
   forced.backend = id;
   Selection s = Select(forced);
@@ -105,13 +105,13 @@ Verdict VerdictOf(const fusedattn_config& config, fusedattn_backend id) {
     if (s.message.rfind(forced_prefix, 0) == 0 && s.message.back() == ']')
       return {"accepts", "",
               s.message.substr(forced_prefix.size(), s.message.size() - forced_prefix.size() - 1)};
-    return {"accepts", ""};
+    return {"accepts", "", ""};
   }
   // "forced backend X cannot run this problem (<problem>): <reason>": keep the reason.
   std::string prefix = std::string("forced backend ") + fusedattn_backend_name(id) +
                        " cannot run this problem (" + Describe(forced) + "): ";
-  if (s.message.rfind(prefix, 0) == 0) return {"refuses", s.message.substr(prefix.size())};
-  return {"refuses", s.message};
+  if (s.message.rfind(prefix, 0) == 0) return {"refuses", s.message.substr(prefix.size()), ""};
+  return {"refuses", s.message, ""};
 }
 
 // The selection diagnostic and every backend's own verdict: printed as text (unless --quiet),
@@ -381,7 +381,8 @@ void PrintHelp(const char* command) {
         "Exit 1 when a check fails.\n\n");
   else
     std::printf(
-        "Prints the backend the library chooses for the problem and every backend's reason.\n"
+        "Prints the backend the library chooses for the problem and every backend's reason, and\n"
+        "for a backend that accepts it how it would run it (flash: its kernel plan).\n"
         "Exit 0 when a backend is chosen, 1 when none can run it.\n\n");
   std::printf("options:\n%s", OptionsHelp().c_str());
 }
