@@ -139,7 +139,8 @@ step_cli() {
 # what the plan chose fails the call). Expect, on an H100/H200: hopper-wgmma d128 plain with the
 # thd-heavy-first schedule (forward and backward) for the THD line; mma.sync d256 ("instances 64
 # and 128 only") for d256; mma.sync d128 full ("plain variant only") for softcap; simple
-# ("float16/bfloat16") for fp32; with FUSEDATTN_FLASH_WGMMA=0, mma.sync ("FUSEDATTN_FLASH_WGMMA=0").
+# ("float16/bfloat16") for fp32; with FUSEDATTN_FLASH_WGMMA=0, mma.sync ("FUSEDATTN_FLASH_WGMMA=0");
+# both runs PASS.
 step_flash_plan() {
   local bin="$BUILD/tools/fusedattn" rc=0
   "$bin" explain --backend flash --b 4 --h 16 --hkv 4 --sq 1024 --skv 1024 --d 128 --layout thd \
@@ -153,6 +154,13 @@ step_flash_plan() {
     --mask causal --bwd --check --iters 1 || rc=1
   "$bin" run --backend flash --b 2 --h 4 --sq 200 --skv 260 --d 64 --dtype fp16 \
     --mask causal_bottom_right --window 32,0 --bwd --check --iters 1 || rc=1
+  # flash_bench names the planned kernels: [hopper-wgmma d128 plain] twice, then
+  # [mma.sync d256 plain] twice.
+  local bench="$BUILD/bench/flash_bench"
+  if [ -x "$bench" ]; then
+    "$bench" --dtype bf16 --d 128 --seqlen 4096 --causal 1 --iters 3 || rc=1
+    "$bench" --dtype bf16 --d 256 --seqlen 4096 --causal 1 --iters 3 || rc=1
+  fi
   return $rc
 }
 
