@@ -398,6 +398,9 @@ def main(argv=None):
     for grid in grids:
         rows, checks = [], {}
         points = [p for p in GRIDS[grid]() if args.filter in p.label]
+        os.makedirs(args.out, exist_ok=True)
+        name = "jax-" + grid + ("-" + bench.device_slug(args.filter) if args.filter else "")
+        paths = bench.output_paths(args.out, name, info["device"], date)
         for point in points:
             print("==", point.label, flush=True)
             if args.check:
@@ -426,10 +429,8 @@ def main(argv=None):
                     "%s %s/%s" % (impl, cell(results[impl], point.unit),
                                   cell(results[impl], point.unit, True)) for impl in IMPLS)),
                       flush=True)
-        os.makedirs(args.out, exist_ok=True)
-        name = "jax-" + grid + ("-" + bench.device_slug(args.filter) if args.filter else "")
-        paths = bench.output_paths(args.out, name, info["device"], date)
-        write_outputs(paths, grid, rows, info, checks)
+            # After every point, so that a run cut off by its time limit keeps what it measured.
+            write_outputs(paths, grid, rows, info, checks)
         print("wrote", paths["md"], paths["json"])
     if failed_checks:
         print("CHECK FAILED:", failed_checks)

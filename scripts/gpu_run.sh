@@ -16,7 +16,7 @@
 # From then on, on that machine, the python and benchmark steps put /tmp/fa4site on PYTHONPATH
 # (use_fa4) so that bench.py times `flash_attn.cute`; without it bench.py records FA4 as n/a.
 set -uo pipefail
-export ROOT OUT BUILD JOBS SHARDS CUDNN_MEMCHECK SANITIZE_FILTER RACECHECK_FILTER NATIVE_BENCHES BENCH_ARGS BENCH_HOST_ARGS KERNEL_PROFILE_ARGS GTEST_FILTER PYTEST_ARGS FLEX_BENCH_ARGS DROPIN_TESTS 2>/dev/null
+export ROOT OUT BUILD JOBS SHARDS CUDNN_MEMCHECK SANITIZE_FILTER RACECHECK_FILTER NATIVE_BENCHES BENCH_ARGS BENCH_HOST_ARGS KERNEL_PROFILE_ARGS DECODE_BENCH_ARGS GTEST_FILTER PYTEST_ARGS FLEX_BENCH_ARGS DROPIN_TESTS 2>/dev/null
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/gpu-out}"
 mkdir -p "$OUT"
@@ -111,7 +111,7 @@ step_sanitize() {
   compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$BUILD/tests/fusedattn_gpu_tests" --gtest_filter="$SANITIZE_FILTER"
 }
-RACECHECK_FILTER="${RACECHECK_FILTER:-*Racecheck*:FlashSanitize*:FlashWgmmaSanitize*:FlexFlashSanitize*}"
+RACECHECK_FILTER="${RACECHECK_FILTER:-*Racecheck*:FlashSanitize*:FlashWgmmaSanitize*:FlexFlashSanitize*:FlashDecodeSanitize.PagedAndContiguousSplits}"
 step_racecheck() {
   compute-sanitizer --tool racecheck --error-exitcode 9 \
     "$BUILD/tests/fusedattn_gpu_tests" --gtest_filter="$RACECHECK_FILTER"
@@ -263,6 +263,18 @@ step_jax_bench() {
   export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
   # JAX_BENCH_ARGS may quote: "--grid prefill --filter 'd128 h16 b'"
   eval python3 "$ROOT/bench/jax_bench.py" --out "$OUT" ${JAX_BENCH_ARGS:-}
+}
+
+# Decode against paged and contiguous KV caches (bench/decode_bench.py: issue 21's grid, flash's
+# decode kernel against fusedattn cuDNN, PyTorch's cuDNN SDPA and FA4, GB/s against the copy
+# bandwidth). It stops starting points after --budget-s (default 280: the step's 300 s); the
+# whole grid (336 points) takes longer: TIMEOUT_decode_bench=600 DECODE_BENCH_ARGS="--budget-s
+# 570", or split it with --filter (e.g. "sq1", "d64").
+step_decode_bench() {
+  step_python_build >/dev/null || return 1
+  use_fa4
+  export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
+  eval python3 "$ROOT/bench/decode_bench.py" --out "$OUT" ${DECODE_BENCH_ARGS:---budget-s 280}
 }
 
 # Times fusedattn with score modifiers against compiled FlexAttention (bench/flex_bench.py).

@@ -134,7 +134,9 @@
  * A GPU backend cannot read them on the host without a synchronization: it checks every index on
  * the device as it loads it and never follows one outside [0, num_pages) (that sequence's results
  * are then undefined), and clamps lengths as above, so that nothing outside the pools and the
- * table's used entries is read. (No GPU backend runs paged K/V yet: each says so in its reason.)
+ * table's used entries is read. On the GPU, flash runs paged K/V (its decode kernel: max_seqlen_q
+ * <= 16, float16/bfloat16, head_dim_qk = head_dim_v in {64, 128}, no dropout or score_mod); the
+ * other GPU backends and the problems flash refuses say why in their reasons.
  *
  * Where tensors live: config.device says it. CUDA: device memory (or memory the device can read);
  * the reference backend then copies to the host and back. CPU: host memory, only the reference
@@ -150,7 +152,12 @@
  * ---------------------------------------------------------------------------------------------
  * Backend selection and run-time fallback
  * ---------------------------------------------------------------------------------------------
- * fusedattn_get_backend and the workspace sizes decide from the config alone. A backend that
+ * fusedattn_get_backend and the workspace sizes decide from the config alone. The preference
+ * order on CUDA: small_seq (it accepts only one query token against a short K/V), then cuDNN and
+ * flash in the order of their measured speed for the problem's class on the device's
+ * architecture (a table made from committed benchmark results: dense plain problems by dtype,
+ * head dim, mask, GQA, direction and sequence length), cuDNN first where nothing was measured;
+ * explain's first line says which and, between cuDNN and flash, why. A backend that
  * accepts a problem may still be unable to read a call's tensors (cuDNN: a misaligned pointer or
  * stride, a head-dim stride other than 1). fusedattn_fwd / fusedattn_bwd then give the call to
  * the next backend that accepts the problem, in the same preference order, provided the

@@ -15,6 +15,7 @@
 // library's message, also from the backward that the autograd engine runs.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -496,8 +497,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, std::vector<Tensor>> Backward
                  false);
   config.score_mod = graph ? graph->handle : nullptr;
   bool thd = opt.format == FUSEDATTN_FORMAT_THD;
+  // Gradients laid out like their inputs (empty_like keeps a dense input's strides): a model
+  // that hands over [batch, seq, heads, dim] views of [batch, heads, seq, dim] tensors (the
+  // transformers layers after RoPE) then gets gradients its next backward op reads in its own
+  // memory order. THD gradients start zeroed: rows outside the sequences are not written.
   auto like = [&](const Tensor& t) {
-    return thd ? at::zeros(t.sizes(), t.options()) : at::empty(t.sizes(), t.options());
+    return thd ? at::zeros(t.sizes(), t.options()) : at::empty_like(t);
   };
   Tensor dq = like(q), dk = like(k), dv = like(v);
   auto float_options = q.options().dtype(at::kFloat);

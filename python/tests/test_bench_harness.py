@@ -611,3 +611,33 @@ def test_the_chosen_backend_is_read_from_explain_with_or_without_a_note():
     assert bench._chosen("forward+backward: cudnn [plans: forward: unified SDPA node, per "
                          "shape]; not chosen: small_seq: ...") == "cudnn"
     assert bench._chosen("forward: flash (forced)") == "flash"
+
+
+def test_the_speed_table_takes_dense_rows_with_both_backends_measured(tmp_path):
+    """bench/make_speed_table.py: one entry per (class, seqlen, direction) that has both
+    fusedattn:cudnn and fusedattn:flash; varlen, unsupported and one-sided rows are left out."""
+    import make_speed_table
+
+    def row(point, direction, cudnn, flash):
+        impls = {"fusedattn:cudnn": {"status": "ok", "tflops": cudnn}}
+        impls["fusedattn:flash"] = ({"status": "ok", "tflops": flash} if flash else
+                                    {"status": "unsupported"})
+        return {"point": point, "direction": direction, "unit": "tflops", "impls": impls}
+
+    results = {"device": {"name": "GPU X", "date": "2026-11-25"}, "rows": [
+        row("bf16 d128 h16 b1 sq16384 skv16384 causal", "fwd", 600.0, 650.0),
+        row("bf16 d128 h16/4 b1 sq16384 skv16384", "fwd+bwd", 500.0, 450.0),
+        row("bf16 d128 h16 b1 sq16384 skv16384", "bwd", 500.0, 450.0),  # no table direction
+        row("fp16 d64 h32 b1 sq16384 skv16384", "fwd", 400.0, None),    # flash unsupported
+        row("bf16 d128 h16 varlen4[1,2,3,4] causal", "fwd", 1.0, 2.0),  # not dense
+    ]}
+    source = tmp_path / "prefill.json"
+    source.write_text(json.dumps(results))
+    out = tmp_path / "table.inc"
+    assert make_speed_table.main(["--sm", "90", "--out", str(out), str(source)]) == 0
+    text = out.read_text()
+    assert '"GPU X, 2026-11-25"' in text
+    assert "bench/results/prefill.json" in text
+    assert "{90, FUSEDATTN_DTYPE_BFLOAT16, 128, true, false, false, 16384, 600.0, 650.0}" in text
+    assert "{90, FUSEDATTN_DTYPE_BFLOAT16, 128, false, true, true, 16384, 500.0, 450.0}" in text
+    assert text.count("{90,") == 2

@@ -8,6 +8,7 @@
 
 #include "common/cuda_util.h"
 #include "common/lru_cache.h"
+#include "select/measured_speed.h"
 
 namespace fusedattn {
 
@@ -97,16 +98,25 @@ int EnvironmentState() {
 }
 
 // The order in which backends are asked: the fastest one expected for this problem first.
-std::vector<fusedattn_backend> PreferenceOrder(const Problem& p) {
+// speed (when given) gets the measured-speed answer that ordered cuDNN and flash.
+std::vector<fusedattn_backend> PreferenceOrder(const Problem& p, SpeedOrder* speed = nullptr) {
   if (const std::vector<Backend*>* test = g_test_backends.load(std::memory_order_acquire)) {
     std::vector<fusedattn_backend> ids;
     for (Backend* b : *test) ids.push_back(b->id());
     return ids;
   }
   if (p.device == Device::kCpu) return {FUSEDATTN_BACKEND_REFERENCE};
-  // small_seq refuses anything but sq = 1 against a short K/V at once; cuDNN is the fastest for
-  // the problems it accepts; our flash kernels run everything else; the reference runs on CUDA
+  // small_seq refuses anything but sq = 1 against a short K/V at once; cuDNN and our flash
+  // kernels run nearly everything else, in the order their measured speed gives for this problem
+  // (measured_speed.h), cuDNN first where nothing was measured; the reference runs on CUDA
   // tensors only when forced (it copies everything to the host).
+  SpeedOrder order = OrderByMeasuredSpeed(p, CurrentDeviceComputeCapability(),
+                                          p.config.is_training != 0);
+  const bool flash_first = order.flash_first;
+  if (speed) *speed = std::move(order);
+  if (flash_first)
+    return {FUSEDATTN_BACKEND_SMALL_SEQ, FUSEDATTN_BACKEND_FLASH, FUSEDATTN_BACKEND_CUDNN,
+            FUSEDATTN_BACKEND_REFERENCE};
   return {FUSEDATTN_BACKEND_SMALL_SEQ, FUSEDATTN_BACKEND_CUDNN, FUSEDATTN_BACKEND_FLASH,
           FUSEDATTN_BACKEND_REFERENCE};
 }
@@ -127,6 +137,8 @@ struct Choice {
   // The chosen backend's forward and backward workspace bytes, -1 until first asked. (cuDNN also
   // checks the workspace against the plan it runs, should a rebuilt plan ever need more.)
   std::atomic<int64_t> workspace[2] = {-1, -1};
+  // The order selection asks the backends in: the alternatives follow it.
+  std::vector<fusedattn_backend> order;
   // The backends after it, made on the first call whose tensors it cannot run.
   std::once_flag alternatives_once;
   std::vector<Alternative> alternatives;
@@ -176,6 +188,8 @@ void Decide(const Problem& problem, bool need_backward, fusedattn_backend forced
   Problem p = problem;
   if (need_backward) p.config.is_training = 1;
   Choice& choice = *out;
+  SpeedOrder speed;
+  choice.order = PreferenceOrder(p, &speed);  // a forced backend's error names the others too
   if (forced != FUSEDATTN_BACKEND_AUTO) {
     Backend* b = FindBackend(forced);
     Status s = b->available();
@@ -193,12 +207,16 @@ void Decide(const Problem& problem, bool need_backward, fusedattn_backend forced
     return;
   }
   std::string refusals;
-  for (fusedattn_backend id : PreferenceOrder(p)) {
+  for (fusedattn_backend id : choice.order) {
     Backend* b = FindBackend(id);
     Status s = AutomaticCheck(b, p);
     if (s.ok()) {
       choice.backend = b;
-      const std::string chosen = b->name() + NoteOf(b, p);
+      std::string chosen = b->name() + NoteOf(b, p);
+      // cuDNN or flash: say what ordered the two (without asking the other one: a cuDNN
+      // check builds its plan).
+      const bool ranked = id == FUSEDATTN_BACKEND_CUDNN || id == FUSEDATTN_BACKEND_FLASH;
+      if (ranked && !speed.basis.empty()) chosen += " (" + speed.basis + ")";
       choice.diagnostic = refusals.empty() ? chosen
                                            : Format("%s; not chosen: %s", chosen.c_str(),
                                                     refusals.c_str());
@@ -305,7 +323,7 @@ const std::vector<Alternative>& AlternativesOf(Choice& choice, const Problem& pr
     Problem p = problem;
     if (need_backward) p.config.is_training = 1;
     bool after = false;
-    for (fusedattn_backend id : PreferenceOrder(p)) {
+    for (fusedattn_backend id : choice.order) {
       Backend* b = FindBackend(id);
       if (b == choice.backend) {
         after = true;

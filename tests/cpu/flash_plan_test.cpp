@@ -263,16 +263,39 @@ TEST(FlashPlanRefusal, CpuTensors) {
   EXPECT_TRUE(Contains(plan.status.message(), "CUDA tensors only")) << plan.status.message();
 }
 
-TEST(FlashPlanRefusal, PagedKv) {
-  fusedattn_config c = Config();
+TEST(FlashPlanRefusal, PagedKvTheDecodeKernelCannotRun) {
+  fusedattn_config c = Config(96);  // the decode kernel has instances 64 and 128
   c.page_size = 16;
+  c.max_seqlen_q = 1;
   c.mask = FUSEDATTN_MASK_PADDING;
   Problem p;
   Status made = MakeProblem(&c, true, &p);
   ASSERT_TRUE(made.ok()) << made.message();
   ForwardPlan plan = PlanForward(p, DenseFwdTensors(p), H100());
   EXPECT_EQ(plan.status.code(), FUSEDATTN_ERROR_NOT_SUPPORTED);
-  EXPECT_TRUE(Contains(plan.status.message(), "paged K/V")) << plan.status.message();
+  EXPECT_TRUE(Contains(plan.status.message(), "runs on flash's decode kernel only"))
+      << plan.status.message();
+  EXPECT_TRUE(Contains(plan.status.message(), "{64, 128}")) << plan.status.message();
+}
+
+// (Which device runs the decode kernel is read by decode.h from the current device, so this
+// holds with or without a GPU.)
+TEST(FlashPlanForward, PagedKvRunsOnTheDecodeKernelOrIsRefusedNamingIt) {
+  fusedattn_config c = Config(128);
+  c.page_size = 16;
+  c.max_seqlen_q = 1;
+  c.mask = FUSEDATTN_MASK_PADDING;
+  Problem p;
+  ASSERT_TRUE(MakeProblem(&c, true, &p).ok());
+  ForwardPlan plan = PlanForward(p, DenseFwdTensors(p), H100());
+  if (plan.status.ok()) {
+    EXPECT_EQ(plan.path, KernelPath::kDecode);
+    EXPECT_EQ(plan.instance, 128);
+    EXPECT_GE(plan.decode_splits, 1);
+  } else {
+    EXPECT_TRUE(Contains(plan.status.message(), "runs on flash's decode kernel only"))
+        << plan.status.message();
+  }
 }
 
 TEST(FlashPlanRefusal, HeadDimsWhoseSimpleKernelsDoNotFitSharedMemory) {

@@ -196,8 +196,9 @@ TEST(ReferenceOnCudaValidation, ABadPageIndexInDeviceMemoryWritesNothing) {
   EXPECT_TRUE(AllPoison(after.max_logit)) << "max_logit was written";
 }
 
-// Paged K/V on CUDA tensors: until a GPU backend has a paged kernel, selection finds none and
-// says why for each (the reference runs it only when forced).
+// Paged K/V on CUDA tensors that no GPU backend runs (head dims 16 and 8: flash's decode kernel,
+// the only paged one, takes 64 and 128): selection finds none and says why for each (the
+// reference runs it only when forced).
 TEST(ReferenceOnCudaSelection, PagedKvNamesEveryGpuBackendsReason) {
   if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
   fusedattn_config c = Base();

@@ -17,10 +17,14 @@ Status NoKernelFor(int head_dim_qk, int head_dim_v) {
                        head_dim_v);
 }
 
+// The forward's teams run kForwardRowsPerTeam rows each here, whatever the problem's size (the
+// GPU launch gives large problems only that many): the tests' small problems then cover the
+// row-to-row pipeline and warps whose last steps have no rows.
 template <typename T, int kDim>
 void ForwardForDim(const KernelParams& p) {
-  emulation::Launch(BlocksFor(Team<T, kDim, kDim>::WarpsFor(p.batch * p.heads_q)),
-                    kThreadsPerBlock, [&] { ForwardKernel<T, kDim, kDim>(p); });
+  emulation::Launch(
+      BlocksFor(Team<T, kDim, kDim>::ForwardWarpsFor(p.batch * p.heads_q, kForwardRowsPerTeam)),
+      kThreadsPerBlock, [&] { ForwardKernel<T, kDim, kDim>(p, kForwardRowsPerTeam); });
 }
 
 template <typename T, int kDim>

@@ -1,25 +1,31 @@
 // The Hopper backward (sm_90a): the key-block kernel of bwd_kernel.cuh rebuilt on warpgroup MMA
 // (wgmma) from 128-byte-swizzled shared memory, with TMA loads through a two-stage mbarrier
-// pipeline. The preprocess (D = rowsum(dO * O), sink partials, zeroed dQ workspace) and the dQ
-// conversion are the mma.sync path's (simple_kernels.cu); only the key-block kernel is replaced.
+// pipeline. The preprocess (D = rowsum(dO * O), sink partials, zeroed dQ workspace) is the
+// mma.sync path's and so is the dQ conversion (simple_kernels.cu), which reads this kernel's
+// tiled workspace order (dq_accum_layout.h; the host sets dq_accum_tiled).
 //
 // One block per (key tile of kBlockN = 128 keys, kv head, sequence), three warpgroups:
-//  * warpgroup 0 is the producer (one warp works, few registers: setmaxnreg): it loads K and V of
-//    the block once, then per step Q and dO of kBlockM query rows by TMA into stage step % 2 and
-//    the step's LSE (log2 units) and D into shared memory, after both consumers released the
-//    stage;
+//  * warpgroup 0 is the producer (few registers: setmaxnreg); warp 0 loads K and V of the block
+//    once, then per step Q and dO of kBlockM query rows by TMA into stage step % 2, after both
+//    consumers released the stage; warp 1 adds each consumer's dQ tile of each step to the
+//    float32 workspace with one bulk reduce-add (cp.reduce.async.bulk .add.f32) from shared
+//    memory; warps 2 and 3 exit;
 //  * warpgroups 1 and 2 are consumers, 64 keys each (keys as the M dimension: every product whose
 //    result is an A operand later comes out in the A layout already):
 //      S^T  = K_wg Q^T     (SS, both K-major)      dP^T = V_wg dO^T   (SS, both K-major)
 //      P^T  = 2^(S^T scale log2(e) - LSE)           dS^T = P^T o (dP^T - D) scale
 //      dV  += P^T dO       (RS: P^T from registers, dO an MN-major B)
 //      dK  += dS^T Q       (RS: dS^T from registers, Q an MN-major B)
-//    dS^T also goes to shared memory ([queries / 64][128 keys][64 queries], swizzled); after a
-//    named barrier of the two consumers each computes one 64 x 64 tile of
+//    dS^T also goes to shared memory ([queries / 64][128 keys][64 queries], swizzled); dV is
+//    issued, and after a named barrier of the two consumers each computes one 64 x 64 tile of
 //      dQ   = dS K         (SS: dS^T read as an MN-major A, K as an MN-major B; all 128 keys)
-//    and adds it to the float32 dQ workspace with float4 atomics. dS^T is double-buffered, so one
-//    barrier per step suffices: a consumer passes the barrier of step n only after the other one
-//    has arrived there, i.e. finished step n - 1 and its reads of the buffer step n + 1 reuses.
+//    issued before dK, so that while dK runs the consumer writes the dQ tile to its own shared
+//    buffer in register order (128-bit stores) and hands it to the producer's warp 1 (named
+//    barriers kDqFull / kDqEmpty per consumer): no atomics from the consumers. dS^T is
+//    double-buffered, so one barrier per step suffices: a consumer passes the barrier of step n
+//    only after the other one has arrived there, i.e. finished step n - 1 and its reads of the
+//    buffer step n + 1 reuses. The step's LSE (log2 units) and D reach shared memory through the
+//    consumers (see the stats below).
 // Tiles: d128 takes kBlockM = 64 queries per step and splits dQ [64 x 128] by columns (consumer w:
 // columns 64 w..); d64 takes kBlockM = 128 and splits dQ [128 x 64] by rows (consumer w: rows
 // 64 w..). Either way each consumer's dQ tile is one 64-column swizzle block of dS^T and of K, so
@@ -36,7 +42,9 @@
 // dV or dQ), and the mask makes P = dS = 0 there.
 // Ends of sequences with at most 64 keys or queries left in a tile: consumer 1 of a block with no
 // upper keys computes only its dQ tile (over the lower 64 keys), and d64's step with no upper
-// queries runs dV, dK over 64 queries and skips consumer 1's dQ rows.
+// queries runs dV, dK over 64 queries; consumer 1's dQ rows of that step lie past the sequence
+// and the dQ warp adds none of them (it adds only a tile's rows inside the sequence, which also
+// keeps the rows past the end of the queries of every tile out of the workspace).
 // Sinks need nothing here: the forward's LSE includes the sink (so P is already normalized with
 // it), D = rowsum(dO * O) is unchanged, and the preprocess computes the sink gradient's partials.
 #pragma once
@@ -45,6 +53,7 @@
 #include <type_traits>
 
 #include "backends/flash/device_common.cuh"
+#include "backends/flash/dq_accum_layout.h"
 #include "backends/flash/schedule.h"
 #include "backends/flash/sm90.h"
 #include "backends/flash/wgmma.cuh"
@@ -62,10 +71,11 @@ struct Sm90BwdTile {
   static constexpr int kConsumerWarps = 8;
   static constexpr int kConsumerThreads = 256;
   // setmaxnreg: the block starts at 168 per thread (65536 / 384, rounded down to 8); the producer
-  // (TMA issue only) gives back what the consumers take (128 * producer + 256 * consumer <=
-  // 384 * 168).
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
+  // (TMA and bulk-copy issue) gives back what the consumers take (128 * producer + 256 *
+  // consumer <= 384 * 168). 32 / 232 rather than 24 / 240: at 24 ptxas spilled two values of the
+  // load warp once the dQ warp was added; the consumers fit 232 without spills.
+  static constexpr int kProducerRegs = 32;
+  static constexpr int kConsumerRegs = 232;
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 384 * 168, "register budget");
   // dQ [kBlockM][kHeadDim] in two 64 x 64 tiles: by rows (d64) or by columns (d128).
   static constexpr bool kDqSplitRows = kBlockM == 128;
@@ -79,13 +89,27 @@ struct Sm90BwdTile {
   static constexpr int kQOffset = kVOffset + kKvBytes;       // [stage]
   static constexpr int kDoOffset = kQOffset + kStages * kQBytes;  // [stage]
   static constexpr int kDsOffset = kDoOffset + kStages * kQBytes;  // [2]
-  static constexpr int kStatsOffset = kDsOffset + 2 * kDsBytes;  // [2][LSE, D][kBlockM] floats
+  // Each consumer's float32 64 x 64 dQ tile on its way to the bulk reduce-add (dq_accum_layout.h).
+  static constexpr int kDqBytes = 64 * 64 * 4;
+  static constexpr int kDqOffset = kDsOffset + 2 * kDsBytes;     // [consumer]
+  static constexpr int kStatsOffset = kDqOffset + 2 * kDqBytes;  // [2][LSE, D][kBlockM] floats
   static constexpr int kBarrierOffset = kStatsOffset + 2 * 2 * kBlockM * 4;
   static constexpr int kBarriers = 2 + 2 * kStages;  // kv_full, fix, full[stage], empty[stage]
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;  // + alignment slack
   static_assert(kQOffset % 1024 == 0 && kDoOffset % 1024 == 0 && kDsOffset % 1024 == 0 &&
                     kQBytes % 1024 == 0 && kDsBytes % 1024 == 0,
                 "swizzled tiles start 1024-byte aligned");
+  static_assert(kDqOffset % 16 == 0 && kDqBytes % 16 == 0, "bulk copies: 16-byte aligned");
+  static_assert(kDqOffset % 256 == 0 && kDqBytes % 256 == 0,
+                "the dQ stores address float4 k by XOR 64 k: bits 6-7 free in the buffer's base");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
+  // Named barriers (0 is __syncthreads): the consumers' per-step barrier, and per consumer c the
+  // dQ hand-off to the producer's dQ warp (one consumer warpgroup + one warp): kDqFull + c (the
+  // tile is in shared memory) and kDqEmpty + c (the bulk reduce-add has read it).
+  static constexpr int kStepBarrier = 1;
+  static constexpr int kDqFull = 2;   // 2, 3
+  static constexpr int kDqEmpty = 4;  // 4, 5
+  static constexpr int kDqBarrierThreads = 128 + 32;
 };
 
 struct Sm90BwdMaps {
@@ -135,10 +159,11 @@ __global__ void __launch_bounds__(384, 1)
     ZeroKeyBlockGradients<Tile::kThreads>(p, b, hk, seq, n0, kBlockN);
     return;
   }
-  // Steps: query head hk * group + step / m_count, query tile m_first + step % m_count.
+  // Steps (p.group * m_count; each role computes the count itself, which keeps it out of the
+  // registers live across the role split): query head hk * group + step / m_count, query tile
+  // m_first + step % m_count.
   const int m_first = first / kBlockM;
   const int m_count = last / kBlockM - m_first + 1;
-  const int steps = p.group * m_count;
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (SmemAddress(smem_raw) & 1023u)) & 1023u);
@@ -178,74 +203,110 @@ __global__ void __launch_bounds__(384, 1)
   if (warpgroup == 0) {
     // ---------------------------------------------------------------- producer
     sm90::RegistersDown<Tile::kProducerRegs>();
-    if (threadIdx.x >= 32) return;
-    const int lane = threadIdx.x;
-    const int batch_coord = p.thd ? 0 : b;
-    uint32_t fix_parity = 0;
+    if (threadIdx.x >= 64) return;
+    if (threadIdx.x < 32) {  // ---- warp 0: the loads
+      const int lane = threadIdx.x;
+      const int batch_coord = p.thd ? 0 : b;
+      uint32_t fix_parity = 0;
 
-    // K and V, once. Rows past the keys but inside the tensor exist only with per-sequence
-    // lengths: when the products read any of them (all 128 rows, or the lower 64 when
-    // upper_keys_absent), the tiles land on `fix`, get those rows zeroed, and kv_full is arrived
-    // by hand. Rows no product reads stay as they are (maybe NaN).
-    const int key_rows_read = upper_keys_absent ? 64 : kBlockN;
-    const bool patch_kv = p.padding && n0 + key_rows_read > seq.len_kv;
-    if (lane == 0) {
-      sm90::PrefetchTensorMap(&maps.q);
-      sm90::PrefetchTensorMap(&maps.d_o);
-      uint64_t* bar = patch_kv ? fix : kv_full;
-      sm90::MbarArriveExpectTx(bar, 2 * Tile::kKvBytes);
-#pragma unroll
-      for (int cb = 0; cb < kColBlocks; ++cb) {
-        const int row = static_cast<int>(seq.start_kv) + n0;
-        sm90::TmaLoad4d(k_s + cb * kBlockN * 128, &maps.k, bar, cb * 64, row, hk, batch_coord);
-        sm90::TmaLoad4d(v_s + cb * kBlockN * 128, &maps.v, bar, cb * 64, row, hk, batch_coord);
-      }
-    }
-    if (patch_kv) {
-      sm90::MbarWait(fix, fix_parity);
-      fix_parity ^= 1;
-      ZeroSwizzledRows<kBlockN, kColBlocks>(k_s, seq.len_kv - n0, lane);
-      ZeroSwizzledRows<kBlockN, kColBlocks>(v_s, seq.len_kv - n0, lane);
-      sm90::FenceProxyAsync();  // generic writes before the consumers' wgmma (async proxy)
-      __syncwarp();
-      if (lane == 0) sm90::MbarArrive(kv_full);
-    }
-
-    for (int step = 0; step < steps; ++step) {
-      const int h = hk * p.group + step / m_count;
-      const int m0 = (m_first + step % m_count) * kBlockM;
-      const int stage = step % kStages;
-      unsigned char* q_dst = q_s + stage * kQBytes;
-      unsigned char* do_dst = do_s + stage * kQBytes;
-      sm90::MbarWait(empty + stage, ((step / kStages) & 1) ^ 1);  // first use: no wait
-      // A tile that crosses the end of the queries within the rows dV and dK read (all kBlockM,
-      // or the lower 64 at d64's half_queries) lands on `fix`, gets its rows past the sequence
-      // zeroed, and full[stage] is arrived by hand. The rows past 64 at half_queries only reach
-      // S^T and dP^T columns whose P^T is masked to zero and whose dS^T only consumer 1's
-      // skipped dQ rows would read.
-      const int query_rows_read = half_queries_at(m0) ? 64 : kBlockM;
-      const bool patch_q = p.padding && m0 + query_rows_read > seq.len_q;
+      // K and V, once. Rows past the keys but inside the tensor exist only with per-sequence
+      // lengths: when the products read any of them (all 128 rows, or the lower 64 when
+      // upper_keys_absent), the tiles land on `fix`, get those rows zeroed, and kv_full is arrived
+      // by hand. Rows no product reads stay as they are (maybe NaN).
+      const int key_rows_read = upper_keys_absent ? 64 : kBlockN;
+      const bool patch_kv = p.padding && n0 + key_rows_read > seq.len_kv;
       if (lane == 0) {
-        uint64_t* bar = patch_q ? fix : full + stage;
-        sm90::MbarArriveExpectTx(bar, 2 * kQBytes);
+        sm90::PrefetchTensorMap(&maps.q);
+        sm90::PrefetchTensorMap(&maps.d_o);
+        uint64_t* bar = patch_kv ? fix : kv_full;
+        sm90::MbarArriveExpectTx(bar, 2 * Tile::kKvBytes);
 #pragma unroll
         for (int cb = 0; cb < kColBlocks; ++cb) {
-          const int row = static_cast<int>(seq.start_q) + m0;
-          sm90::TmaLoad4d(q_dst + cb * kBlockM * 128, &maps.q, bar, cb * 64, row, h, batch_coord);
-          sm90::TmaLoad4d(do_dst + cb * kBlockM * 128, &maps.d_o, bar, cb * 64, row, h,
-                          batch_coord);
+          const int row = static_cast<int>(seq.start_kv) + n0;
+          sm90::TmaLoad4d(k_s + cb * kBlockN * 128, &maps.k, bar, cb * 64, row, hk, batch_coord);
+          sm90::TmaLoad4d(v_s + cb * kBlockN * 128, &maps.v, bar, cb * 64, row, hk, batch_coord);
         }
       }
-      if (patch_q) {  // zero Q and dO rows [len_q - m0, kBlockM)
+      if (patch_kv) {
         sm90::MbarWait(fix, fix_parity);
         fix_parity ^= 1;
-        ZeroSwizzledRows<kBlockM, kColBlocks>(q_dst, seq.len_q - m0, lane);
-        ZeroSwizzledRows<kBlockM, kColBlocks>(do_dst, seq.len_q - m0, lane);
-        sm90::FenceProxyAsync();
+        ZeroSwizzledRows<kBlockN, kColBlocks>(k_s, seq.len_kv - n0, lane);
+        ZeroSwizzledRows<kBlockN, kColBlocks>(v_s, seq.len_kv - n0, lane);
+        sm90::FenceProxyAsync();  // generic writes before the consumers' wgmma (async proxy)
         __syncwarp();
-        if (lane == 0) sm90::MbarArrive(full + stage);
+        if (lane == 0) sm90::MbarArrive(kv_full);
+      }
+
+      for (int step = 0; step < p.group * m_count; ++step) {
+        const int h = hk * p.group + step / m_count;
+        const int m0 = (m_first + step % m_count) * kBlockM;
+        const int stage = step % kStages;
+        unsigned char* q_dst = q_s + stage * kQBytes;
+        unsigned char* do_dst = do_s + stage * kQBytes;
+        sm90::MbarWait(empty + stage, ((step / kStages) & 1) ^ 1);  // first use: no wait
+        // A tile that crosses the end of the queries within the rows dV and dK read (all kBlockM,
+        // or the lower 64 at d64's half_queries) lands on `fix`, gets its rows past the sequence
+        // zeroed, and full[stage] is arrived by hand. The rows past 64 at half_queries only reach
+        // S^T and dP^T columns whose P^T is masked to zero and whose dS^T reaches only
+        // consumer 1's dQ rows past the queries, which the dQ warp never adds.
+        const int query_rows_read = half_queries_at(m0) ? 64 : kBlockM;
+        const bool patch_q = p.padding && m0 + query_rows_read > seq.len_q;
+        if (lane == 0) {
+          uint64_t* bar = patch_q ? fix : full + stage;
+          sm90::MbarArriveExpectTx(bar, 2 * kQBytes);
+#pragma unroll
+          for (int cb = 0; cb < kColBlocks; ++cb) {
+            const int row = static_cast<int>(seq.start_q) + m0;
+            sm90::TmaLoad4d(q_dst + cb * kBlockM * 128, &maps.q, bar, cb * 64, row, h, batch_coord);
+            sm90::TmaLoad4d(do_dst + cb * kBlockM * 128, &maps.d_o, bar, cb * 64, row, h,
+                            batch_coord);
+          }
+        }
+        if (patch_q) {  // zero Q and dO rows [len_q - m0, kBlockM)
+          sm90::MbarWait(fix, fix_parity);
+          fix_parity ^= 1;
+          ZeroSwizzledRows<kBlockM, kColBlocks>(q_dst, seq.len_q - m0, lane);
+          ZeroSwizzledRows<kBlockM, kColBlocks>(do_dst, seq.len_q - m0, lane);
+          sm90::FenceProxyAsync();
+          __syncwarp();
+          if (lane == 0) sm90::MbarArrive(full + stage);
+        }
+      }
+      return;
+    }
+    // ---- warp 1: dQ of each consumer and step into the workspace, one bulk reduce-add of the
+    // tile's rows inside the sequence (tiled layout, dq_accum_layout.h). The buffer starts
+    // empty (one arrival ahead); every tile then costs the consumer one kDqEmpty sync and one
+    // kDqFull arrival and this warp the reverse, and the consumer's last kDqEmpty sync (after
+    // its loop) takes this warp's last arrival, so the counts match.
+    // Written lean (nested loops, 32-bit shared address): this warp has kProducerRegs too.
+    const int lane = threadIdx.x - 32;
+    const uint32_t dq_s = SmemAddress(smem + Tile::kDqOffset);
+    for (int c = 0; c < 2; ++c)
+      sm90::NamedBarrierArrive(Tile::kDqEmpty + c, Tile::kDqBarrierThreads);
+    for (int hh = 0; hh < p.group; ++hh) {  // the steps' order: heads, then query tiles
+      float* head_dq = p.dq_accum + RowIndex(p, b, hk * p.group + hh, 0) * kHeadDim;
+      for (int mt = m_first; mt < m_first + m_count; ++mt) {
+        const int m0 = mt * kBlockM;
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          sm90::NamedBarrierSync(Tile::kDqFull + c, Tile::kDqBarrierThreads);
+          const int tile_m0 = m0 + (Tile::kDqSplitRows ? 64 * c : 0);
+          const int rows = min(64, seq.len_q - tile_m0);  // rows of the sequence in the tile
+          if (lane == 0 && rows > 0) {
+            sm90::BulkReduceAddF32(
+                head_dq + DqTiledBlockOffset(tile_m0, Tile::kDqSplitRows ? 0 : c,
+                                             p.max_seqlen_q, kHeadDim),
+                dq_s + c * Tile::kDqBytes, rows * kDqBlockCols * 4);
+            sm90::BulkCommit();
+            sm90::BulkWaitRead<0>();
+          }
+          __syncwarp();
+          sm90::NamedBarrierArrive(Tile::kDqEmpty + c, Tile::kDqBarrierThreads);
+        }
       }
     }
+    if (lane == 0) sm90::BulkWait<0>();  // the adds complete before the block ends
     return;
   }
 
@@ -284,6 +345,10 @@ __global__ void __launch_bounds__(384, 1)
   const int dq_rows = Tile::kDqSplitRows ? wg : 0;
   const int dq_cols = Tile::kDqSplitRows ? 0 : wg;
   const uint32_t k_dq_addr = k_addr + dq_cols * (kBlockN * 128);
+  // This thread's float4 k = 0 of row 16 warp + g in the consumer's dQ buffer (float4 k at XOR
+  // 64 k, row + 8 at + 2048: DqFragmentByteOffset).
+  const uint32_t dq_store_addr = SmemAddress(smem + Tile::kDqOffset) + wg * Tile::kDqBytes +
+                                 DqFragmentByteOffset(16 * warp + g, t);
 
   // The LSE and D of a step's rows go through shared memory, [step % 2][LSE, D][kBlockM]:
   // consumer thread c (c < 2 kBlockM) reads value c (row c % kBlockM) of the next step into a
@@ -304,208 +369,223 @@ __global__ void __launch_bounds__(384, 1)
     return isfinite(lse) ? lse * kLog2e : INFINITY;
   };
   if (stat_loader) stats[ctid] = load_stat(0);
-  sm90::NamedBarrierSync(1, Tile::kConsumerThreads);
+  sm90::NamedBarrierSync(Tile::kStepBarrier, Tile::kConsumerThreads);
   sm90::MbarWait(kv_full, 0);
 
-  for (int step = 0; step < steps; ++step) {
-    const int h = hk * p.group + step / m_count;
-    const int m0 = (m_first + step % m_count) * kBlockM;
-    const int stage = step % kStages;
-    const uint32_t q_addr = SmemAddress(q_s) + stage * kQBytes;
-    const uint32_t do_addr = SmemAddress(do_s) + stage * kQBytes;
-    const float* lse_s = stats + (step & 1) * 2 * kBlockM;
-    const float* delta_s = lse_s + kBlockM;
-    unsigned char* ds_buf = ds_s + (step & 1) * Tile::kDsBytes;
-    const bool stat_next = stat_loader && step + 1 < steps;
-    const float next_stat = stat_next ? load_stat(step + 1) : 0.f;
-    const bool half_queries = half_queries_at(m0);
-    const bool dq_rows_absent =
-        __shfl_sync(0xffffffffu, Tile::kDqSplitRows && dq_rows == 1 && half_queries, 0);
+  const int steps = p.group * m_count;
+  // The steps, compiled apart for a consumer with keys and for one without (consumer 1 of a
+  // block whose upper keys are past the sequence: dQ only), so that dS^T's registers, which
+  // the dK product after dQ reads, are defined on every path of its version.
+  auto run_steps = [&](auto keys) {
+    constexpr bool kHasKeys = decltype(keys)::value != 0;
+    for (int step = 0; step < steps; ++step) {
+      const int m0 = (m_first + step % m_count) * kBlockM;
+      const int stage = step % kStages;
+      const uint32_t q_addr = SmemAddress(q_s) + stage * kQBytes;
+      const uint32_t do_addr = SmemAddress(do_s) + stage * kQBytes;
+      const float* lse_s = stats + (step & 1) * 2 * kBlockM;
+      const float* delta_s = lse_s + kBlockM;
+      unsigned char* ds_buf = ds_s + (step & 1) * Tile::kDsBytes;
+      const bool stat_next = stat_loader && step + 1 < steps;
+      const float next_stat = stat_next ? load_stat(step + 1) : 0.f;
+      const bool half_queries = half_queries_at(m0);
 
-    if (has_keys) {
-      sm90::MbarWait(full + stage, (step / kStages) & 1);
+      uint32_t dsa[kBlockM / 16][4];  // dS^T as the A operand of dK (issued after dQ)
+      if constexpr (kHasKeys) {
+        sm90::MbarWait(full + stage, (step / kStages) & 1);
 
-      // S^T = K_wg Q^T and dP^T = V_wg dO^T: 16 columns of d per wgmma, 4 per column block; two
-      // commit groups, so the exponentials of P^T overlap dP^T on the tensor cores. Full width
-      // even at half_queries (an instance of 64 queries costs the registers that keep the wgmmas
-      // pipelined): the queries past the sequence have Q = dO = 0 and LSE = +inf, so P^T = 0.
-      float st[kBlockM / 2], dpt[kBlockM / 2];
-      sm90::WgmmaFence();
-#pragma unroll
-      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        const uint32_t k_off = (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
-        const uint32_t q_off = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
-        sm90::Wgmma<Element, kBlockM>::template SS<0, 0>(
-            st, sm90::MakeDesc(k_wg_addr + k_off, 16, 1024),
-            sm90::MakeDesc(q_addr + q_off, 16, 1024), kk > 0);
-      }
-      sm90::WgmmaCommit();
-#pragma unroll
-      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        const uint32_t v_off = (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
-        const uint32_t do_off = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
-        sm90::Wgmma<Element, kBlockM>::template SS<0, 0>(
-            dpt, sm90::MakeDesc(v_wg_addr + v_off, 16, 1024),
-            sm90::MakeDesc(do_addr + do_off, 16, 1024), kk > 0);
-      }
-      sm90::WgmmaCommit();
-
-      // P^T: element 4 i + 2 r + c of st is (key key_row + 8 r, query m0 + 8 i + 2 t + c).
-      sm90::WgmmaWait<1>();
-      sm90::FenceOperands(st);
-      // At half_queries only the lower 64 queries' slices: the upper ones feed nothing (their
-      // P^T is masked to zero below and their dS^T reaches only consumer 1's skipped dQ rows).
-      auto exponentials = [&](auto slices) {
-#pragma unroll
-        for (int i = 0; i < decltype(slices)::value; ++i) {
-          const float2 lse = *reinterpret_cast<const float2*>(lse_s + 8 * i + 2 * t);
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            st[4 * i + 2 * r] = FastExp2(fmaf(st[4 * i + 2 * r], scale_log2, -lse.x));
-            st[4 * i + 2 * r + 1] = FastExp2(fmaf(st[4 * i + 2 * r + 1], scale_log2, -lse.y));
-          }
-        }
-      };
-      if (half_queries)
-        exponentials(sm90::Static<kSlices / 2>());
-      else
-        exponentials(sm90::Static<kSlices>());
-      // Hidden keys: P = 0, only where these 64 keys x the step's queries cross a mask boundary.
-      const bool interior = m0 + kBlockM <= seq.len_q && key0 + 64 <= seq.len_kv &&
-                            (p.window_left < 0 || key0 >= RawLo(p, m0 + kBlockM - 1, shift)) &&
-                            (p.window_right < 0 || key0 + 64 <= RawHi(p, m0, shift));
-      if (!interior) {
-#pragma unroll
-        for (int i = 0; i < kSlices; ++i)
-#pragma unroll
-          for (int r = 0; r < 2; ++r)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-              const int q = m0 + 8 * i + 2 * t + c;
-              if (q < q_first[r] || q > q_last[r]) st[4 * i + 2 * r + c] = 0.f;
-            }
-      }
-
-      // dS^T = P^T o (dP^T - D) * scale (d loss / d (q.k)).
-      sm90::WgmmaWait<0>();
-      sm90::FenceOperands(dpt);
-      auto score_gradients = [&](auto slices) {
-#pragma unroll
-        for (int i = 0; i < decltype(slices)::value; ++i) {
-          const float2 delta = *reinterpret_cast<const float2*>(delta_s + 8 * i + 2 * t);
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            dpt[4 * i + 2 * r] = st[4 * i + 2 * r] * (dpt[4 * i + 2 * r] - delta.x) * scale;
-            dpt[4 * i + 2 * r + 1] =
-                st[4 * i + 2 * r + 1] * (dpt[4 * i + 2 * r + 1] - delta.y) * scale;
-          }
-        }
-      };
-      if (half_queries)
-        score_gradients(sm90::Static<kSlices / 2>());
-      else
-        score_gradients(sm90::Static<kSlices>());
-
-      // P^T and dS^T as A operands (queries 16 kk.. = slices 2 kk, 2 kk + 1), and dS^T to shared
-      // memory for dQ: slice i, rows r of this thread at (key 64 wg + 16 warp + g + 8 r, query
-      // 8 i + 2 t) of the [128 keys][kBlockM queries] tile (conflict-free: the 8 rows of a store
-      // phase land in 8 different 16-byte chunks).
-      uint32_t pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < kBlockM / 16; ++kk)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          pa[kk][e] = Pack<Element>(st[8 * kk + 2 * e], st[8 * kk + 2 * e + 1]);
-          dsa[kk][e] = Pack<Element>(dpt[8 * kk + 2 * e], dpt[8 * kk + 2 * e + 1]);
-        }
-#pragma unroll
-      for (int i = 0; i < kSlices; ++i) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int row = 64 * wg + 16 * warp + g + 8 * r;
-          *reinterpret_cast<uint32_t*>(ds_buf + sm90::Swizzle128Offset(row, 8 * i + 2 * t, kBlockN)) =
-              dsa[i / 2][2 * (i % 2) + r];
-        }
-      }
-      sm90::FenceProxyAsync();  // this thread's dS^T stores before the wgmma reads (async proxy)
-
-      // dV += P^T dO, dK += dS^T Q: 16 queries per wgmma (two 8-row swizzle atoms, 2048 bytes).
-      auto dv_dk_products = [&](auto query_chunks) {
-        sm90::FenceOperands(acc_dv);
-        sm90::FenceOperands(acc_dk);
+        // S^T = K_wg Q^T and dP^T = V_wg dO^T: 16 columns of d per wgmma, 4 per column block; two
+        // commit groups, so the exponentials of P^T overlap dP^T on the tensor cores. Full width
+        // even at half_queries (an instance of 64 queries costs the registers that keep the wgmmas
+        // pipelined): the queries past the sequence have Q = dO = 0 and LSE = +inf, so P^T = 0.
+        float st[kBlockM / 2], dpt[kBlockM / 2];
         sm90::WgmmaFence();
 #pragma unroll
-        for (int kk = 0; kk < decltype(query_chunks)::value; ++kk)
-          sm90::Wgmma<Element, kHeadDim>::template RS<1>(
-              acc_dv, pa[kk], sm90::MakeDesc(do_addr + kk * 2048, kBlockM * 128, 1024), true);
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+          const uint32_t k_off = (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
+          const uint32_t q_off = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
+          sm90::Wgmma<Element, kBlockM>::template SS<0, 0>(
+              st, sm90::MakeDesc(k_wg_addr + k_off, 16, 1024),
+              sm90::MakeDesc(q_addr + q_off, 16, 1024), kk > 0);
+        }
+        sm90::WgmmaCommit();
 #pragma unroll
-        for (int kk = 0; kk < decltype(query_chunks)::value; ++kk)
-          sm90::Wgmma<Element, kHeadDim>::template RS<1>(
-              acc_dk, dsa[kk], sm90::MakeDesc(q_addr + kk * 2048, kBlockM * 128, 1024), true);
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+          const uint32_t v_off = (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
+          const uint32_t do_off = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
+          sm90::Wgmma<Element, kBlockM>::template SS<0, 0>(
+              dpt, sm90::MakeDesc(v_wg_addr + v_off, 16, 1024),
+              sm90::MakeDesc(do_addr + do_off, 16, 1024), kk > 0);
+        }
+        sm90::WgmmaCommit();
+
+        // P^T: element 4 i + 2 r + c of st is (key key_row + 8 r, query m0 + 8 i + 2 t + c).
+        sm90::WgmmaWait<1>();
+        sm90::FenceOperands(st);
+        // At half_queries only the lower 64 queries' slices: the upper ones feed nothing (their
+        // P^T is masked to zero below and their dS^T reaches only consumer 1's dQ rows past the
+        // queries, which the dQ warp never adds).
+        auto exponentials = [&](auto slices) {
+#pragma unroll
+          for (int i = 0; i < decltype(slices)::value; ++i) {
+            const float2 lse = *reinterpret_cast<const float2*>(lse_s + 8 * i + 2 * t);
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              st[4 * i + 2 * r] = FastExp2(fmaf(st[4 * i + 2 * r], scale_log2, -lse.x));
+              st[4 * i + 2 * r + 1] = FastExp2(fmaf(st[4 * i + 2 * r + 1], scale_log2, -lse.y));
+            }
+          }
+        };
+        if (half_queries)
+          exponentials(sm90::Static<kSlices / 2>());
+        else
+          exponentials(sm90::Static<kSlices>());
+        // Hidden keys: P = 0, only where these 64 keys x the step's queries cross a mask boundary.
+        const bool interior = m0 + kBlockM <= seq.len_q && key0 + 64 <= seq.len_kv &&
+                              (p.window_left < 0 || key0 >= RawLo(p, m0 + kBlockM - 1, shift)) &&
+                              (p.window_right < 0 || key0 + 64 <= RawHi(p, m0, shift));
+        if (!interior) {
+#pragma unroll
+          for (int i = 0; i < kSlices; ++i)
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+#pragma unroll
+              for (int c = 0; c < 2; ++c) {
+                const int q = m0 + 8 * i + 2 * t + c;
+                if (q < q_first[r] || q > q_last[r]) st[4 * i + 2 * r + c] = 0.f;
+              }
+        }
+
+        // dS^T = P^T o (dP^T - D) * scale (d loss / d (q.k)).
+        sm90::WgmmaWait<0>();
+        sm90::FenceOperands(dpt);
+        auto score_gradients = [&](auto slices) {
+#pragma unroll
+          for (int i = 0; i < decltype(slices)::value; ++i) {
+            const float2 delta = *reinterpret_cast<const float2*>(delta_s + 8 * i + 2 * t);
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              dpt[4 * i + 2 * r] = st[4 * i + 2 * r] * (dpt[4 * i + 2 * r] - delta.x) * scale;
+              dpt[4 * i + 2 * r + 1] =
+                  st[4 * i + 2 * r + 1] * (dpt[4 * i + 2 * r + 1] - delta.y) * scale;
+            }
+          }
+        };
+        if (half_queries)
+          score_gradients(sm90::Static<kSlices / 2>());
+        else
+          score_gradients(sm90::Static<kSlices>());
+
+        // P^T and dS^T as A operands (queries 16 kk.. = slices 2 kk, 2 kk + 1), and dS^T to shared
+        // memory for dQ: slice i, rows r of this thread at (key 64 wg + 16 warp + g + 8 r, query
+        // 8 i + 2 t) of the [128 keys][kBlockM queries] tile (conflict-free: the 8 rows of a store
+        // phase land in 8 different 16-byte chunks).
+        uint32_t pa[kBlockM / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < kBlockM / 16; ++kk)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            pa[kk][e] = Pack<Element>(st[8 * kk + 2 * e], st[8 * kk + 2 * e + 1]);
+            dsa[kk][e] = Pack<Element>(dpt[8 * kk + 2 * e], dpt[8 * kk + 2 * e + 1]);
+          }
+#pragma unroll
+        for (int i = 0; i < kSlices; ++i) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int row = 64 * wg + 16 * warp + g + 8 * r;
+            *reinterpret_cast<uint32_t*>(ds_buf +
+                                         sm90::Swizzle128Offset(row, 8 * i + 2 * t, kBlockN)) =
+                dsa[i / 2][2 * (i % 2) + r];
+          }
+        }
+        sm90::FenceProxyAsync();  // this thread's dS^T stores before the wgmma reads (async proxy)
+
+        // dV += P^T dO now (it needs no other consumer); dK += dS^T Q after dQ below. 16 queries
+        // per wgmma (two 8-row swizzle atoms, 2048 bytes).
+        auto dv_product = [&](auto query_chunks) {
+          sm90::FenceOperands(acc_dv);
+          sm90::WgmmaFence();
+#pragma unroll
+          for (int kk = 0; kk < decltype(query_chunks)::value; ++kk)
+            sm90::Wgmma<Element, kHeadDim>::template RS<1>(
+                acc_dv, pa[kk], sm90::MakeDesc(do_addr + kk * 2048, kBlockM * 128, 1024), true);
+          sm90::WgmmaCommit();
+        };
+        if (half_queries)
+          dv_product(sm90::Static<kBlockM / 32>());
+        else
+          dv_product(sm90::Static<kBlockM / 16>());
+      }  // kHasKeys
+
+      // dQ tile = dS K over all 128 keys, once both consumers' dS^T is in place; issued before dK
+      // so that its trip through shared memory overlaps the dK product.
+      if (stat_next) stats[((step + 1) & 1) * 2 * kBlockM + ctid] = next_stat;
+      sm90::NamedBarrierSync(Tile::kStepBarrier, Tile::kConsumerThreads);
+      // At d64's half step consumer 1's dQ rows lie past the queries: it computes them anyway
+      // (from dS^T columns that hold garbage there, maybe NaN), and the dQ warp adds none of them
+      // (the tile has no rows of the sequence); no branch between the products.
+      float dq[32];
+      const uint32_t ds_addr = SmemAddress(ds_buf) + dq_rows * (kBlockN * 128);
+      auto dq_product = [&](auto key_chunks) {
+        sm90::WgmmaFence();
+#pragma unroll
+        for (int kk = 0; kk < decltype(key_chunks)::value; ++kk)
+          sm90::Wgmma<Element, 64>::template SS<1, 1>(
+              dq, sm90::MakeDesc(ds_addr + kk * 2048, kBlockN * 128, 1024),
+              sm90::MakeDesc(k_dq_addr + kk * 2048, kBlockN * 128, 1024), kk > 0);
         sm90::WgmmaCommit();
       };
-      if (half_queries)
-        dv_dk_products(sm90::Static<kBlockM / 32>());
+      if (upper_keys_absent)
+        dq_product(sm90::Static<kBlockN / 32>());
       else
-        dv_dk_products(sm90::Static<kBlockM / 16>());
-    }  // has_keys
+        dq_product(sm90::Static<kBlockN / 16>());
+      if constexpr (kHasKeys) {
+        auto dk_product = [&](auto query_chunks) {
+          sm90::FenceOperands(acc_dk);
+          sm90::WgmmaFence();
+#pragma unroll
+          for (int kk = 0; kk < decltype(query_chunks)::value; ++kk)
+            sm90::Wgmma<Element, kHeadDim>::template RS<1>(
+                acc_dk, dsa[kk], sm90::MakeDesc(q_addr + kk * 2048, kBlockM * 128, 1024), true);
+          sm90::WgmmaCommit();
+        };
+        if (half_queries)
+          dk_product(sm90::Static<kBlockM / 32>());
+        else
+          dk_product(sm90::Static<kBlockM / 16>());
+        sm90::WgmmaWait<1>();  // dV and dQ done, dK may still run
+      } else {
+        sm90::WgmmaWait<0>();
+      }
 
-    // dQ tile = dS K over all 128 keys, once both consumers' dS^T is in place.
-    if (stat_next) stats[((step + 1) & 1) * 2 * kBlockM + ctid] = next_stat;
-    sm90::NamedBarrierSync(1, Tile::kConsumerThreads);
-    if (dq_rows_absent) {  // consumer 1 at half width: its dQ rows are past the queries
+      // The dQ tile goes to this consumer's buffer in register order, four 16-byte stores per row
+      // of this thread (dq_accum_layout.h's DqFragmentByteOffset), once the dQ warp has read the
+      // previous one; then the hand-off to the dQ warp, which adds it to the workspace with one
+      // bulk reduce-add.
+      sm90::FenceOperands(dq);
+      sm90::NamedBarrierSync(Tile::kDqEmpty + wg, Tile::kDqBarrierThreads);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t address = dq_store_addr ^ (64 * k);
+        sm90::StoreShared4<0>(address, dq[8 * k], dq[8 * k + 1], dq[8 * k + 4], dq[8 * k + 5]);
+        sm90::StoreShared4<2048>(address, dq[8 * k + 2], dq[8 * k + 3], dq[8 * k + 6],
+                                 dq[8 * k + 7]);
+      }
+      sm90::FenceProxyAsync();  // the stores before the bulk copy's reads (async proxy)
+      sm90::NamedBarrierArrive(Tile::kDqFull + wg, Tile::kDqBarrierThreads);
       sm90::WgmmaWait<0>();
       sm90::FenceOperands(acc_dv);
       sm90::FenceOperands(acc_dk);
       __syncwarp();
-      if (has_keys && lane == 0) sm90::MbarArrive(empty + stage);
-      continue;
+      if (kHasKeys && lane == 0) sm90::MbarArrive(empty + stage);  // this warp is done with it
     }
-    float dq[32];
-    const uint32_t ds_addr = SmemAddress(ds_buf) + dq_rows * (kBlockN * 128);
-    auto dq_product = [&](auto key_chunks) {
-      sm90::WgmmaFence();
-#pragma unroll
-      for (int kk = 0; kk < decltype(key_chunks)::value; ++kk)
-        sm90::Wgmma<Element, 64>::template SS<1, 1>(
-            dq, sm90::MakeDesc(ds_addr + kk * 2048, kBlockN * 128, 1024),
-            sm90::MakeDesc(k_dq_addr + kk * 2048, kBlockN * 128, 1024), kk > 0);
-      sm90::WgmmaCommit();
-    };
-    if (upper_keys_absent)
-      dq_product(sm90::Static<kBlockN / 32>());
-    else
-      dq_product(sm90::Static<kBlockN / 16>());
-    sm90::WgmmaWait<0>();
-    sm90::FenceOperands(acc_dv);
-    sm90::FenceOperands(acc_dk);
-    sm90::FenceOperands(dq);
-    __syncwarp();
-    if (has_keys && lane == 0) sm90::MbarArrive(empty + stage);  // this warp is done with the stage
-
-    // dQ into the float32 workspace, float4 atomics: lanes t and t ^ 1 swap halves so that the
-    // even lane adds 4 columns of slice 2 k and the odd lane 4 columns of slice 2 k + 1.
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int64_t i = int64_t{m0} + 64 * dq_rows + 16 * warp + g + 8 * r;
-      float* row = p.dq_accum + RowIndex(p, b, h, i < seq.len_q ? i : 0) * p.dq_accum_dim +
-                   64 * dq_cols;
-      const bool odd = (t & 1) != 0;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float* even_slice = dq + 4 * (2 * k) + 2 * r;
-        const float* odd_slice = dq + 4 * (2 * k + 1) + 2 * r;
-        const float send0 = odd ? even_slice[0] : odd_slice[0];
-        const float send1 = odd ? even_slice[1] : odd_slice[1];
-        const float recv0 = __shfl_xor_sync(0xffffffffu, send0, 1);
-        const float recv1 = __shfl_xor_sync(0xffffffffu, send1, 1);
-        const int x = odd ? (2 * k + 1) * 8 + 2 * (t - 1) : 2 * k * 8 + 2 * t;
-        const float4 value = odd ? make_float4(recv0, recv1, odd_slice[0], odd_slice[1])
-                                 : make_float4(even_slice[0], even_slice[1], recv0, recv1);
-        if (i < seq.len_q) atomicAdd(reinterpret_cast<float4*>(row + x), value);
-      }
-    }
-  }
+  };
+  if (has_keys)
+    run_steps(sm90::Static<1>());
+  else
+    run_steps(sm90::Static<0>());
+  // The dQ warp's last arrival (its last tile has been read; see the producer).
+  sm90::NamedBarrierSync(Tile::kDqEmpty + wg, Tile::kDqBarrierThreads);
 
   // dK (scale already in dS), dV of this thread's keys; keys past the sequence come out zero
   // (their K/V rows were zeroed and masked).
@@ -535,8 +615,9 @@ Status LaunchWgmmaBackward(const FlashParams& p, cudaStream_t stream, bool* laun
   using Tile = Sm90BwdTile<kHeadDim>;
   static_assert(Tile::kBlockN == kSm90ScheduleRowsBackward, "schedule.h: the planner's rows");
   *launched = false;
-  // The plain variant with the atomic dQ workspace of this instance; everything else (score
-  // modifiers, dropout, bias gradients, deterministic mode) stays on the mma.sync kernels.
+  // The plain variant with the dQ workspace of this instance (added to in no fixed order);
+  // everything else (score modifiers, dropout, bias gradients, deterministic mode) stays on the
+  // mma.sync kernels.
   if (NeedsFullKernel(p) || p.deterministic || p.dbias_mode != kDbiasNone ||
       p.flex.block_mask != nullptr || p.dq_accum == nullptr || p.dq_accum_dim != kHeadDim ||
       p.head_dim_qk > kHeadDim || p.head_dim_v > kHeadDim || p.qkv_dtype != p.o_dtype ||

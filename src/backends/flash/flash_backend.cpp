@@ -3,8 +3,10 @@
 //
 // Which kernel runs a call is the planner's decision (planner.h): the Hopper wgmma/TMA kernels,
 // the mma.sync tensor-core kernels (fwd_kernel.cuh, bwd_kernel.cuh, one instance per padded head
-// dim under instances/), the NVRTC-compiled score_mod kernels (jit.h), or the simple SIMT kernels
-// (simple_kernels.cu), with the variant, the THD schedule and the workspace layout. check(), the
+// dim under instances/), the NVRTC-compiled score_mod kernels (jit.h), the simple SIMT kernels
+// (simple_kernels.cu), or, for max_seqlen_q <= 16 against paged or contiguous K/V, the decode
+// kernel (decode.h, decode_kernel.cuh: split-KV with a combine, the only one that reads paged
+// K/V), with the variant, the THD schedule and the workspace layout. check(), the
 // workspace sizes, forward() and backward() execute that plan; note() prints it for explain.
 //
 // Backward: a preprocess computes D = rowsum(dO * O); the fast kernel is parallel over key blocks
@@ -21,6 +23,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "backends/flash/decode.h"
 #include "backends/flash/jit.h"
 #include "backends/flash/kernels.h"
 #include "backends/flash/planner.h"
@@ -278,9 +281,13 @@ class FlashBackendImpl final : public Backend {
       p.schedule_workspace = reinterpret_cast<int32_t*>(base + plan.workspace.schedule);
     p.max_logit = t.max_logit;
     p.max_logit_stride = t.max_logit_stride;
-    if (p.max_logit) FUSEDATTN_RETURN_IF_ERROR(flash::LaunchFillMaxLogit(p, s));
+    if (p.max_logit && plan.path != flash::KernelPath::kDecode)
+      FUSEDATTN_RETURN_IF_ERROR(flash::LaunchFillMaxLogit(p, s));
     const bool half = problem.config.qkv_dtype == FUSEDATTN_DTYPE_FLOAT16;
     switch (plan.path) {
+      case flash::KernelPath::kDecode:
+        // max_logit is filled by RunDecode itself.
+        return flash::RunDecode(problem, t, p, workspace, workspace_bytes, s);
       case flash::KernelPath::kScoreModJit:
         SetFlexTensors(t, &p);
         return jit::Launch(problem.score_mod,
@@ -389,6 +396,7 @@ class FlashBackendImpl final : public Backend {
       case flash::KernelPath::kHopperWgmma:
         FUSEDATTN_RETURN_IF_ERROR(half ? HopperBackward<flash::Half>(plan.instance, p, s)
                                        : HopperBackward<flash::Bfloat16>(plan.instance, p, s));
+        p.dq_accum_tiled = true;  // the kernel's tiled order of dq_accum (dq_accum_layout.h)
         break;
       case flash::KernelPath::kMmaSync:
         FUSEDATTN_RETURN_IF_ERROR(half ? MmaSyncBackward<flash::Half>(plan.instance, p, s)
@@ -397,8 +405,9 @@ class FlashBackendImpl final : public Backend {
       case flash::KernelPath::kSimple:
         FUSEDATTN_RETURN_IF_ERROR(flash::LaunchSimpleBackward(p, s));
         break;
+      case flash::KernelPath::kDecode:
       case flash::KernelPath::kNone:
-        return InternalError("flash: a backward plan without a kernel");
+        return InternalError("flash: a backward plan without a backward kernel");
     }
     if (plan.dq == flash::DqMode::kDeterministic) {
       FUSEDATTN_RETURN_IF_ERROR(half ? MmaSyncBackwardDq<flash::Half>(plan.instance, p, s)

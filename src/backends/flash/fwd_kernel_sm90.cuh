@@ -2,14 +2,21 @@
 // tiles loaded by TMA through a two-stage mbarrier pipeline, FlashAttention-3 style.
 //
 // One block per (query tile of 128 rows, head, sequence), three warpgroups:
-//  * warpgroup 0 is the producer (one warp works, with few registers: setmaxnreg 24/32): it loads
-//    Q once and streams K(n), V(n) into stage n % 2, waiting until both consumers released the
-//    stage (k_empty / v_empty) before overwriting it;
-//  * warpgroups 1 and 2 are consumers (setmaxnreg 240/232), 64 query rows each: S = Q K^T with both
-//    operands from shared memory (m64n128k16, K-major), the online softmax in registers
-//    (exp2 with the scale folded into one FFMA), then O += P V with P in registers as the A
-//    operand and V an MN-major B operand (transpose bit). The two consumers overlap each other's
-//    softmax with their GEMMs on the tensor cores.
+//  * warpgroup 0 is the producer (one warp works, with few registers: setmaxnreg 24): it loads
+//    K of the first step, then Q, then K(j) ahead of V(j - 1) (V lags K by one step, the order in
+//    which the consumers use them), each into stage j % 2, waiting until both consumers released
+//    the stage (k_empty / v_empty) before overwriting it;
+//  * warpgroups 1 and 2 are consumers (setmaxnreg 240 at d128, 104 at d64), 64 query rows each:
+//    S = Q K^T with both operands from shared memory (m64nNk16, K-major), the online softmax in
+//    registers (exp2 with the scale folded into one FFMA), then O += P V with P in registers as
+//    the A operand and V an MN-major B operand (transpose bit).
+// Main loop, FlashAttention-3 style: step 0 computes S(0) and its softmax alone; step n >= 1
+// issues S(n) and O += P(n - 1) V(n - 1) back to back; the last O += P V comes alone. At d128 a
+// consumer waits only for S(n), masks it and computes its softmax while its O += P V still runs
+// on the tensor cores, then rescales O and packs P(n) (intra-warpgroup overlap). At d64 (104
+// registers cannot hold S, P and O at once) O += P V completes before S(n) is issued. Around the
+// issue of a step's products the two consumers take turns (ping-pong, two named barriers), so
+// that one consumer's softmax runs while the tensor cores compute the other's products.
 // Key tiles are walked from the last to the first; only tiles the mask reaches are visited and
 // element masks run only on tiles that cross a boundary (per consumer's 64 rows). Out-of-bounds
 // rows of a tensor are zero-filled by TMA; rows past a sequence's length that are inside the
@@ -52,6 +59,13 @@ struct Sm90FwdTile {
   static constexpr int kConsumerRegs = kHeadDim == 64 ? 104 : 240;
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * kStartRegs,
                 "register budget");
+  // The softmax of S(n + 1) overlaps O += P(n) V(n) of the same consumer: S, P and O in
+  // registers at once (64 + 32 + 64 at d128). d64's 104 registers cannot hold its 32 + 16 + 32
+  // with the rest (ptxas then serializes every wgmma, C7512): there O += P V completes before
+  // S is issued, and only the ping-pong between the consumers hides the softmax.
+  static constexpr bool kOverlapSoftmax = kHeadDim == 128;
+  // The two consumers take turns issuing their products (see the kernel).
+  static constexpr bool kPingPong = true;
   static constexpr int kColBlocks = kHeadDim / 64;       // 64-column (128-byte) swizzle blocks
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKvBytes = kBlockN * kHeadDim * 2;  // one K or V stage
@@ -117,8 +131,8 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
   // consumer 0's warps release the stages.
   const bool upper_rows_absent = m0 + 64 >= seq.len_q;
   const int releasing_warps = upper_rows_absent ? Tile::kConsumerWarps / 2 : Tile::kConsumerWarps;
-  // d128's key tile [n0, n0 + 128) across the end of the keys with at most 64 keys left: both
-  // products over 64 keys (S's upper columns are masked to -inf, V's upper rows not read).
+  // d128's key tile [n0, n0 + 128) across the end of the keys with at most 64 keys left: O += P V
+  // over 64 keys (V's upper rows are not read; S is computed over all 128 and masked).
   auto half_keys_at = [&](int n0) { return kBlockN == 128 && n0 + 64 >= seq.len_kv; };
   if (threadIdx.x == 0) {
     sm90::MbarInit(q_full, 1);
@@ -141,37 +155,30 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
     const int lane = threadIdx.x;
     const int batch_coord = p.thd ? 0 : b;
     const int kv_row0 = static_cast<int>(seq.start_kv);
-    if (lane == 0) {
-      sm90::PrefetchTensorMap(&maps.k);
-      sm90::PrefetchTensorMap(&maps.v);
-      sm90::MbarArriveExpectTx(q_full, Tile::kQBytes);
+    // Step j of the walk reads key tile n_tile_end - 1 - j through stage j % kStages; the first
+    // use of a stage waits for nothing (parity 1 of a fresh barrier).
+    auto load_keys = [&](int j) {  // lane 0 only
+      const int n0 = (n_tile_end - 1 - j) * kBlockN;
+      const int stage = j % kStages;
+      sm90::MbarWait(k_empty + stage, ((j / kStages) & 1) ^ 1);
+      sm90::MbarArriveExpectTx(k_full + stage, kKvBytes);
 #pragma unroll
       for (int cb = 0; cb < kColBlocks; ++cb)
-        sm90::TmaLoad4d(q_s + cb * kBlockM * 128, &maps.q, q_full, cb * 64,
-                        static_cast<int>(seq.start_q) + m0, h, batch_coord);
-    }
+        sm90::TmaLoad4d(k_s + stage * kKvBytes + cb * kBlockN * 128, &maps.k, k_full + stage,
+                        cb * 64, kv_row0 + n0, hk, batch_coord);
+    };
     uint32_t fix_parity = 0;
-    for (int it = 0; it < n_count; ++it) {
-      const int n0 = (n_tile_end - 1 - it) * kBlockN;
-      const int stage = it % kStages;
-      const uint32_t empty_parity = ((it / kStages) & 1) ^ 1;  // first use of a stage: no wait
-      unsigned char* k_dst = k_s + stage * kKvBytes;
+    auto load_values = [&](int j) {  // the whole warp
+      const int n0 = (n_tile_end - 1 - j) * kBlockN;
+      const int stage = j % kStages;
       unsigned char* v_dst = v_s + stage * kKvBytes;
-      if (lane == 0) {
-        sm90::MbarWait(k_empty + stage, empty_parity);
-        sm90::MbarArriveExpectTx(k_full + stage, kKvBytes);
-#pragma unroll
-        for (int cb = 0; cb < kColBlocks; ++cb)
-          sm90::TmaLoad4d(k_dst + cb * kBlockN * 128, &maps.k, k_full + stage, cb * 64,
-                          kv_row0 + n0, hk, batch_coord);
-        sm90::MbarWait(v_empty + stage, empty_parity);
-      }
       // Rows past the keys but inside the tensor exist only with per-sequence lengths; they are
-      // zeroed where O += P V reads them (all kBlockN rows, or the lower 64 at half_keys below).
+      // zeroed where O += P V reads them (all kBlockN rows, or the lower 64 on a half tile).
       const int v_rows_read = half_keys_at(n0) ? 64 : kBlockN;
       const bool patch_v = p.padding && n0 + v_rows_read > seq.len_kv;
       uint64_t* v_bar = patch_v ? fix : v_full + stage;
       if (lane == 0) {
+        sm90::MbarWait(v_empty + stage, ((j / kStages) & 1) ^ 1);
         sm90::MbarArriveExpectTx(v_bar, kKvBytes);
 #pragma unroll
         for (int cb = 0; cb < kColBlocks; ++cb)
@@ -192,6 +199,26 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
         __syncwarp();
         if (lane == 0) sm90::MbarArrive(v_full + stage);
       }
+    };
+    // The order in which the consumers use the tiles: K of the first step (before Q, so that both
+    // are in flight together), then K(j) ahead of V(j - 1), since step j issues S(j) = Q K(j)^T
+    // together with O += P(j - 1) V(j - 1); the last V alone.
+    if (lane == 0) {
+      sm90::PrefetchTensorMap(&maps.k);
+      sm90::PrefetchTensorMap(&maps.v);
+    }
+    for (int j = 0; j <= n_count; ++j) {
+      if (lane == 0 && j < n_count) {
+        load_keys(j);
+        if (j == 0) {
+          sm90::MbarArriveExpectTx(q_full, Tile::kQBytes);
+#pragma unroll
+          for (int cb = 0; cb < kColBlocks; ++cb)
+            sm90::TmaLoad4d(q_s + cb * kBlockM * 128, &maps.q, q_full, cb * 64,
+                            static_cast<int>(seq.start_q) + m0, h, batch_coord);
+        }
+      }
+      if (j > 0) load_values(j - 1);
     }
     return;
   }
@@ -217,41 +244,52 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
   // Read from lane 0, so that the compiler knows the loop is warp-uniform (it then keeps its
   // uniform registers).
   const int loop_count = __shfl_sync(0xffffffffu, wg == 1 && upper_rows_absent ? 0 : n_count, 0);
-  if (loop_count > 0) sm90::MbarWait(q_full, 0);
 
-  for (int it = 0; it < loop_count; ++it) {
-    const int n0 = (n_tile_end - 1 - it) * kBlockN;
-    const int stage = it % kStages;
-    const uint32_t full_parity = (it / kStages) & 1;
-    const bool half_keys = half_keys_at(n0);
+  uint32_t pa[kBlockN / 16][4];  // P of the previous step, the A operand of O += P V
 
-    // S = Q K^T: 16 columns of d per wgmma, 4 per 128-byte column block.
-    float s[kBlockN / 2];
-    sm90::MbarWait(k_full + stage, full_parity);
-    auto score_product = [&](auto keys) {
-      constexpr int kN = decltype(keys)::value;
-      sm90::WgmmaFence();
+  // S = Q K^T into s: 16 columns of d per wgmma, 4 per 128-byte column block (issued, not waited).
+  auto score_product = [&](auto& s, int stage, auto keys) {
+    constexpr int kN = decltype(keys)::value;
+    sm90::WgmmaFence();
 #pragma unroll
-      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        const uint64_t desc_q =
-            sm90::MakeDesc(q_addr + (kk / 4) * (kBlockM * 128) + (kk % 4) * 32, 16, 1024);
-        const uint64_t desc_k = sm90::MakeDesc(
-            k_addr + stage * kKvBytes + (kk / 4) * (kBlockN * 128) + (kk % 4) * 32, 16, 1024);
-        sm90::Wgmma<Element, kN>::template SS<0, 0>(sm90::LeadingColumns<kN>(s), desc_q, desc_k,
-                                                    kk > 0);
-      }
-      sm90::WgmmaCommit();
-    };
-    if (half_keys)
-      score_product(sm90::Static<64>());
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint64_t desc_q =
+          sm90::MakeDesc(q_addr + (kk / 4) * (kBlockM * 128) + (kk % 4) * 32, 16, 1024);
+      const uint64_t desc_k = sm90::MakeDesc(
+          k_addr + stage * kKvBytes + (kk / 4) * (kBlockN * 128) + (kk % 4) * 32, 16, 1024);
+      sm90::Wgmma<Element, kN>::template SS<0, 0>(sm90::LeadingColumns<kN>(s), desc_q, desc_k,
+                                                  kk > 0);
+    }
+    sm90::WgmmaCommit();
+  };
+  // O += P V: 16 keys per wgmma (two 8-row swizzle atoms, 2048 bytes); issued, not waited.
+  auto value_product = [&](int stage, auto key_chunks) {
+    sm90::FenceOperands(acc_o);
+    sm90::WgmmaFence();  // orders the registers written since (acc_o, pa) before the wgmmas
+#pragma unroll
+    for (int kk = 0; kk < decltype(key_chunks)::value; ++kk) {
+      const uint64_t desc_v =
+          sm90::MakeDesc(v_addr + stage * kKvBytes + kk * 2048, kBlockN * 128, 1024);
+      sm90::Wgmma<Element, kHeadDim>::template RS<1>(acc_o, pa[kk], desc_v, true);
+    }
+    sm90::WgmmaCommit();
+  };
+  // Only the first key tile of the walk (the one that crosses the end of the keys) can be half.
+  const int half_keys_step = half_keys_at((n_tile_end - 1) * kBlockN) ? 0 : -1;
+  // O += P(step) V(step) from `stage`: over 64 keys on d128's half tile (see half_keys_at).
+  auto value_product_of = [&](int step, int stage) {
+    if (step == half_keys_step)
+      value_product(stage, sm90::Static<kBlockN / 32>());
     else
-      score_product(sm90::Static<kBlockN>());
-    sm90::WgmmaWait<0>();
-    sm90::FenceOperands(s);
+      value_product(stage, sm90::Static<kBlockN / 16>());
+  };
+  // Each warp releases a stage once its wgmmas that read it are complete.
+  auto release = [&](uint64_t* empty) {
     __syncwarp();
-    if (lane == 0) sm90::MbarArrive(k_empty + stage);  // this warp is done with K(n)
-
-    // Mask: -inf where the key is hidden, only on tiles that cross a boundary for these rows.
+    if (lane == 0) sm90::MbarArrive(empty);
+  };
+  // Mask: -inf where the key is hidden, only on tiles that cross a boundary for these rows.
+  auto mask_scores = [&](auto& s, int n0) {
     const bool interior = wg_m0 + 64 <= seq.len_q && n0 + kBlockN <= seq.len_kv &&
                           (p.window_left < 0 || n0 >= RawLo(p, wg_m0 + 63, shift)) &&
                           (p.window_right < 0 || n0 + kBlockN <= RawHi(p, wg_m0, shift));
@@ -269,8 +307,11 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
           }
       }
     }
-
-    // Online softmax in log2 units: p = 2^(s * scale_log2 - max * scale_log2), one FFMA + ex2.
+  };
+  // Online softmax in log2 units: p = 2^(s * scale_log2 - max * scale_log2), one FFMA + ex2.
+  // s becomes the exponentials; correction[r] is what O's row r must be multiplied by (O is
+  // still being accumulated by the previous step's O += P V, so the caller applies it later).
+  auto softmax = [&](auto& s, float (&correction)[2]) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float tile_max = -INFINITY;
@@ -281,7 +322,7 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
       const float new_max = fmaxf(row_max[r], tile_max);
       const float base = new_max == -INFINITY ? 0.f : new_max * scale_log2;  // a row that saw nothing
-      const float correction = FastExp2(row_max[r] * scale_log2 - base);
+      correction[r] = FastExp2(row_max[r] * scale_log2 - base);
       row_max[r] = new_max;
       float sum = 0.f;
 #pragma unroll
@@ -292,16 +333,20 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
           s[4 * nt + 2 * r + c] = e;
           sum += e;
         }
-      row_sum[r] = row_sum[r] * correction + sum;
-#pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt) {
-        acc_o[4 * dt + 2 * r] *= correction;
-        acc_o[4 * dt + 2 * r + 1] *= correction;
-      }
+      row_sum[r] = row_sum[r] * correction[r] + sum;
     }
-
-    // P as the A operand: keys 16 kk.. of S (slices 2 kk, 2 kk + 1) in the m16n8k16 A layout.
-    uint32_t pa[kBlockN / 16][4];
+  };
+  auto rescale_o = [&](const float (&correction)[2]) {
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        acc_o[4 * dt + 2 * r] *= correction[r];
+        acc_o[4 * dt + 2 * r + 1] *= correction[r];
+      }
+  };
+  // P as the A operand: keys 16 kk.. of S (slices 2 kk, 2 kk + 1) in the m16n8k16 A layout.
+  auto pack_p = [&](auto& s) {
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       pa[kk][0] = Pack<Element>(s[8 * kk + 0], s[8 * kk + 1]);
@@ -309,30 +354,99 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
       pa[kk][2] = Pack<Element>(s[8 * kk + 4], s[8 * kk + 5]);
       pa[kk][3] = Pack<Element>(s[8 * kk + 6], s[8 * kk + 7]);
     }
+  };
 
-    // O += P V: 16 keys per wgmma (two 8-row swizzle atoms, 2048 bytes).
-    sm90::MbarWait(v_full + stage, full_parity);
-    auto value_product = [&](auto key_chunks) {
-      sm90::FenceOperands(acc_o);
-      sm90::WgmmaFence();
-#pragma unroll
-      for (int kk = 0; kk < decltype(key_chunks)::value; ++kk) {
-        const uint64_t desc_v =
-            sm90::MakeDesc(v_addr + stage * kKvBytes + kk * 2048, kBlockN * 128, 1024);
-        sm90::Wgmma<Element, kHeadDim>::template RS<1>(acc_o, pa[kk], desc_v, true);
+  // Ping-pong between the two consumers: consumer c waits on named barrier kTurnBarrier + c before
+  // it issues a step's two products and, right after issuing them, lets the other consumer issue
+  // its own (bar.arrive on the other's barrier; 256 threads = one warpgroup syncing plus one
+  // arriving). The tensor cores then run one consumer's products while the other computes its
+  // softmax. Both consumers run the same number of steps (1 .. loop_count - 1); consumer 0 takes
+  // step 1 without waiting, and consumer 1's last step passes no turn on (nobody would take it):
+  // every arrival then meets exactly one wait, and no barrier is left half-arrived at exit. A
+  // tile with consumer 1 idle runs consumer 0 alone, without turns.
+  constexpr int kTurnBarrier = 1;  // ids 1 and 2 (0 is __syncthreads)
+  auto wait_for_turn = [](int c) { sm90::NamedBarrierOfPair<true, kTurnBarrier, 256>(c); };
+  auto pass_turn_to = [](int c) { sm90::NamedBarrierOfPair<false, kTurnBarrier, 256>(c); };
+  const bool ping_pong = Tile::kPingPong && !upper_rows_absent;
+
+  if (loop_count > 0) {
+    sm90::MbarWait(q_full, 0);
+
+    // Step 0: S(0) and its softmax alone (the key tile that crosses the end of the keys comes
+    // first in the walk, so only this one can be a half tile).
+    {
+      const int n0 = (n_tile_end - 1) * kBlockN;
+      float s[kBlockN / 2];  // S, then its exponentials
+      sm90::MbarWait(k_full, 0);
+      // S over all kBlockN keys even on a half tile (the columns past the keys are masked
+      // below): an m64n64 product here, into s or into registers of its own, made ptxas
+      // serialize every wgmma of the kernel (C7511, "insufficient register resources").
+      score_product(s, 0, sm90::Static<kBlockN>());
+      sm90::WgmmaWait<0>();
+      sm90::FenceOperands(s);
+      release(k_empty);  // this warp is done with K(0)
+      mask_scores(s, n0);
+      float correction[2];
+      softmax(s, correction);  // O is still zero: nothing to rescale
+      pack_p(s);
+    }
+
+    // Step it, in consumer c's turn: S(it) = Q K(it)^T and O += P(it - 1) V(it - 1).
+    for (int it = 1; it < loop_count; ++it) {
+      const int n0 = (n_tile_end - 1 - it) * kBlockN;
+      const int stage = it % kStages, prev = (it - 1) % kStages;
+      const bool wait_turn = ping_pong && !(wg == 0 && it == 1);
+      const bool pass_turn = ping_pong && !(wg == 1 && it == loop_count - 1);
+      float s[kBlockN / 2];
+      float correction[2];
+      if constexpr (Tile::kOverlapSoftmax) {
+        // Both products issued back to back; the softmax of S(it) runs while the tensor cores
+        // still compute O += P V; then O is rescaled and P(it) packed.
+        sm90::MbarWait(k_full + stage, (it / kStages) & 1);
+        if (wait_turn) wait_for_turn(wg);
+        score_product(s, stage, sm90::Static<kBlockN>());
+        sm90::MbarWait(v_full + prev, ((it - 1) / kStages) & 1);
+        value_product_of(it - 1, prev);
+        if (pass_turn) pass_turn_to(1 - wg);
+        sm90::WgmmaWait<1>();  // S(it) is complete (groups complete in order)
+        sm90::FenceOperands(s);
+        release(k_empty + stage);  // this warp is done with K(it)
+        mask_scores(s, n0);
+        softmax(s, correction);
+        sm90::WgmmaWait<0>();  // O += P(it - 1) V(it - 1) is complete: pa and acc_o are free
+        sm90::FenceOperands(acc_o);
+        release(v_empty + prev);  // this warp is done with V(it - 1)
+      } else {
+        // O += P V complete before S is issued (their registers would not fit together).
+        sm90::MbarWait(v_full + prev, ((it - 1) / kStages) & 1);
+        if (wait_turn) wait_for_turn(wg);
+        value_product_of(it - 1, prev);
+        sm90::WgmmaWait<0>();
+        sm90::FenceOperands(acc_o);
+        release(v_empty + prev);  // this warp is done with V(it - 1)
+        sm90::MbarWait(k_full + stage, (it / kStages) & 1);
+        score_product(s, stage, sm90::Static<kBlockN>());
+        if (pass_turn) pass_turn_to(1 - wg);
+        sm90::WgmmaWait<0>();
+        sm90::FenceOperands(s);
+        release(k_empty + stage);  // this warp is done with K(it)
+        mask_scores(s, n0);
+        softmax(s, correction);
       }
-      sm90::WgmmaCommit();
-    };
-    if (half_keys)
-      value_product(sm90::Static<kBlockN / 32>());
-    else
-      value_product(sm90::Static<kBlockN / 16>());
-    sm90::WgmmaWait<0>();
-    sm90::FenceOperands(acc_o);
-    __syncwarp();
-    if (lane == 0) sm90::MbarArrive(v_empty + stage);  // this warp is done with V(n)
-  }
+      rescale_o(correction);
+      pack_p(s);
+    }
 
+    // The last O += P V alone.
+    {
+      const int last = loop_count - 1, stage = last % kStages;
+      sm90::MbarWait(v_full + stage, (last / kStages) & 1);
+      value_product_of(last, stage);
+      sm90::WgmmaWait<0>();
+      sm90::FenceOperands(acc_o);
+      release(v_empty + stage);  // this warp is done with V(last)
+    }
+  }
   // Epilogue: O = acc / (sum + extra logit), LSE, max logit (as fwd_kernel.cuh).
   const float extra = ExtraLogit(p, h) * kLog2e;
   const int64_t rows_out = p.thd ? seq.len_q : p.max_seqlen_q;

@@ -41,7 +41,7 @@ Status LaunchBackwardPreprocess(const FlashParams& p, cudaStream_t stream);
 Status LaunchReduceDsink(const FlashParams& p, cudaStream_t stream);
 // dbias summed over its broadcast axes in a fixed order (recomputes the scores).
 Status LaunchReduceDbias(const FlashParams& p, cudaStream_t stream);
-// dq = dq_accum (converted to the dq dtype and strides).
+// dq = dq_accum (converted to the dq dtype and strides; row-major or tiled, p.dq_accum_tiled).
 Status LaunchConvertDq(const FlashParams& p, cudaStream_t stream);
 // A score_mod tensor's gradient (dtype, strides) from its float32 sum over the dense extents.
 Status LaunchConvertFlexGrad(const float* sum, const int64_t extents[4], const FlexTensorArg& out,

@@ -114,6 +114,9 @@ struct FlashParams {
   float* sink_partial = nullptr; // LEARNABLE_SINK: -exp(sink - lse) * D per row, reduced to dsink
   float* dq_accum = nullptr;     // [b, h, max_seqlen_q, dq_accum_dim]: dQ / scale accumulated
   int dq_accum_dim = 0;          // padded head dim of dq_accum
+  // Order of dq_accum's floats (dq_accum_layout.h): row-major (the mma.sync kernels), or tiled
+  // (the Hopper key-block kernel; set by the host after it ran, read by LaunchConvertDq).
+  bool dq_accum_tiled = false;
   // How the backward kernels treat dbias: 0 none, 1 store (each element written once),
   // 2 atomic add into float32 dbias (broadcast axes, non-deterministic).
   int dbias_mode = 0;

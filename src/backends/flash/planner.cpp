@@ -18,6 +18,7 @@
 #include <atomic>
 #include <climits>
 
+#include "backends/flash/decode.h"
 #include "backends/flash/jit.h"
 #include "backends/flash/kernels.h"
 #include "backends/flash/schedule.h"
@@ -34,6 +35,7 @@ const char* KernelPathName(KernelPath path) {
     case KernelPath::kMmaSync: return "mma.sync";
     case KernelPath::kScoreModJit: return "score_mod-jit";
     case KernelPath::kSimple: return "simple";
+    case KernelPath::kDecode: return "decode";
   }
   return "?";
 }
@@ -260,11 +262,13 @@ Status PlanCheck(const Problem& p, const DeviceFacts& d) {
   const auto& c = p.config;
   if (p.device != Device::kCuda)
     return NotSupported("runs on CUDA tensors only, and config.device is CPU");
-  if (p.paged)
-    return NotSupported(
-        "paged K/V (page_size = %lld): flash's kernels read contiguous K/V only; its paged "
-        "decode kernel (split-KV with page-table gathers, README) is not built yet",
-        (long long)c.page_size);
+  if (p.paged) {  // only the decode kernel reads pages (decode.h)
+    Status fits = DecodeFits(p);
+    if (!fits.ok())
+      return NotSupported("paged K/V (page_size = %lld) runs on flash's decode kernel only: %s",
+                          (long long)c.page_size, fits.message().c_str());
+    return Status::Ok();
+  }
   if (p.has_score_mod()) FUSEDATTN_RETURN_IF_ERROR(CheckScoreMod(p, d));
   const size_t need =
       SimpleSharedBytes(static_cast<int>(c.head_dim_qk), static_cast<int>(c.head_dim_v));
@@ -299,6 +303,12 @@ FwdWorkspaceLayout PlanFwdWorkspace(const Problem& p, const DeviceFacts& d) {
     w.schedule = w.total;
     w.has_schedule = true;
     w.total += AlignUp(ScheduleBytes(p.config.batch));
+  }
+  // The decode kernel's split partials; a contiguous problem may still take the other kernels
+  // when its tensors do not suit the decode kernel, so it keeps their size too.
+  if (p.device == Device::kCuda && DecodeFits(p).ok()) {
+    w.decode_bytes = DecodeWorkspaceBytes(p);
+    w.total = std::max(w.total, w.decode_bytes);
   }
   return w;
 }
@@ -356,6 +366,24 @@ ForwardPlan PlanForward(const Problem& p, const FwdTensors& t, const DeviceFacts
   const int dim = TensorCoreInstance(p);
   const bool fits = dim > 0 && FastForwardSmem(dim) <= d.smem_per_block;
   const bool aligned = RowsAligned16(t.q) && RowsAligned16(t.k) && RowsAligned16(t.v);
+  // Paged K/V (PlanCheck: the decode kernel fits), and contiguous problems with max_seqlen_q <=
+  // 16 that it fits: it reads each kv head's keys once for its whole GQA group and splits long
+  // sequences over the GPU. It reads q, k, v rows with 16-byte copies.
+  if (p.paged || WantsDecode(p)) {
+    if (aligned) {
+      const DecodePlan decode = PlanDecode(p);
+      plan.path = KernelPath::kDecode;
+      plan.instance = decode.head_dim;
+      plan.decode_splits = decode.splits;
+      return plan;
+    }
+    if (p.paged) {
+      plan.status = NotSupported(
+          "flash's decode kernel reads q, k and v rows with 16-byte copies: they must be "
+          "contiguous along the head dim (stride 1) and 16-byte aligned (pointer and strides)");
+      return plan;
+    }
+  }
   if (p.score_mod) {
     if (!(fits && aligned)) {
       plan.status = NotSupported(
@@ -593,6 +621,7 @@ std::string KernelText(KernelPath path, int instance, KernelVariant variant,
 std::string DescribeForwardPlan(const ForwardPlan& plan) {
   if (!plan.status.ok()) return "forward: refused: " + plan.status.message();
   std::string s = "forward: " + KernelText(plan.path, plan.instance, plan.variant, plan.schedule);
+  if (plan.path == KernelPath::kDecode) s += Format(", %d splits", plan.decode_splits);
   s += Format(", workspace %zu B", plan.workspace.total);
   if (!plan.why.empty()) s += " (" + plan.why + ")";
   return s;

@@ -4,6 +4,9 @@
 // all execute this one decision, explain prints it (Backend::note), and tests/cpu/flash_plan_test.cpp
 // specifies it on the CPU.
 //
+// The decode path's fit and split count come from decode.h (DecodeFits, PlanDecode), which still
+// read the current device themselves rather than DeviceFacts.
+//
 // Tensors enter as views (pointer value and strides, nothing is read through them). check(),
 // the workspace sizes and explain plan with DenseTensors(): the layouts fusedattn.h's formats give
 // contiguous tensors, with 256-byte aligned (here: null) base pointers.
@@ -27,7 +30,8 @@ enum class KernelPath : int {
   kMmaSync,      // fwd_kernel.cuh / bwd_kernel.cuh: mma.sync tensor cores, instances/
   kScoreModJit,  // fwd_kernel.cuh / bwd_kernel.cuh compiled by NVRTC with a score_mod graph (jit.h)
   kSimple,       // simple_kernels.cu: SIMT, any dtype, head dim and stride
-  // The paged / split-KV decode kernel (README, "Paged K/V and decode") becomes a path here.
+  kDecode,       // decode_kernel.cuh (decode.h): max_seqlen_q <= 16, paged or contiguous K/V,
+                 // split over the keys with a combine; forward only
 };
 const char* KernelPathName(KernelPath path);
 
@@ -69,9 +73,11 @@ struct DeviceFacts {
 // planner itself calls no CUDA function).
 DeviceFacts CurrentDeviceFacts();
 
-// Workspace of a forward (0 bytes for most problems).
+// Workspace of a forward (0 bytes for most problems). The decode kernel's split partials start at
+// 0 as well: only one path runs a call.
 struct FwdWorkspaceLayout {
   size_t total = 0;
+  size_t decode_bytes = 0;                      // decode kernel: partials of its splits
   size_t block_mask = 0, block_mask_bytes = 0;  // score_mod: the forward's block mask
   size_t schedule = 0;                          // THD on the Hopper kernel: its schedule
   bool has_schedule = false;
@@ -96,6 +102,7 @@ struct ForwardPlan {
   int instance = 0;  // padded head dim of the tensor-core kernels (64, 128, 256); 0: simple
   KernelVariant variant = KernelVariant::kPlain;
   TileSchedule schedule = TileSchedule::kPlainGrid;
+  int decode_splits = 0;  // kDecode: splits over the keys (decode.h's DecodePlan)
   FwdWorkspaceLayout workspace;
   std::string why;  // why no faster path runs it (empty when the Hopper path does, or none could)
 };

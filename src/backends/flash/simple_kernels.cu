@@ -12,6 +12,7 @@
 #include <climits>
 
 #include "backends/flash/device_common.cuh"
+#include "backends/flash/dq_accum_layout.h"
 #include "backends/flash/kernels.h"
 #include "common/cuda_util.h"
 
@@ -255,7 +256,9 @@ __global__ void __launch_bounds__(256) PreprocessKernel(const FlashParams p, int
 }
 
 // dQ from the float32 workspace, kPer elements per thread: 8 for a 16-bit dQ whose rows are
-// 16-byte vectors (one 16-byte store), else 1 (any dtype and stride).
+// 16-byte vectors (one 16-byte store), else 1 (any dtype and stride). The workspace is row-major
+// or tiled (p.dq_accum_tiled, dq_accum_layout.h): there the 8 columns of a thread lie in four
+// float2 pairs of its row (DqBlockPosition keeps columns 2q, 2q + 1 together).
 template <int kPer>
 __global__ void __launch_bounds__(256) ConvertDqKernel(const FlashParams p, int64_t items) {
   const int per_row = p.head_dim_qk / kPer;
@@ -270,15 +273,33 @@ __global__ void __launch_bounds__(256) ConvertDqKernel(const FlashParams p, int6
       if (i >= seq.len_q) continue;
       start_q = seq.start_q;
     }
-    const float* in = p.dq_accum + row * p.dq_accum_dim + x;
+    const float* slab = p.dq_accum + (row - i) * p.dq_accum_dim;  // this (b, h)'s rows
     const int64_t at = Offset(p.dq, b, h, start_q, i, x);
     if constexpr (kPer == 1) {
-      StoreElem(p.dq.data, p.qkv_dtype, at, *in);
+      const int64_t from = p.dq_accum_tiled
+                               ? DqTiledOffset(static_cast<int>(i), x, p.max_seqlen_q,
+                                               p.dq_accum_dim)
+                               : i * p.dq_accum_dim + x;
+      StoreElem(p.dq.data, p.qkv_dtype, at, slab[from]);
     } else {
       static_assert(kPer == 8, "one 16-byte vector");
-      const float4 lo = reinterpret_cast<const float4*>(in)[0];
-      const float4 hi = reinterpret_cast<const float4*>(in)[1];
-      const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+      float v[8];
+      if (p.dq_accum_tiled) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float2 pair = *reinterpret_cast<const float2*>(
+              slab + DqTiledOffset(static_cast<int>(i), x + 2 * k, p.max_seqlen_q,
+                                   p.dq_accum_dim));
+          v[2 * k] = pair.x;
+          v[2 * k + 1] = pair.y;
+        }
+      } else {
+        const float* in = slab + i * p.dq_accum_dim + x;
+        const float4 lo = reinterpret_cast<const float4*>(in)[0];
+        const float4 hi = reinterpret_cast<const float4*>(in)[1];
+        v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w;
+        v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+      }
       uint32_t words[4];
 #pragma unroll
       for (int k = 0; k < 4; ++k) {

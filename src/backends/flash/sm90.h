@@ -27,7 +27,8 @@ Status LaunchWgmmaForward(const FlashParams& p, cudaStream_t stream, bool* launc
 
 // The wgmma key-block kernel of the backward (bwd_kernel_sm90.cuh) for the same plain problems
 // in non-deterministic mode, in place of LaunchFastBackward, when the planner chose it: needs the
-// preprocess before (D, zeroed dq_accum with dq_accum_dim == kHeadDim) and LaunchConvertDq after.
+// preprocess before (D, zeroed dq_accum with dq_accum_dim == kHeadDim) and LaunchConvertDq after,
+// with dq_accum_tiled set (the kernel leaves dQ in the tiled order of dq_accum_layout.h).
 // *launched as for the forward.
 template <typename Element, int kHeadDim>
 Status LaunchWgmmaBackward(const FlashParams& p, cudaStream_t stream, bool* launched);

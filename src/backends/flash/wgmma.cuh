@@ -253,6 +253,18 @@ __device__ __forceinline__ void FenceProxyAsync() {
 #endif
 }
 
+// st.shared.v4.f32 at a 16-byte aligned shared-memory address (the address as a 32-bit
+// register, plus a constant offset folded into the instruction).
+template <int kOffset = 0>
+__device__ __forceinline__ void StoreShared4(uint32_t address, float a, float b, float c,
+                                             float d) {
+#if FUSEDATTN_SM90_DEVICE
+  asm volatile("st.shared.v4.f32 [%0 + %5], {%1, %2, %3, %4};\n" ::"r"(address), "f"(a),
+               "f"(b), "f"(c), "f"(d), "n"(kOffset)
+               : "memory");
+#endif
+}
+
 // ---- Named barriers ----
 
 // bar.sync on hardware barrier `id` (1..15; 0 is __syncthreads) for `threads` threads (a
@@ -260,6 +272,36 @@ __device__ __forceinline__ void FenceProxyAsync() {
 __device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
 #if FUSEDATTN_SM90_DEVICE
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+#endif
+}
+
+// bar.sync (kSync) or bar.arrive on hardware barrier kFirstId + which (which 0 or 1, the same in
+// the whole warp) for kThreads threads. Both ids are immediates, picked by predicate rather than
+// by a branch: with a barrier id in a register ptxas counts all 16 barriers of the block as used,
+// and a branch where wgmmas are in flight can make it serialize them.
+template <bool kSync, int kFirstId, int kThreads>
+__device__ __forceinline__ void NamedBarrierOfPair(int which) {
+#if FUSEDATTN_SM90_DEVICE
+  if constexpr (kSync) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n"
+                 "@!p bar.sync %1, %3;\n@p bar.sync %2, %3;\n}\n" ::"r"(which),
+                 "n"(kFirstId), "n"(kFirstId + 1), "n"(kThreads)
+                 : "memory");
+  } else {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n"
+                 "@!p bar.arrive %1, %3;\n@p bar.arrive %2, %3;\n}\n" ::"r"(which),
+                 "n"(kFirstId), "n"(kFirstId + 1), "n"(kThreads)
+                 : "memory");
+  }
+#endif
+}
+
+// bar.arrive: counts this warp's threads on barrier `id` without waiting; the threads that
+// bar.sync there (with the same count) go on once every arrival is in. Producer / consumer
+// hand-offs through shared memory: the writer arrives after its stores, the reader syncs.
+__device__ __forceinline__ void NamedBarrierArrive(int id, int threads) {
+#if FUSEDATTN_SM90_DEVICE
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 #endif
 }
 
@@ -282,6 +324,45 @@ __device__ __forceinline__ void TmaLoad4d(void* smem, const CUtensorMap* map, ui
       "l"(reinterpret_cast<uint64_t>(map)), "r"(SmemAddress(bar)), "r"(c0), "r"(c1), "r"(c2),
       "r"(c3)
       : "memory");
+#endif
+}
+
+// ---- Bulk copies (non-tensor TMA) ----
+
+// global[0, bytes) += shared[0, bytes) as float32, element-wise atomic in L2, issued by one
+// thread into its bulk async-group (BulkCommit). Both addresses 16-byte aligned, bytes a
+// multiple of 16. Shared memory written by generic stores needs FenceProxyAsync by the writers
+// (before the hand-off to the issuing thread) first.
+__device__ __forceinline__ void BulkReduceAddF32(float* global, uint32_t smem_address,
+                                                 uint32_t bytes) {
+#if FUSEDATTN_SM90_DEVICE
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+          reinterpret_cast<uint64_t>(global)),
+      "r"(smem_address), "r"(bytes)
+      : "memory");
+#endif
+}
+// Closes this thread's bulk async-group of the operations issued since the last commit.
+__device__ __forceinline__ void BulkCommit() {
+#if FUSEDATTN_SM90_DEVICE
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+// Waits until at most kPending of this thread's bulk groups still read their shared-memory
+// source (the source may be overwritten after this; the global writes may still be in flight).
+template <int kPending>
+__device__ __forceinline__ void BulkWaitRead() {
+#if FUSEDATTN_SM90_DEVICE
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+// Waits until at most kPending of this thread's bulk groups are still in flight (complete:
+// their writes done).
+template <int kPending>
+__device__ __forceinline__ void BulkWait() {
+#if FUSEDATTN_SM90_DEVICE
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
 #endif
 }
 

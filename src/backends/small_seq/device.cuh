@@ -58,7 +58,35 @@ struct Team {
   __host__ __device__ static constexpr int64_t WarpsFor(int64_t rows) {
     return (rows + kPerWarp - 1) / kPerWarp;
   }
+  // The warps of a forward whose teams run rows_per_team rows each.
+  __host__ __device__ static constexpr int64_t ForwardWarpsFor(int64_t rows, int rows_per_team) {
+    const int64_t rows_per_warp = int64_t{kPerWarp} * rows_per_team;
+    return (rows + rows_per_warp - 1) / rows_per_warp;
+  }
 };
+
+// The forward's teams run several rows one after another (forward.cuh): a warp's fixed costs
+// (indices, the softmax tail, the stores) then overlap the loads of its next row instead of
+// leaving the SM without loads in flight, and a grid of fewer, longer-lived blocks has fewer
+// block launches. Worth it where rows are small; long-lived warps cost a longer tail when the
+// grid drains, so a warp runs about kForwardBytesPerWarp of q, K, V and O at most, at most
+// kForwardRowsPerTeam rows per team, and only while the grid keeps kWarpsToFillGpu warps.
+constexpr int kForwardRowsPerTeam = 4;
+constexpr int64_t kForwardBytesPerWarp = 20 * 1024;
+// Warps that fill the largest GPU twice over (an H100 SXM holds 132 x 64 resident warps).
+constexpr int64_t kWarpsToFillGpu = 16384;
+// Rows per team for a problem whose teams would need `warps_one_row_each` warps running one row
+// each, where one step of a warp (a row per team) moves `bytes_per_step` bytes: 1 to
+// kForwardRowsPerTeam.
+__host__ __device__ constexpr int ForwardRowsPerTeam(int64_t warps_one_row_each,
+                                                     int64_t bytes_per_step) {
+  int64_t rows_per_team = warps_one_row_each / kWarpsToFillGpu;
+  const int64_t by_bytes = kForwardBytesPerWarp / (bytes_per_step > 0 ? bytes_per_step : 1);
+  if (by_bytes < rows_per_team) rows_per_team = by_bytes;
+  return rows_per_team < 1 ? 1
+         : rows_per_team > kForwardRowsPerTeam ? kForwardRowsPerTeam
+                                               : static_cast<int>(rows_per_team);
+}
 
 // The largest value over the warp's teams (every lane gets it): lanes kLanes apart are the other
 // teams' lanes at the same position.
@@ -102,17 +130,20 @@ __host__ __device__ constexpr int GroupSumChunkKeys() {
 
 // Blocks per SM that each kernel asks the compiler to fit (the minimum of __launch_bounds__): the
 // largest count whose register cap, 65536 / (kThreadsPerBlock * blocks) rounded down to 8, ptxas
-// met without spilling (nvcc -Xptxas -v on sm_90a, CUDA 13.0, kChunkVectors = 2; checked again
-// after the team kernels: no spills at these counts). More resident warps keep more loads in
-// flight. Redo the sweep when the kernels change.
+// met without spilling (nvcc -Xptxas -v on sm_90a, CUDA 13.0, kChunkVectors = 2; the backward and
+// group sum after the team kernels, the forward after its row pipeline: 16-bit at every head dim
+// and float32 up to d = 256 at 4 blocks, 114-128 registers, 5 spills; float32 d = 512 at 3, 168
+// registers). More resident warps keep more loads in flight. Redo the sweep when the kernels
+// change.
 enum class KernelKind { kForward, kBackward, kGroupSum };
 template <KernelKind kKind, typename T, int kDim>
 __host__ __device__ constexpr int MinBlocksPerSm() {
   constexpr bool k16Bit = sizeof(T) == 2;
   switch (kKind) {
     case KernelKind::kForward:
-      if (k16Bit) return kDim == 512 ? 5 : kDim == 256 ? 7 : 6;
-      return kDim == 512 ? 3 : 7;
+      // The pipelined forward holds two chunks and two rows (forward.cuh): fewer warps, each
+      // with twice the loads in flight.
+      return !k16Bit && kDim == 512 ? 3 : 4;
     case KernelKind::kBackward:
       if (k16Bit) return kDim == 128 ? 5 : 4;
       return kDim == 512 ? 3 : kDim == 256 ? 5 : 6;

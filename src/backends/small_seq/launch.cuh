@@ -21,16 +21,25 @@ inline dim3 BlocksFor(int64_t warps) {
   return dim3(static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock));
 }
 
-// The forward and backward give each (sequence, query head) row to a team (device.cuh).
+// The backward gives each (sequence, query head) row to a team (device.cuh).
 template <typename T, int kDimQk, int kDimV>
 dim3 BlocksForRows(const KernelParams& p) {
   return BlocksFor(Team<T, kDimQk, kDimV>::WarpsFor(p.batch * p.heads_q));
 }
 
+// The forward's teams run several rows each when the grid stays large enough (device.cuh,
+// ForwardRowsPerTeam).
 template <typename T, int kDimQk, int kDimV>
 Status LaunchForwardForDims(const KernelParams& p, cudaStream_t stream) {
+  using TeamOf = Team<T, kDimQk, kDimV>;
+  const int64_t rows = p.batch * p.heads_q;
+  // A step: per team a q and an O row and max_seqlen_kv K and V rows.
+  const int64_t bytes_per_step = int64_t{TeamOf::kPerWarp} * int64_t{sizeof(T)} *
+                                 ((kDimQk + kDimV) * (1 + p.max_seqlen_kv));
+  const int rows_per_team = ForwardRowsPerTeam(TeamOf::WarpsFor(rows), bytes_per_step);
   ForwardKernel<T, kDimQk, kDimV>
-      <<<BlocksForRows<T, kDimQk, kDimV>(p), kThreadsPerBlock, 0, stream>>>(p);
+      <<<BlocksFor(TeamOf::ForwardWarpsFor(rows, rows_per_team)), kThreadsPerBlock, 0, stream>>>(
+          p, rows_per_team);
   return LaunchStatus("forward");
 }
 

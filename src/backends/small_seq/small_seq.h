@@ -7,8 +7,8 @@
 // Files: small_seq_backend.cpp (check, workspace, parameters; plain C++), device.cuh (row layout,
 // loads/stores, masks, score pipeline, dropout), forward.cuh, backward.cuh (the kernels and what
 // they save and exchange), reduce.cuh (fixed-order sums), launch.cuh + kernels_<dtype>.cu (the
-// instances, one file per dtype). Tuning knobs: kChunkVectors and MinBlocksPerSm (device.cuh),
-// kWarpsPerBlock (here). tests/small_seq_emulation runs these kernels on the CPU.
+// instances, one file per dtype). Tuning knobs: kChunkVectors, kForwardRowsPerTeam and
+// MinBlocksPerSm (device.cuh), kWarpsPerBlock (here). tests/small_seq_emulation runs these kernels on the CPU.
 //
 // This header is shared by the host side and the kernels: it holds only plain data.
 #pragma once

@@ -41,7 +41,7 @@ Status CheckProblem(const Problem& problem) {
                           DtypeName(dtype));
   }
   // At most one warp per (sequence, query head) (GroupSumKernel: per kv head); block counts must
-  // fit the grid's 31 bits.
+  // fit the grid's 31 bits, and the forward indexes rows in 32 bits.
   if (c.batch * c.heads_q > INT32_MAX)
     return NotSupported("batch * heads_q = %lld * %lld is more than %d warps", (long long)c.batch,
                         (long long)c.heads_q, INT32_MAX);
