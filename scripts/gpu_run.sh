@@ -306,9 +306,25 @@ step_kernel_profile() {
   return $rc
 }
 
+# FP8 attention (issue 22): cuDNN's FP8 graphs against the reference's emulation (GPU tests), the
+# FP8 CPU tests (conversions, emulation bounds, validation, cuDNN FP8 planning), memcheck of one
+# FP8 forward+backward, then bench/fp8_bench: FP8 against our BF16, d128, s 4096 / 8192 / 16384,
+# causal and not, forward and forward+backward. About 3-5 minutes: give it TIMEOUT_fp8=540.
+step_fp8() {
+  local rc=0
+  "$BUILD/tests/fusedattn_gpu_tests" --gtest_brief=1 --gtest_output="xml:$OUT/fp8_gpu_tests.xml" \
+    --gtest_filter='CudnnFp8*' || rc=1
+  "$BUILD/tests/fusedattn_tests" --gtest_brief=1 --gtest_filter='*Fp8*' || rc=1
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/fusedattn_gpu_tests" \
+    --gtest_filter='Shapes/CudnnFp8.ForwardAndBackwardMatchTheReferenceEmulation/d128_causal_e5m2' ||
+    rc=1
+  "$BUILD/bench/fp8_bench" || rc=1
+  return $rc
+}
+
 # NATIVE_BENCHES: which of build/bench's programs to run (default: all of them).
 step_native_bench() {
-  local names="${NATIVE_BENCHES:-flash_bench small_seq_bench cudnn_overhead}"
+  local names="${NATIVE_BENCHES:-flash_bench small_seq_bench cudnn_overhead fp8_bench}"
   for name in $names; do
     local b="$BUILD/bench/$name"
     [ -x "$b" ] && { echo "== $b"; "$b"; }

@@ -75,6 +75,80 @@
  * offset, but not the reference's elements (force another backend where the bits must match).
  *
  * ---------------------------------------------------------------------------------------------
+ * FP8 attention (per-tensor scaling, as Transformer Engine's FP8 DotProductAttention trains)
+ * ---------------------------------------------------------------------------------------------
+ * An FP8 problem has qkv_dtype = FP8_E4M3. Its dtypes:
+ *   q, k, v     fp8_e4m3 (fp8_e5m2 q/k/v are refused)
+ *   o           o_dtype: fp8_e4m3, bfloat16, float16 or float32
+ *   dO          do_dtype: fp8_e4m3 or fp8_e5m2 (TE's E4M3 and hybrid recipes)
+ *   dQ, dK, dV  dqkv_dtype: fp8_e4m3, fp8_e5m2, bfloat16, float16 or float32
+ *   lse         float32 as always; bias, alibi, sinks, max_logit as always (float, unscaled)
+ * do_dtype and dqkv_dtype are checked when the problem has a backward (is_training, or
+ * fusedattn_bwd / fusedattn_bwd_workspace_size). A non-FP8 problem keeps the dtypes it always
+ * had: do_dtype and dqkv_dtype must be DEFAULT or equal to o_dtype / qkv_dtype, and every FP8
+ * scaling pointer below must be NULL.
+ *
+ * An FP8 tensor X holds X_fp8 = X * scale_X, so X = X_fp8 * descale_X. Every scaling factor is a
+ * float32 scalar (a const float* / float* in fusedattn_fwd_args / fusedattn_bwd_args) in the
+ * memory where the tensors live (device memory for config.device CUDA), read or written by the
+ * call in stream order. The formulas of "What is computed" hold with these changes, where
+ * Q8_T(x) is x rounded to the nearest value of the FP8 type T, ties to even, saturated to T's
+ * largest finite value (448 for e4m3, 57344 for e5m2; NaN stays NaN): the hardware's
+ * cvt.rn.satfinite. Everything between these points is exact in the specification (the
+ * reference computes it in float64; GPU backends accumulate in float32):
+ *
+ * Forward:
+ *   q, k, v     read as q_fp8 * descale_q, k_fp8 * descale_k, v_fp8 * descale_v
+ *   p'          the probabilities after dropout (p_j, times 1 / (1 - dropout) or 0), as above
+ *   amax_s      = max |p'| over every (b, h, i, j) (0 where nothing is visible)
+ *   S           S_fp8 = Q8_e4m3(p' * scale_s)                     (the quantized softmax output)
+ *   o           o = sum_j S_fp8[j] * descale_s * v[j]   (unrounded; fully masked rows: 0)
+ *   amax_o      = max |o| over every element of O the call writes
+ *   O stored    o_dtype FP8: Q8_o_dtype(o * scale_o);  else o rounded to o_dtype (no scale_o)
+ *   lse         the LSE of the unquantized softmax, as above
+ * Backward (O, dO FP8 or not as their dtypes say; LSE as given):
+ *   o, dO       read as o_fp8 * descale_o (o_dtype FP8; else as stored), dO_fp8 * descale_do
+ *   D_i         = dO_i . o_i
+ *   p           = exp(s - LSE) recomputed in float64 from the descaled q, k; p' after dropout
+ *   S           S_fp8 = Q8_e4m3(p' * scale_s)
+ *   dV[j]       = sum_i S_fp8[i, j] * descale_s * dO_i         (summed over the group in GQA)
+ *   dS          = p (dP - D) with dP = dO_i . v_j (times the dropout factor), as above
+ *   dP          the gradient with respect to the product q . k: dS through score_mod and
+ *               softcap, times attn_scale (what multiplies k in dQ and q in dK; TE's "dP")
+ *   amax_dp     = max |dP| over every (b, h, i, j)
+ *   dP_fp8      = Q8_do_dtype(dP * scale_dp)                     (quantized in dO's FP8 type)
+ *   dQ[i]       = sum_j dP_fp8[i, j] * descale_dp * k_j
+ *   dK[j]       = sum_i dP_fp8[i, j] * descale_dp * q_i      (summed over the group in GQA)
+ *   amax_dq/dk/dv = max |dQ| / |dK| / |dV| over every element written (before scaling)
+ *   dQ/dK/dV stored: dqkv_dtype FP8: Q8_dqkv_dtype(dX * scale_dX); else rounded (no scale_dX)
+ *   dbias, dsink and score_mod gradients use the unquantized dS (they are not FP8 tensors).
+ *
+ * Scaling factors, fusedattn_fwd_args: descale_q, descale_k, descale_v, descale_s, scale_s (all
+ * required), scale_o (required when o_dtype is FP8, else NULL); amax_s, amax_o (outputs,
+ * required). fusedattn_bwd_args: descale_q, descale_k, descale_v, descale_do, descale_s,
+ * descale_dp, scale_s, scale_dp (required), descale_o (required when o_dtype is FP8, else NULL),
+ * scale_dq, scale_dk, scale_dv (required when dqkv_dtype is FP8, else NULL); amax_dp, amax_dq,
+ * amax_dk, amax_dv (outputs, required). A pointer missing, or set where it is not read, is
+ * INVALID_ARGUMENT naming it.
+ *
+ * Invalid scaling factors. Every factor read must be finite and > 0 (a NaN, an inf, 0 or a
+ * negative value is an error). The check needs the values on the host:
+ *   CPU tensors: always checked before anything is written: INVALID_ARGUMENT naming the factor
+ *               and its value.
+ *   CUDA tensors: by default checked the same way, by copying the factors to the host on the
+ *               stream, which waits for the stream (a host synchronization per call: the cost of
+ *               a clear error). FUSEDATTN_FP8_CHECK_SCALES=0 turns the check off so that calls
+ *               stay asynchronous; an invalid factor then gives undefined outputs and amax (NaN
+ *               or inf, typically) and no error. The reference backend always checks (it reads
+ *               the factors anyway).
+ *
+ * Backends: the reference emulates every point above exactly and runs FP8 with every feature;
+ * cuDNN runs FP8 problems through its FP8 SDPA graphs and names what it refuses; flash and
+ * small_seq refuse FP8 problems. GPU results differ from the reference's by float32
+ * accumulation and, where a product lands near a rounding boundary of Q8, by one FP8 step of
+ * that element (tests/gpu/cudnn_fp8_test.cpp derives the bounds).
+ *
+ * ---------------------------------------------------------------------------------------------
  * Tensors
  * ---------------------------------------------------------------------------------------------
  * Every tensor is a pointer, a dtype, a shape and strides in elements; nothing is assumed
@@ -198,6 +272,8 @@
  *   FUSEDATTN_CACHE_MAX_MB=n        its size bound (default 1024); the least recently used
  *                                   entries go first
  *   FUSEDATTN_FLASH_WGMMA=0         flash: no Hopper wgmma kernels
+ *   FUSEDATTN_FP8_CHECK_SCALES=0    CUDA: do not read FP8 scaling factors on the host to check
+ *                                   them (see "FP8 attention")
  *   FUSEDATTN_CUDA_INCLUDE=dir      flash's run-time compiler: where the CUDA headers are
  * fusedattn_get_backend's message says how the chosen backend runs the problem where it matters
  * (cuDNN: per-shape, unified-node or dynamic-shape plans and why, and where kernel caches are
@@ -252,9 +328,11 @@ typedef FUSEDATTN_ENUM(fusedattn_dtype) {
   FUSEDATTN_DTYPE_FLOAT32 = 0,
   FUSEDATTN_DTYPE_FLOAT16 = 1,
   FUSEDATTN_DTYPE_BFLOAT16 = 2,
-  FUSEDATTN_DTYPE_FP8_E4M3 = 3, /* reserved: rejected as not supported */
-  FUSEDATTN_DTYPE_FP8_E5M2 = 4, /* reserved: rejected as not supported */
-  FUSEDATTN_DTYPE_INT32 = 5     /* index tensors (cu_seqlens, seq_offsets) */
+  FUSEDATTN_DTYPE_FP8_E4M3 = 3, /* FP8 attention only (see "FP8 attention") */
+  FUSEDATTN_DTYPE_FP8_E5M2 = 4, /* FP8 attention only: dO, dQ/dK/dV */
+  FUSEDATTN_DTYPE_INT32 = 5,    /* index tensors (cu_seqlens, seq_offsets) */
+  /* config.do_dtype / config.dqkv_dtype only: the same dtype as o_dtype / qkv_dtype */
+  FUSEDATTN_DTYPE_DEFAULT = -1
 } fusedattn_dtype;
 
 typedef FUSEDATTN_ENUM(fusedattn_format) {
@@ -308,7 +386,8 @@ typedef struct fusedattn_score_mod fusedattn_score_mod;
  * a score_mod graph is part of the problem (by its structure, never by its address). */
 typedef struct fusedattn_config {
   size_t struct_size; /* sizeof(fusedattn_config) as the caller compiled it (or an earlier
-                         layout's: 0.1.0's, or the one that ends with score_mod) */
+                         layout's: 0.1.0's, the one that ends with score_mod, or
+                         the one that ends with page_size) */
 
   int32_t is_training; /* forward saves LSE and the backend must also support the backward */
   int64_t batch;
@@ -319,8 +398,8 @@ typedef struct fusedattn_config {
   int64_t head_dim_qk;
   int64_t head_dim_v;
 
-  fusedattn_dtype qkv_dtype; /* q, k, v and dq, dk, dv */
-  fusedattn_dtype o_dtype;   /* o and do */
+  fusedattn_dtype qkv_dtype; /* q, k, v and dq, dk, dv (unless dqkv_dtype says otherwise) */
+  fusedattn_dtype o_dtype;   /* o and do (unless do_dtype says otherwise) */
 
   fusedattn_format q_format;
   fusedattn_format kv_format;
@@ -354,6 +433,10 @@ typedef struct fusedattn_config {
   const fusedattn_score_mod* score_mod; /* NULL: none; else a finalized graph */
   int64_t page_size; /* 0: K/V are contiguous tensors; > 0: paged K/V, pools of pages of this many
                         tokens with a page table (see "Paged K/V"; forward only) */
+  /* Added after 0.1.0 (FP8; earlier layouts get DEFAULT): the dtypes of dO and of dQ/dK/dV.
+   * DEFAULT: o_dtype and qkv_dtype. Only an FP8 problem may set others (see "FP8 attention"). */
+  fusedattn_dtype do_dtype;
+  fusedattn_dtype dqkv_dtype;
 } fusedattn_config;
 
 #define FUSEDATTN_CONFIG_INIT                                                                   \
@@ -366,7 +449,8 @@ typedef struct fusedattn_config {
         FUSEDATTN_BIAS_NONE, /*bias_batch*/ 1, /*bias_heads*/ 1, /*bias_requires_grad*/ 0,      \
         FUSEDATTN_SOFTMAX_VANILLA, /*attn_scale*/ 0.0, /*softcap*/ 0.0, /*dropout*/ 0.0,        \
         /*deterministic*/ 0, /*return_lse*/ 0, /*return_max_logit*/ 0, FUSEDATTN_BACKEND_AUTO, \
-        FUSEDATTN_DEVICE_AUTO, /*score_mod*/ NULL, /*page_size*/ 0                              \
+        FUSEDATTN_DEVICE_AUTO, /*score_mod*/ NULL, /*page_size*/ 0, FUSEDATTN_DTYPE_DEFAULT,    \
+        FUSEDATTN_DTYPE_DEFAULT                                                                 \
   }
 
 #define FUSEDATTN_MAX_DIMS 4
@@ -407,6 +491,16 @@ typedef struct fusedattn_fwd_args {
    * [batch, max_pages_per_seq] and int32 [batch]. */
   fusedattn_tensor page_table;
   fusedattn_tensor seqlens_kv;
+  /* Added after 0.1.0: FP8 per-tensor scaling (qkv_dtype FP8_E4M3; NULL otherwise): float32
+   * scalars where the tensors live; see "FP8 attention" for where each one applies. */
+  const float* descale_q;
+  const float* descale_k;
+  const float* descale_v;
+  const float* descale_s;
+  const float* scale_s;
+  const float* scale_o; /* o_dtype FP8 only */
+  float* amax_s;        /* output: max |softmax output after dropout| */
+  float* amax_o;        /* output: max |O| before scale_o */
 } fusedattn_fwd_args;
 
 typedef struct fusedattn_bwd_args {
@@ -429,11 +523,30 @@ typedef struct fusedattn_bwd_args {
   const fusedattn_tensor* d_score_mod_tensors;
   /* Added after 0.1.0: as in fusedattn_fwd_args (NULL: dropout_seed and dropout_offset). */
   const uint64_t* dropout_seed_offset;
+  /* Added after 0.1.0: FP8 per-tensor scaling (qkv_dtype FP8_E4M3; NULL otherwise), as in
+   * fusedattn_fwd_args; see "FP8 attention". */
+  const float* descale_q;
+  const float* descale_k;
+  const float* descale_v;
+  const float* descale_o; /* o_dtype FP8 only */
+  const float* descale_do;
+  const float* descale_s;
+  const float* descale_dp;
+  const float* scale_s;
+  const float* scale_dp;
+  const float* scale_dq; /* dqkv_dtype FP8 only, as scale_dk and scale_dv */
+  const float* scale_dk;
+  const float* scale_dv;
+  float* amax_dp; /* outputs: max |dP|, |dQ|, |dK|, |dV| before scaling */
+  float* amax_dq;
+  float* amax_dk;
+  float* amax_dv;
 } fusedattn_bwd_args;
 
 /* Zero-filled args with struct_size set. (struct_size may also be that of an earlier layout:
- * 0.1.0's, the one that ends with the score_mod fields, or (fusedattn_fwd_args) the one that
- * ends with dropout_seed_offset; the fields added since then are then zero.) */
+ * 0.1.0's, the one that ends with the score_mod fields, the one that ends with
+ * dropout_seed_offset, or (fusedattn_fwd_args) the one that ends with seqlens_kv; the fields
+ * added since then are then zero.) */
 FUSEDATTN_API fusedattn_fwd_args fusedattn_fwd_args_init(void);
 FUSEDATTN_API fusedattn_bwd_args fusedattn_bwd_args_init(void);
 

@@ -80,6 +80,10 @@ struct Placement {
   }
 };
 
+// DLPack's codes of the FP8 types (dlpack.h 1.1: kDLFloat8_e4m3fn, kDLFloat8_e5m2).
+constexpr uint8_t kDLFloat8E4M3FN = 10;
+constexpr uint8_t kDLFloat8E5M2 = 12;
+
 fusedattn_dtype DtypeOf(const std::string& name, const nb::dlpack::dtype& dt) {
   if (dt.lanes == 1) {
     if (dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float)) {
@@ -90,10 +94,13 @@ fusedattn_dtype DtypeOf(const std::string& name, const nb::dlpack::dtype& dt) {
       return FUSEDATTN_DTYPE_BFLOAT16;
     if (dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Int) && dt.bits == 32)
       return FUSEDATTN_DTYPE_INT32;
+    if (dt.code == kDLFloat8E4M3FN && dt.bits == 8) return FUSEDATTN_DTYPE_FP8_E4M3;
+    if (dt.code == kDLFloat8E5M2 && dt.bits == 8) return FUSEDATTN_DTYPE_FP8_E5M2;
   }
   RaiseInvalid(name + " has DLPack dtype (code " + std::to_string(dt.code) + ", bits " +
                std::to_string(dt.bits) + ", lanes " + std::to_string(dt.lanes) +
-               "): fusedattn takes float32, float16, bfloat16 and int32 tensors");
+               "): fusedattn takes float32, float16, bfloat16, float8_e4m3fn, float8_e5m2 and "
+               "int32 tensors (FP8 also as a (uint8 view, 'fp8_e4m3' or 'fp8_e5m2') pair)");
 }
 
 // The tensors of one call, converted, kept alive until the call returns.
@@ -159,6 +166,19 @@ class TensorSet {
     return out.empty() ? nullptr : out.data();
   }
 
+  // An FP8 scaling factor or amax output: a float32 tensor of one element (None: absent), on
+  // the tensors' device. Returns its address.
+  float* Scalar(const char* name, nb::handle object, bool is_output) {
+    if (object.is_none()) return nullptr;
+    fusedattn_tensor t = is_output ? Output(name, object) : Input(name, object);
+    int64_t elements = 1;
+    for (int i = 0; i < t.ndim; ++i) elements *= t.shape[i];
+    if (t.dtype != FUSEDATTN_DTYPE_FLOAT32 || elements != 1)
+      RaiseInvalid(std::string("args.") + name +
+                   " must be a float32 tensor of one element (an FP8 scaling factor or amax)");
+    return static_cast<float*>(t.data);
+  }
+
   // The workspace: any tensor (bytes = elements * itemsize) on the tensors' device.
   void Workspace(nb::handle object, void** data, size_t* bytes) {
     *data = nullptr, *bytes = 0;
@@ -211,9 +231,13 @@ class TensorSet {
       want.code = static_cast<uint8_t>(nb::dlpack::dtype_code::Float), want.bits = 32;
     } else if (dtype == "int32") {
       want.code = static_cast<uint8_t>(nb::dlpack::dtype_code::Int), want.bits = 32;
+    } else if (dtype == "fp8_e4m3") {
+      want.code = kDLFloat8E4M3FN, want.bits = 8;
+    } else if (dtype == "fp8_e5m2") {
+      want.code = kDLFloat8E5M2, want.bits = 8;
     } else {
       RaiseInvalid(std::string("args.") + name + ": declared dtype '" + dtype +
-                   "' is not float32, float16, bfloat16 or int32");
+                   "' is not float32, float16, bfloat16, int32, fp8_e4m3 or fp8_e5m2");
     }
     if (actual.bits != want.bits || actual.lanes != 1)
       RaiseInvalid(std::string("args.") + name + ": declared dtype '" + dtype + "' has " +
@@ -357,6 +381,14 @@ void Forward(const fusedattn_config& config, nb::dict tensors, uint64_t dropout_
                                     &args.num_score_mod_tensors);
   args.page_table = set.Input("page_table", named.Get("page_table"));
   args.seqlens_kv = set.Input("seqlens_kv", named.Get("seqlens_kv"));
+  args.descale_q = set.Scalar("descale_q", named.Get("descale_q"), false);
+  args.descale_k = set.Scalar("descale_k", named.Get("descale_k"), false);
+  args.descale_v = set.Scalar("descale_v", named.Get("descale_v"), false);
+  args.descale_s = set.Scalar("descale_s", named.Get("descale_s"), false);
+  args.scale_s = set.Scalar("scale_s", named.Get("scale_s"), false);
+  args.scale_o = set.Scalar("scale_o", named.Get("scale_o"), false);
+  args.amax_s = set.Scalar("amax_s", named.Get("amax_s"), true);
+  args.amax_o = set.Scalar("amax_o", named.Get("amax_o"), true);
   named.RejectUnknown();
   args.dropout_seed = dropout_seed;
   args.dropout_offset = dropout_offset;
@@ -399,6 +431,22 @@ void Backward(const fusedattn_config& config, nb::dict tensors, uint64_t dropout
   args.dv = set.Output("dv", named.Get("dv"));
   args.dbias = set.Output("dbias", named.Get("dbias"));
   args.dsink = set.Output("dsink", named.Get("dsink"));
+  args.descale_q = set.Scalar("descale_q", named.Get("descale_q"), false);
+  args.descale_k = set.Scalar("descale_k", named.Get("descale_k"), false);
+  args.descale_v = set.Scalar("descale_v", named.Get("descale_v"), false);
+  args.descale_o = set.Scalar("descale_o", named.Get("descale_o"), false);
+  args.descale_do = set.Scalar("descale_do", named.Get("descale_do"), false);
+  args.descale_s = set.Scalar("descale_s", named.Get("descale_s"), false);
+  args.descale_dp = set.Scalar("descale_dp", named.Get("descale_dp"), false);
+  args.scale_s = set.Scalar("scale_s", named.Get("scale_s"), false);
+  args.scale_dp = set.Scalar("scale_dp", named.Get("scale_dp"), false);
+  args.scale_dq = set.Scalar("scale_dq", named.Get("scale_dq"), false);
+  args.scale_dk = set.Scalar("scale_dk", named.Get("scale_dk"), false);
+  args.scale_dv = set.Scalar("scale_dv", named.Get("scale_dv"), false);
+  args.amax_dp = set.Scalar("amax_dp", named.Get("amax_dp"), true);
+  args.amax_dq = set.Scalar("amax_dq", named.Get("amax_dq"), true);
+  args.amax_dk = set.Scalar("amax_dk", named.Get("amax_dk"), true);
+  args.amax_dv = set.Scalar("amax_dv", named.Get("amax_dv"), true);
   args.score_mod_tensors = set.List("score_mod_tensors", named.Get("score_mod_tensors"), false,
                                     &args.num_score_mod_tensors);
   int64_t num_grads = 0;
@@ -444,7 +492,8 @@ NB_MODULE(_C, m) {
       .value("bfloat16", FUSEDATTN_DTYPE_BFLOAT16)
       .value("fp8_e4m3", FUSEDATTN_DTYPE_FP8_E4M3)
       .value("fp8_e5m2", FUSEDATTN_DTYPE_FP8_E5M2)
-      .value("int32", FUSEDATTN_DTYPE_INT32);
+      .value("int32", FUSEDATTN_DTYPE_INT32)
+      .value("default", FUSEDATTN_DTYPE_DEFAULT);
   nb::enum_<fusedattn_format>(m, "Format")
       .value("bshd", FUSEDATTN_FORMAT_BSHD)
       .value("sbhd", FUSEDATTN_FORMAT_SBHD)
@@ -516,6 +565,8 @@ NB_MODULE(_C, m) {
   FUSEDATTN_FIELD(backend)
   FUSEDATTN_FIELD(device)
   FUSEDATTN_FIELD(page_size)
+  FUSEDATTN_FIELD(do_dtype)
+  FUSEDATTN_FIELD(dqkv_dtype)
 #undef FUSEDATTN_FIELD
   nb::list field_names;
   for (const std::string& f : fields) field_names.append(nb::str(f.c_str()));

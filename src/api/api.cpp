@@ -1,10 +1,12 @@
 // The C entry points: argument checking, error text, dispatch to the selected backend (select.h:
 // RunForward / RunBackward, which also retry the next backend when the chosen one cannot run the
 // call's tensors).
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "common/cuda_util.h"
 #ifdef FUSEDATTN_WITH_CUDNN
@@ -61,6 +63,34 @@ Status ReadDropoutSeedOffset(const Problem& problem, void* stream, Tensors* tens
   tensors->dropout_seed = seed_offset[0];
   tensors->dropout_offset = seed_offset[1];
   return Status::Ok();
+}
+
+// FUSEDATTN_FP8_CHECK_SCALES=0: CUDA calls do not read the FP8 scaling factors on the host.
+bool CheckDeviceFp8Scales() {
+  static const bool check = [] {
+    const char* value = std::getenv("FUSEDATTN_FP8_CHECK_SCALES");
+    return value == nullptr || std::strcmp(value, "0") != 0;
+  }();
+  return check;
+}
+
+// The FP8 scaling factors of a call must be finite and > 0 (fusedattn.h, "FP8 attention"). They
+// are read on the host: directly for CPU tensors, by copies that wait for the stream for CUDA
+// ones (unless FUSEDATTN_FP8_CHECK_SCALES=0). Nothing has been written when this refuses.
+template <typename Scales>
+Status CheckFp8Scales(const Problem& problem, void* stream, const Scales& scales) {
+  if (!problem.fp8) return Status::Ok();
+  if (problem.device == Device::kCuda && !CheckDeviceFp8Scales()) return Status::Ok();
+  const std::vector<NamedScale> read = Fp8ScalesRead(scales);
+  std::vector<float> values(read.size());
+  for (size_t k = 0; k < read.size(); ++k) {
+    if (problem.device == Device::kCuda) {
+      FUSEDATTN_RETURN_IF_ERROR(CopyToHost(&values[k], read[k].pointer, sizeof(float), stream));
+    } else {
+      values[k] = *read[k].pointer;
+    }
+  }
+  return CheckFp8ScaleValues(read, values.data());
 }
 
 Status Prepare(const fusedattn_config* config, bool need_backward, Problem* problem,
@@ -133,6 +163,7 @@ fusedattn_status fusedattn_fwd(const fusedattn_config* config, const fusedattn_f
     FwdTensors tensors;
     FUSEDATTN_RETURN_IF_ERROR(MakeFwdTensors(problem, args, &tensors));
     FUSEDATTN_RETURN_IF_ERROR(ReadDropoutSeedOffset(problem, stream, &tensors));
+    FUSEDATTN_RETURN_IF_ERROR(CheckFp8Scales(problem, stream, tensors.fp8));
     return RunForward(problem, tensors, workspace, workspace_bytes, stream);
   });
 }
@@ -146,6 +177,7 @@ fusedattn_status fusedattn_bwd(const fusedattn_config* config, const fusedattn_b
     BwdTensors tensors;
     FUSEDATTN_RETURN_IF_ERROR(MakeBwdTensors(problem, args, &tensors));
     FUSEDATTN_RETURN_IF_ERROR(ReadDropoutSeedOffset(problem, stream, &tensors));
+    FUSEDATTN_RETURN_IF_ERROR(CheckFp8Scales(problem, stream, tensors.fp8));
     return RunBackward(problem, tensors, workspace, workspace_bytes, stream);
   });
 }

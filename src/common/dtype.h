@@ -2,6 +2,7 @@
 // load/store by fusedattn_dtype. Used by the reference backend and by tests.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -57,6 +58,68 @@ inline float HalfToFloat(uint16_t h) {
   return BitsFloat(sign | ((exponent + 112) << 23) | (mantissa << 13));
 }
 
+// FP8 (the OCP formats the hardware implements). e4m3: exponent bias 7, 3 mantissa bits, no
+// infinities, NaN = S.1111.111, largest finite 448. e5m2: bias 15, 2 mantissa bits, IEEE-like
+// (S.11111.00 is inf, S.11111.xx NaN), largest finite 57344.
+struct Fp8Format {
+  int mantissa_bits;
+  int bias;
+  double max_finite;
+};
+inline Fp8Format Fp8FormatOf(fusedattn_dtype dtype) {
+  return dtype == FUSEDATTN_DTYPE_FP8_E5M2 ? Fp8Format{2, 15, 57344.0} : Fp8Format{3, 7, 448.0};
+}
+
+inline double Fp8ToDouble(uint8_t bits, fusedattn_dtype dtype) {
+  const Fp8Format f = Fp8FormatOf(dtype);
+  const double sign = (bits & 0x80u) ? -1.0 : 1.0;
+  const int exponent_bits = 7 - f.mantissa_bits;
+  const unsigned exponent = (bits & 0x7Fu) >> f.mantissa_bits;
+  const unsigned mantissa = bits & ((1u << f.mantissa_bits) - 1u);
+  const unsigned exponent_max = (1u << exponent_bits) - 1u;
+  if (dtype == FUSEDATTN_DTYPE_FP8_E4M3 && (bits & 0x7Fu) == 0x7Fu) return NAN;
+  if (dtype == FUSEDATTN_DTYPE_FP8_E5M2 && exponent == exponent_max)
+    return mantissa == 0 ? sign * INFINITY : NAN;
+  if (exponent == 0) return sign * std::ldexp(mantissa, 1 - f.bias - f.mantissa_bits);
+  return sign * std::ldexp((1u << f.mantissa_bits) + mantissa,
+                           static_cast<int>(exponent) - f.bias - f.mantissa_bits);
+}
+
+// x rounded to the nearest FP8 value, ties to even, saturated to the largest finite value (also
+// for infinities); NaN stays NaN. The hardware's cvt.rn.satfinite, from the exact value x.
+inline uint8_t DoubleToFp8(double x, fusedattn_dtype dtype) {
+  const Fp8Format f = Fp8FormatOf(dtype);
+  const uint8_t sign = std::signbit(x) ? 0x80u : 0u;
+  if (std::isnan(x)) return static_cast<uint8_t>(sign | 0x7Fu);
+  double a = std::fabs(x);
+  const int min_exponent = 1 - f.bias;  // of the smallest normal value
+  int e = 0;
+  std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+  const int unit_exponent = std::max(e - 1, min_exponent) - f.mantissa_bits;
+  double q = a >= f.max_finite ? f.max_finite
+                               : std::ldexp(std::nearbyint(std::ldexp(a, -unit_exponent)),
+                                            unit_exponent);  // exact scaling, then round to even
+  if (q > f.max_finite) q = f.max_finite;
+  if (q == 0.0) return sign;
+  std::frexp(q, &e);
+  if (e - 1 < min_exponent)  // subnormal
+    return static_cast<uint8_t>(
+        sign | static_cast<unsigned>(std::ldexp(q, f.bias - 1 + f.mantissa_bits)));
+  const unsigned exponent_field = static_cast<unsigned>(e - 1 + f.bias);
+  const unsigned mantissa =
+      static_cast<unsigned>(std::ldexp(q, f.mantissa_bits - (e - 1))) - (1u << f.mantissa_bits);
+  return static_cast<uint8_t>(sign | (exponent_field << f.mantissa_bits) | mantissa);
+}
+
+inline bool IsFp8Dtype(fusedattn_dtype dtype) {
+  return dtype == FUSEDATTN_DTYPE_FP8_E4M3 || dtype == FUSEDATTN_DTYPE_FP8_E5M2;
+}
+
+// x quantized to FP8 and read back: the value Q8(x) of fusedattn.h's "FP8 attention".
+inline double QuantizeFp8(double x, fusedattn_dtype dtype) {
+  return Fp8ToDouble(DoubleToFp8(x, dtype), dtype);
+}
+
 // Reads element `index` of a buffer of `dtype` as double.
 inline double LoadAsDouble(const void* data, fusedattn_dtype dtype, int64_t index) {
   switch (dtype) {
@@ -64,6 +127,9 @@ inline double LoadAsDouble(const void* data, fusedattn_dtype dtype, int64_t inde
     case FUSEDATTN_DTYPE_FLOAT16: return HalfToFloat(static_cast<const uint16_t*>(data)[index]);
     case FUSEDATTN_DTYPE_BFLOAT16: return Bf16ToFloat(static_cast<const uint16_t*>(data)[index]);
     case FUSEDATTN_DTYPE_INT32: return static_cast<const int32_t*>(data)[index];
+    case FUSEDATTN_DTYPE_FP8_E4M3:
+    case FUSEDATTN_DTYPE_FP8_E5M2:
+      return Fp8ToDouble(static_cast<const uint8_t*>(data)[index], dtype);
     default: return NAN;
   }
 }
@@ -79,6 +145,10 @@ inline void StoreFromDouble(void* data, fusedattn_dtype dtype, int64_t index, do
       static_cast<uint16_t*>(data)[index] = FloatToBf16(static_cast<float>(value));
       break;
     case FUSEDATTN_DTYPE_INT32: static_cast<int32_t*>(data)[index] = static_cast<int32_t>(value); break;
+    case FUSEDATTN_DTYPE_FP8_E4M3:
+    case FUSEDATTN_DTYPE_FP8_E5M2:
+      static_cast<uint8_t*>(data)[index] = DoubleToFp8(value, dtype);
+      break;
     default: break;
   }
 }

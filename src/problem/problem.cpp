@@ -21,6 +21,7 @@ size_t DtypeSize(fusedattn_dtype dtype) {
     case FUSEDATTN_DTYPE_FP8_E4M3: return 1;
     case FUSEDATTN_DTYPE_FP8_E5M2: return 1;
     case FUSEDATTN_DTYPE_INT32: return 4;
+    case FUSEDATTN_DTYPE_DEFAULT: return 0;
   }
   return 0;
 }
@@ -33,6 +34,7 @@ const char* DtypeName(fusedattn_dtype dtype) {
     case FUSEDATTN_DTYPE_FP8_E4M3: return "fp8_e4m3";
     case FUSEDATTN_DTYPE_FP8_E5M2: return "fp8_e5m2";
     case FUSEDATTN_DTYPE_INT32: return "int32";
+    case FUSEDATTN_DTYPE_DEFAULT: return "default";
   }
   return "unknown";
 }
@@ -94,6 +96,9 @@ std::string Problem::describe() const {
   if (c.dropout > 0) s += Format(" dropout=%g", c.dropout);
   if (c.is_training) s += " training";
   if (paged) s += Format(" paged(page_size=%lld)", (long long)c.page_size);
+  if (fp8)
+    s += Format(" fp8(o:%s dO:%s dQKV:%s)", DtypeName(c.o_dtype), DtypeName(c.do_dtype),
+                DtypeName(c.dqkv_dtype));
   if (score_mod) s += Format(" score_mod=%016llx", (unsigned long long)score_mod->hash().lo);
   return s;
 }
@@ -120,13 +125,14 @@ ProblemKey KeyOf(const Problem& p) {
                     int64_t{c.softmax_type}, DoubleBits(c.attn_scale), DoubleBits(c.softcap),
                     DoubleBits(c.dropout), int64_t{c.deterministic}, int64_t{c.return_lse},
                     int64_t{c.return_max_logit}, int64_t{c.backend},
-                    static_cast<int64_t>(p.device), c.page_size})
+                    static_cast<int64_t>(p.device), c.page_size, int64_t{c.do_dtype},
+                    int64_t{c.dqkv_dtype}})
     w[n++] = v;
   // The score_mod by structure (its hash here; operator== compares the graphs), never by the
   // address of the handle in the config.
   w[n++] = p.score_mod ? static_cast<int64_t>(p.score_mod->hash().lo) : 0;
   key.score_mod = p.score_mod;
-  static_assert(33 <= ProblemKey::kWords, "ProblemKey too small");
+  static_assert(35 <= ProblemKey::kWords, "ProblemKey too small");
   return key;
 }
 
@@ -148,20 +154,75 @@ constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;
 
 bool IsBool(int32_t v) { return v == 0 || v == 1; }
 
+bool IsFp8(fusedattn_dtype dtype) {
+  return dtype == FUSEDATTN_DTYPE_FP8_E4M3 || dtype == FUSEDATTN_DTYPE_FP8_E5M2;
+}
+
+// A dtype of attention data: a listed float dtype (int32 and DEFAULT are not data).
 Status CheckDataDtype(const char* field, int dtype) {
   switch (dtype) {
     case FUSEDATTN_DTYPE_FLOAT32:
     case FUSEDATTN_DTYPE_FLOAT16:
-    case FUSEDATTN_DTYPE_BFLOAT16: return Status::Ok();
+    case FUSEDATTN_DTYPE_BFLOAT16:
     case FUSEDATTN_DTYPE_FP8_E4M3:
-    case FUSEDATTN_DTYPE_FP8_E5M2:
-      return NotSupported("%s = %s: fp8 is reserved and not supported yet", field,
-                          DtypeName(static_cast<fusedattn_dtype>(dtype)));
+    case FUSEDATTN_DTYPE_FP8_E5M2: return Status::Ok();
     case FUSEDATTN_DTYPE_INT32:
-      return InvalidArgument("%s = int32: attention data must be float32, float16 or bfloat16",
-                             field);
+      return InvalidArgument(
+          "%s = int32: attention data must be float32, float16, bfloat16 or (FP8 attention) "
+          "fp8_e4m3 / fp8_e5m2",
+          field);
+    case FUSEDATTN_DTYPE_DEFAULT:
+      return InvalidArgument(
+          "%s = -1 (FUSEDATTN_DTYPE_DEFAULT): only config.do_dtype and config.dqkv_dtype take "
+          "it",
+          field);
   }
   return InvalidArgument("%s = %d is not a fusedattn_dtype", field, dtype);
+}
+
+// The dtypes of the problem (see "FP8 attention" in fusedattn.h). Resolves do_dtype and
+// dqkv_dtype DEFAULT. The backward's dtypes of an FP8 problem are checked by
+// CheckBackwardDtypes, since a forward-only FP8 problem need not name them.
+Status CheckDtypes(Problem* p) {
+  fusedattn_config& c = p->config;
+  FUSEDATTN_RETURN_IF_ERROR(CheckDataDtype("config.qkv_dtype", c.qkv_dtype));
+  FUSEDATTN_RETURN_IF_ERROR(CheckDataDtype("config.o_dtype", c.o_dtype));
+  if (c.do_dtype != FUSEDATTN_DTYPE_DEFAULT)
+    FUSEDATTN_RETURN_IF_ERROR(CheckDataDtype("config.do_dtype", c.do_dtype));
+  if (c.dqkv_dtype != FUSEDATTN_DTYPE_DEFAULT)
+    FUSEDATTN_RETURN_IF_ERROR(CheckDataDtype("config.dqkv_dtype", c.dqkv_dtype));
+  if (c.do_dtype == FUSEDATTN_DTYPE_DEFAULT) c.do_dtype = c.o_dtype;
+  if (c.dqkv_dtype == FUSEDATTN_DTYPE_DEFAULT) c.dqkv_dtype = c.qkv_dtype;
+  p->fp8 = c.qkv_dtype == FUSEDATTN_DTYPE_FP8_E4M3;
+  if (c.qkv_dtype == FUSEDATTN_DTYPE_FP8_E5M2)
+    return InvalidArgument(
+        "config.qkv_dtype = fp8_e5m2: FP8 attention takes q, k, v in fp8_e4m3 (fp8_e5m2 is for "
+        "dO and dQ/dK/dV: config.do_dtype, config.dqkv_dtype)");
+  if (!p->fp8) {
+    // The dtypes every problem had before FP8: o and dO alike, q/k/v and their gradients alike.
+    if (IsFp8(c.o_dtype))
+      return InvalidArgument(
+          "config.o_dtype = %s with config.qkv_dtype = %s: an FP8 output needs FP8 attention "
+          "(qkv_dtype fp8_e4m3)",
+          DtypeName(c.o_dtype), DtypeName(c.qkv_dtype));
+    if (c.do_dtype != c.o_dtype)
+      return InvalidArgument(
+          "config.do_dtype = %s differs from config.o_dtype = %s: only FP8 attention "
+          "(qkv_dtype fp8_e4m3) takes dO in its own dtype (use default)",
+          DtypeName(c.do_dtype), DtypeName(c.o_dtype));
+    if (c.dqkv_dtype != c.qkv_dtype)
+      return InvalidArgument(
+          "config.dqkv_dtype = %s differs from config.qkv_dtype = %s: only FP8 attention "
+          "(qkv_dtype fp8_e4m3) writes dQ/dK/dV in their own dtype (use default)",
+          DtypeName(c.dqkv_dtype), DtypeName(c.qkv_dtype));
+    return Status::Ok();
+  }
+  if (c.o_dtype == FUSEDATTN_DTYPE_FP8_E5M2)
+    return InvalidArgument(
+        "config.o_dtype = fp8_e5m2: FP8 attention writes O in fp8_e4m3, bfloat16, float16 or "
+        "float32");
+  if (c.is_training) return CheckBackwardDtypes(*p);
+  return Status::Ok();
 }
 
 Status CheckFormat(const char* field, int format) {
@@ -193,14 +254,16 @@ Status MakeProblem(const fusedattn_config* user, bool has_cuda_device, Problem* 
   // next one where page_size begins; such callers get the defaults of the later fields.
   constexpr size_t kConfigSize_0_1 = offsetof(fusedattn_config, score_mod);
   constexpr size_t kConfigSizeScoreMod = offsetof(fusedattn_config, page_size);
+  constexpr size_t kConfigSizePaged = offsetof(fusedattn_config, do_dtype);
   if (user->struct_size != sizeof(fusedattn_config) && user->struct_size != kConfigSize_0_1 &&
-      user->struct_size != kConfigSizeScoreMod)
+      user->struct_size != kConfigSizeScoreMod && user->struct_size != kConfigSizePaged)
     return InvalidArgument(
         "config.struct_size = %llu but this library's fusedattn_config has %llu bytes (or %llu "
-        "as in version 0.1.0, %llu with score_mod): initialize the config with "
-        "FUSEDATTN_CONFIG_INIT and the header of this library",
+        "as in version 0.1.0, %llu with score_mod, %llu with page_size): initialize the config "
+        "with FUSEDATTN_CONFIG_INIT and the header of this library",
         (unsigned long long)user->struct_size, (unsigned long long)sizeof(fusedattn_config),
-        (unsigned long long)kConfigSize_0_1, (unsigned long long)kConfigSizeScoreMod);
+        (unsigned long long)kConfigSize_0_1, (unsigned long long)kConfigSizeScoreMod,
+        (unsigned long long)kConfigSizePaged);
 
   Problem p;
   p.config = FUSEDATTN_CONFIG_INIT;
@@ -238,8 +301,7 @@ Status MakeProblem(const fusedattn_config* user, bool has_cuda_device, Problem* 
           (long long)c.max_seqlen_kv, (long long)dim);
   }
 
-  FUSEDATTN_RETURN_IF_ERROR(CheckDataDtype("config.qkv_dtype", c.qkv_dtype));
-  FUSEDATTN_RETURN_IF_ERROR(CheckDataDtype("config.o_dtype", c.o_dtype));
+  FUSEDATTN_RETURN_IF_ERROR(CheckDtypes(&p));
 
   FUSEDATTN_RETURN_IF_ERROR(CheckFormat("config.q_format", c.q_format));
   FUSEDATTN_RETURN_IF_ERROR(CheckFormat("config.kv_format", c.kv_format));
@@ -882,7 +944,139 @@ Status CheckShared(const Problem& p, const SharedInputs& in, Out* out) {
   return Status::Ok();
 }
 
+// One FP8 scaling pointer: present exactly when the problem reads it.
+struct ScaleField {
+  const char* name;     // "args.descale_q"
+  const void* pointer;  // the caller's
+  bool read;            // whether this problem reads it
+  const char* role;     // what it is, for the message when missing
+};
+
+Status CheckScaleFields(const Problem& p, const std::vector<ScaleField>& fields) {
+  const auto& c = p.config;
+  for (const ScaleField& f : fields) {
+    if (!p.fp8) {
+      if (f.pointer != nullptr)
+        return InvalidArgument(
+            "%s is set but config.qkv_dtype = %s: FP8 scaling factors are read only by FP8 "
+            "attention (qkv_dtype fp8_e4m3); pass NULL",
+            f.name, DtypeName(c.qkv_dtype));
+      continue;
+    }
+    if (f.read && f.pointer == nullptr)
+      return InvalidArgument(
+          "%s is NULL: FP8 attention (config.qkv_dtype = fp8_e4m3) needs it: %s (a float32 "
+          "scalar where the tensors live)",
+          f.name, f.role);
+    if (!f.read && f.pointer != nullptr)
+      return InvalidArgument("%s is set but not read: %s; pass NULL", f.name, f.role);
+  }
+  return Status::Ok();
+}
+
+std::string NotFp8(const char* what, const char* field, fusedattn_dtype dtype) {
+  return Format("%s is only for an FP8 %s, and config.%s = %s", what, field, field,
+                DtypeName(dtype));
+}
+
+Status CheckFwdScales(const Problem& p, const fusedattn_fwd_args& a, Fp8FwdScales* out) {
+  const auto& c = p.config;
+  const bool o_fp8 = IsFp8(c.o_dtype);
+  const std::string scale_o_role =
+      o_fp8 ? std::string("O_fp8 = O * scale_o") : NotFp8("scale_o", "o_dtype", c.o_dtype);
+  std::vector<ScaleField> fields = {
+      {"args.descale_q", a.descale_q, true, "q = q_fp8 * descale_q"},
+      {"args.descale_k", a.descale_k, true, "k = k_fp8 * descale_k"},
+      {"args.descale_v", a.descale_v, true, "v = v_fp8 * descale_v"},
+      {"args.descale_s", a.descale_s, true, "S = S_fp8 * descale_s (the softmax output)"},
+      {"args.scale_s", a.scale_s, true, "S_fp8 = S * scale_s"},
+      {"args.scale_o", a.scale_o, o_fp8, scale_o_role.c_str()},
+      {"args.amax_s", a.amax_s, true, "the output max |S|"},
+      {"args.amax_o", a.amax_o, true, "the output max |O| before scale_o"},
+  };
+  FUSEDATTN_RETURN_IF_ERROR(CheckScaleFields(p, fields));
+  if (!p.fp8) return Status::Ok();
+  Fp8FwdScales t;
+  t.descale_q = a.descale_q, t.descale_k = a.descale_k, t.descale_v = a.descale_v;
+  t.descale_s = a.descale_s, t.scale_s = a.scale_s, t.scale_o = a.scale_o;
+  t.amax_s = a.amax_s, t.amax_o = a.amax_o;
+  *out = t;
+  return Status::Ok();
+}
+
+Status CheckBwdScales(const Problem& p, const fusedattn_bwd_args& a, Fp8BwdScales* out) {
+  const auto& c = p.config;
+  const bool o_fp8 = IsFp8(c.o_dtype), dqkv_fp8 = IsFp8(c.dqkv_dtype);
+  const std::string descale_o_role =
+      o_fp8 ? std::string("o = o_fp8 * descale_o") : NotFp8("descale_o", "o_dtype", c.o_dtype);
+  auto grad_role = [&](const char* name, const char* formula) {
+    return dqkv_fp8 ? std::string(formula) : NotFp8(name, "dqkv_dtype", c.dqkv_dtype);
+  };
+  const std::string dq_role = grad_role("scale_dq", "dQ_fp8 = dQ * scale_dq");
+  const std::string dk_role = grad_role("scale_dk", "dK_fp8 = dK * scale_dk");
+  const std::string dv_role = grad_role("scale_dv", "dV_fp8 = dV * scale_dv");
+  std::vector<ScaleField> fields = {
+      {"args.descale_q", a.descale_q, true, "q = q_fp8 * descale_q"},
+      {"args.descale_k", a.descale_k, true, "k = k_fp8 * descale_k"},
+      {"args.descale_v", a.descale_v, true, "v = v_fp8 * descale_v"},
+      {"args.descale_o", a.descale_o, o_fp8, descale_o_role.c_str()},
+      {"args.descale_do", a.descale_do, true, "dO = dO_fp8 * descale_do"},
+      {"args.descale_s", a.descale_s, true, "S = S_fp8 * descale_s (the softmax output)"},
+      {"args.descale_dp", a.descale_dp, true, "dP = dP_fp8 * descale_dp"},
+      {"args.scale_s", a.scale_s, true, "S_fp8 = S * scale_s"},
+      {"args.scale_dp", a.scale_dp, true, "dP_fp8 = dP * scale_dp"},
+      {"args.scale_dq", a.scale_dq, dqkv_fp8, dq_role.c_str()},
+      {"args.scale_dk", a.scale_dk, dqkv_fp8, dk_role.c_str()},
+      {"args.scale_dv", a.scale_dv, dqkv_fp8, dv_role.c_str()},
+      {"args.amax_dp", a.amax_dp, true, "the output max |dP|"},
+      {"args.amax_dq", a.amax_dq, true, "the output max |dQ| before scale_dq"},
+      {"args.amax_dk", a.amax_dk, true, "the output max |dK| before scale_dk"},
+      {"args.amax_dv", a.amax_dv, true, "the output max |dV| before scale_dv"},
+  };
+  FUSEDATTN_RETURN_IF_ERROR(CheckScaleFields(p, fields));
+  if (!p.fp8) return Status::Ok();
+  Fp8BwdScales t;
+  t.descale_q = a.descale_q, t.descale_k = a.descale_k, t.descale_v = a.descale_v;
+  t.descale_o = a.descale_o, t.descale_do = a.descale_do, t.descale_s = a.descale_s;
+  t.descale_dp = a.descale_dp, t.scale_s = a.scale_s, t.scale_dp = a.scale_dp;
+  t.scale_dq = a.scale_dq, t.scale_dk = a.scale_dk, t.scale_dv = a.scale_dv;
+  t.amax_dp = a.amax_dp, t.amax_dq = a.amax_dq, t.amax_dk = a.amax_dk, t.amax_dv = a.amax_dv;
+  *out = t;
+  return Status::Ok();
+}
+
 }  // namespace
+
+std::vector<NamedScale> Fp8ScalesRead(const Fp8FwdScales& s) {
+  std::vector<NamedScale> out = {{"descale_q", s.descale_q}, {"descale_k", s.descale_k},
+                                 {"descale_v", s.descale_v}, {"descale_s", s.descale_s},
+                                 {"scale_s", s.scale_s}};
+  if (s.scale_o) out.push_back({"scale_o", s.scale_o});
+  return out;
+}
+
+std::vector<NamedScale> Fp8ScalesRead(const Fp8BwdScales& s) {
+  std::vector<NamedScale> out = {{"descale_q", s.descale_q},   {"descale_k", s.descale_k},
+                                 {"descale_v", s.descale_v},   {"descale_do", s.descale_do},
+                                 {"descale_s", s.descale_s},   {"descale_dp", s.descale_dp},
+                                 {"scale_s", s.scale_s},       {"scale_dp", s.scale_dp}};
+  for (NamedScale n : {NamedScale{"descale_o", s.descale_o}, NamedScale{"scale_dq", s.scale_dq},
+                       NamedScale{"scale_dk", s.scale_dk}, NamedScale{"scale_dv", s.scale_dv}})
+    if (n.pointer) out.push_back(n);
+  return out;
+}
+
+Status CheckFp8ScaleValues(const std::vector<NamedScale>& scales, const float* values) {
+  for (size_t k = 0; k < scales.size(); ++k) {
+    const float v = values[k];
+    if (!(std::isfinite(v) && v > 0.0f))
+      return InvalidArgument(
+          "args.%s = %g: an FP8 scaling factor must be finite and > 0 (NaN, inf, 0 and "
+          "negative values are refused)",
+          scales[k].name, static_cast<double>(v));
+  }
+  return Status::Ok();
+}
 
 Status MakeFwdTensors(const Problem& p, const fusedattn_fwd_args* user, FwdTensors* out) {
   if (user == nullptr) return InvalidArgument("args is NULL");
@@ -891,15 +1085,17 @@ Status MakeFwdTensors(const Problem& p, const fusedattn_fwd_args* user, FwdTenso
   constexpr size_t kSize_0_1 = offsetof(fusedattn_fwd_args, num_score_mod_tensors);
   constexpr size_t kSizeScoreMod = offsetof(fusedattn_fwd_args, dropout_seed_offset);
   constexpr size_t kSizeSeedOffset = offsetof(fusedattn_fwd_args, page_table);
+  constexpr size_t kSizePaged = offsetof(fusedattn_fwd_args, descale_q);
   if (user->struct_size != sizeof(fusedattn_fwd_args) && user->struct_size != kSize_0_1 &&
-      user->struct_size != kSizeScoreMod && user->struct_size != kSizeSeedOffset)
+      user->struct_size != kSizeScoreMod && user->struct_size != kSizeSeedOffset &&
+      user->struct_size != kSizePaged)
     return InvalidArgument(
         "args.struct_size = %llu but this library's fusedattn_fwd_args has %llu bytes (or %llu "
-        "as in version 0.1.0, %llu with the score_mod fields, %llu with dropout_seed_offset): "
-        "use fusedattn_fwd_args_init()",
+        "as in version 0.1.0, %llu with the score_mod fields, %llu with dropout_seed_offset, "
+        "%llu with the paged K/V fields): use fusedattn_fwd_args_init()",
         (unsigned long long)user->struct_size, (unsigned long long)sizeof(fusedattn_fwd_args),
         (unsigned long long)kSize_0_1, (unsigned long long)kSizeScoreMod,
-        (unsigned long long)kSizeSeedOffset);
+        (unsigned long long)kSizeSeedOffset, (unsigned long long)kSizePaged);
   // Read the caller's struct as far as it goes; later fields stay zero.
   fusedattn_fwd_args copy;
   std::memset(&copy, 0, sizeof copy);
@@ -955,6 +1151,7 @@ Status MakeFwdTensors(const Problem& p, const fusedattn_fwd_args* user, FwdTenso
   FUSEDATTN_RETURN_IF_ERROR(CheckScoreModTensors(p, args->num_score_mod_tensors,
                                                  args->score_mod_tensors, false, nullptr,
                                                  &t.score_mod_tensors, nullptr));
+  FUSEDATTN_RETURN_IF_ERROR(CheckFwdScales(p, *args, &t.fp8));
   t.dropout_seed = args->dropout_seed;
   t.dropout_offset = args->dropout_offset;
   t.dropout_seed_offset = args->dropout_seed_offset;
@@ -967,13 +1164,16 @@ Status MakeBwdTensors(const Problem& p, const fusedattn_bwd_args* user, BwdTenso
   // The layouts callers may have compiled against: 0.1.0's, then with the score_mod fields.
   constexpr size_t kSize_0_1 = offsetof(fusedattn_bwd_args, num_score_mod_tensors);
   constexpr size_t kSizeScoreMod = offsetof(fusedattn_bwd_args, dropout_seed_offset);
+  constexpr size_t kSizeSeedOffset = offsetof(fusedattn_bwd_args, descale_q);
   if (user->struct_size != sizeof(fusedattn_bwd_args) && user->struct_size != kSize_0_1 &&
-      user->struct_size != kSizeScoreMod)
+      user->struct_size != kSizeScoreMod && user->struct_size != kSizeSeedOffset)
     return InvalidArgument(
         "args.struct_size = %llu but this library's fusedattn_bwd_args has %llu bytes (or %llu "
-        "as in version 0.1.0, %llu with the score_mod fields): use fusedattn_bwd_args_init()",
+        "as in version 0.1.0, %llu with the score_mod fields, %llu with dropout_seed_offset): "
+        "use fusedattn_bwd_args_init()",
         (unsigned long long)user->struct_size, (unsigned long long)sizeof(fusedattn_bwd_args),
-        (unsigned long long)kSize_0_1, (unsigned long long)kSizeScoreMod);
+        (unsigned long long)kSize_0_1, (unsigned long long)kSizeScoreMod,
+        (unsigned long long)kSizeSeedOffset);
   FUSEDATTN_RETURN_IF_ERROR(CheckHasBackward(p));
   fusedattn_bwd_args copy;
   std::memset(&copy, 0, sizeof copy);
@@ -997,16 +1197,16 @@ Status MakeBwdTensors(const Problem& p, const fusedattn_bwd_args* user, BwdTenso
                                          &t.o));
   FUSEDATTN_RETURN_IF_ERROR(
       CheckLse("args.lse", p, args->lse, false, t.q.num_tokens, &t.lse, &t.lse_packed));
-  FUSEDATTN_RETURN_IF_ERROR(CheckQkvLike("args.d_o", args->d_o, c.do_format, c.o_dtype, c.batch,
+  FUSEDATTN_RETURN_IF_ERROR(CheckQkvLike("args.d_o", args->d_o, c.do_format, c.do_dtype, c.batch,
                                          c.max_seqlen_q, c.heads_q, c.head_dim_v, false, q_tokens,
                                          &t.d_o));
-  FUSEDATTN_RETURN_IF_ERROR(CheckQkvLike("args.dq", args->dq, c.dqkv_format, c.qkv_dtype,
+  FUSEDATTN_RETURN_IF_ERROR(CheckQkvLike("args.dq", args->dq, c.dqkv_format, c.dqkv_dtype,
                                          c.batch, c.max_seqlen_q, c.heads_q, c.head_dim_qk, true,
                                          q_tokens, &t.dq));
-  FUSEDATTN_RETURN_IF_ERROR(CheckQkvLike("args.dk", args->dk, c.dqkv_format, c.qkv_dtype,
+  FUSEDATTN_RETURN_IF_ERROR(CheckQkvLike("args.dk", args->dk, c.dqkv_format, c.dqkv_dtype,
                                          c.batch, c.max_seqlen_kv, c.heads_kv, c.head_dim_qk,
                                          true, kv_tokens, &t.dk));
-  FUSEDATTN_RETURN_IF_ERROR(CheckQkvLike("args.dv", args->dv, c.dqkv_format, c.qkv_dtype,
+  FUSEDATTN_RETURN_IF_ERROR(CheckQkvLike("args.dv", args->dv, c.dqkv_format, c.dqkv_dtype,
                                          c.batch, c.max_seqlen_kv, c.heads_kv, c.head_dim_v, true,
                                          kv_tokens, &t.dv));
   SharedInputs shared{&args->bias,          &args->alibi_slopes,  &args->sink_logits,
@@ -1034,6 +1234,7 @@ Status MakeBwdTensors(const Problem& p, const fusedattn_bwd_args* user, BwdTenso
                                                  args->score_mod_tensors, true,
                                                  args->d_score_mod_tensors, &t.score_mod_tensors,
                                                  &t.score_mod_grads));
+  FUSEDATTN_RETURN_IF_ERROR(CheckBwdScales(p, *args, &t.fp8));
   t.dropout_seed = args->dropout_seed;
   t.dropout_offset = args->dropout_offset;
   t.dropout_seed_offset = args->dropout_seed_offset;
@@ -1041,7 +1242,19 @@ Status MakeBwdTensors(const Problem& p, const fusedattn_bwd_args* user, BwdTenso
   return Status::Ok();
 }
 
+Status CheckBackwardDtypes(const Problem& p) {
+  if (!p.fp8) return Status::Ok();
+  const auto& c = p.config;
+  if (!IsFp8(c.do_dtype))
+    return InvalidArgument(
+        "config.do_dtype = %s%s: the FP8 backward takes dO in fp8_e4m3 or fp8_e5m2 (set "
+        "config.do_dtype; default is o_dtype)",
+        DtypeName(c.do_dtype), c.do_dtype == c.o_dtype ? " (default: o_dtype)" : "");
+  return Status::Ok();
+}
+
 Status CheckHasBackward(const Problem& p) {
+  FUSEDATTN_RETURN_IF_ERROR(CheckBackwardDtypes(p));
   if (p.paged)
     return InvalidArgument(
         "config.page_size = %lld: paged K/V is forward only (a serving cache has no backward); "

@@ -65,6 +65,7 @@ struct Problem {
   bool padding = false;       // per-sequence lengths come from cu_seqlens
   bool thd = false;           // q, o, dO, dQKV packed THD (and k, v unless paged)
   bool paged = false;         // k, v are pools of pages (config.page_size > 0); forward only
+  bool fp8 = false;           // FP8 attention: qkv_dtype fp8_e4m3 with per-tensor scaling
   int64_t window_left = -1;   // -1 unbounded
   int64_t window_right = -1;  // -1 unbounded; 0 when causal
 
@@ -98,7 +99,7 @@ struct Problem {
 // else changes their artifact), never on addresses. A score_mod enters by its structure: the
 // last word holds its hash, and equality compares the graphs themselves.
 struct ProblemKey {
-  static constexpr size_t kWords = 33;
+  static constexpr size_t kWords = 35;
   std::array<int64_t, kWords> words{};
   std::shared_ptr<const flex::ScoreMod> score_mod;
   bool operator==(const ProblemKey& other) const;
@@ -116,6 +117,38 @@ struct AuxTensorView {
   fusedattn_dtype dtype = FUSEDATTN_DTYPE_FLOAT32;
   int64_t stride_b = 0, stride_h = 0, stride_q = 0, stride_kv = 0;
   bool present() const { return data != nullptr; }
+};
+
+// FP8 per-tensor scaling factors of a call (fusedattn.h, "FP8 attention"): float32 scalars where
+// the tensors live, null where the problem does not read them. Validation checked presence only;
+// the values are checked by CheckFp8ScaleValues (api) or read by a backend.
+struct Fp8FwdScales {
+  const float* descale_q = nullptr;
+  const float* descale_k = nullptr;
+  const float* descale_v = nullptr;
+  const float* descale_s = nullptr;
+  const float* scale_s = nullptr;
+  const float* scale_o = nullptr;  // o_dtype FP8 only
+  float* amax_s = nullptr;
+  float* amax_o = nullptr;
+};
+struct Fp8BwdScales {
+  const float* descale_q = nullptr;
+  const float* descale_k = nullptr;
+  const float* descale_v = nullptr;
+  const float* descale_o = nullptr;  // o_dtype FP8 only
+  const float* descale_do = nullptr;
+  const float* descale_s = nullptr;
+  const float* descale_dp = nullptr;
+  const float* scale_s = nullptr;
+  const float* scale_dp = nullptr;
+  const float* scale_dq = nullptr;  // dqkv_dtype FP8 only, as scale_dk and scale_dv
+  const float* scale_dk = nullptr;
+  const float* scale_dv = nullptr;
+  float* amax_dp = nullptr;
+  float* amax_dq = nullptr;
+  float* amax_dk = nullptr;
+  float* amax_dv = nullptr;
 };
 
 // The views of a forward call, validated against the problem.
@@ -149,6 +182,7 @@ struct FwdTensors {
   int64_t max_pages_per_seq = 0;
   int64_t num_pages = 0;
   const int32_t* seqlens_kv = nullptr;
+  Fp8FwdScales fp8;  // problem.fp8 only
 };
 
 struct BwdTensors {
@@ -175,6 +209,7 @@ struct BwdTensors {
   int64_t dsink_stride = 1;
   std::vector<AuxTensorView> score_mod_tensors;  // one per declared tensor
   std::vector<AuxTensorView> score_mod_grads;    // present for tensors that require grad
+  Fp8BwdScales fp8;  // problem.fp8 only
 };
 
 // Validates a config (every field) and normalizes it. Resolves device AUTO with has_cuda_device.
@@ -187,8 +222,21 @@ Status MakeFwdTensors(const Problem& problem, const fusedattn_fwd_args* args, Fw
 Status MakeBwdTensors(const Problem& problem, const fusedattn_bwd_args* args, BwdTensors* out);
 
 // Whether the problem has a backward (fusedattn_bwd, fusedattn_bwd_workspace_size): paged K/V is
-// forward only.
+// forward only, and an FP8 problem needs an FP8 do_dtype (CheckBackwardDtypes).
 Status CheckHasBackward(const Problem& problem);
+Status CheckBackwardDtypes(const Problem& problem);
+
+// The FP8 scaling factors a call reads, with their names, for checks and backends that read
+// them on the host (fusedattn.h: each must be finite and > 0).
+struct NamedScale {
+  const char* name;
+  const float* pointer;
+};
+std::vector<NamedScale> Fp8ScalesRead(const Fp8FwdScales& scales);
+std::vector<NamedScale> Fp8ScalesRead(const Fp8BwdScales& scales);
+// Checks values[k] (the value of scales[k]): the first that is NaN, inf or <= 0 is
+// INVALID_ARGUMENT naming it and its value.
+Status CheckFp8ScaleValues(const std::vector<NamedScale>& scales, const float* values);
 
 size_t DtypeSize(fusedattn_dtype dtype);
 const char* DtypeName(fusedattn_dtype dtype);

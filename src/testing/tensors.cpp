@@ -27,6 +27,7 @@ constexpr uint32_t kPoison32 = 0x7FC0DEADu;  // a quiet NaN with a payload
 constexpr uint16_t kPoisonHalf = 0x7E5Au;
 constexpr uint16_t kPoisonBf16 = 0x7FDAu;
 constexpr int32_t kPoisonInt = 0x7FFFFFFF;
+constexpr uint8_t kPoisonFp8 = 0x7Fu;  // NaN in e4m3 and in e5m2; FP8 outputs saturate, never NaN
 }  // namespace
 
 HostTensor::HostTensor(fusedattn_dtype dtype, std::vector<int64_t> shape)
@@ -106,6 +107,10 @@ void HostTensor::poison() {
       case FUSEDATTN_DTYPE_INT32:
         std::memcpy(storage_.data() + 4 * i, &kPoisonInt, 4);
         break;
+      case FUSEDATTN_DTYPE_FP8_E4M3:
+      case FUSEDATTN_DTYPE_FP8_E5M2:
+        storage_[static_cast<size_t>(i)] = kPoisonFp8;
+        break;
       default: break;
     }
   }
@@ -133,6 +138,8 @@ bool HostTensor::is_poison(int64_t offset) const {
       std::memcpy(&u, storage_.data() + 4 * offset, 4);
       return u == kPoisonInt;
     }
+    case FUSEDATTN_DTYPE_FP8_E4M3:
+    case FUSEDATTN_DTYPE_FP8_E5M2: return storage_[static_cast<size_t>(offset)] == kPoisonFp8;
     default: return false;
   }
 }
@@ -286,12 +293,16 @@ ProblemTensors MakeProblemTensors(const fusedattn_config& config, const TensorOp
     t.v = qkv(c.kv_format, c.qkv_dtype, c.max_seqlen_kv, c.heads_kv, c.head_dim_v, tokens_kv);
   }
   t.o = qkv(c.o_format, c.o_dtype, c.max_seqlen_q, c.heads_q, c.head_dim_v, tokens_q);
-  t.d_o = qkv(c.do_format, c.o_dtype, c.max_seqlen_q, c.heads_q, c.head_dim_v, tokens_q);
-  t.dq = qkv(c.dqkv_format, c.qkv_dtype, c.max_seqlen_q, c.heads_q, c.head_dim_qk, tokens_q);
+  // do_dtype / dqkv_dtype DEFAULT: o_dtype / qkv_dtype (fusedattn.h).
+  const fusedattn_dtype do_dtype = c.do_dtype == FUSEDATTN_DTYPE_DEFAULT ? c.o_dtype : c.do_dtype;
+  const fusedattn_dtype dqkv_dtype =
+      c.dqkv_dtype == FUSEDATTN_DTYPE_DEFAULT ? c.qkv_dtype : c.dqkv_dtype;
+  t.d_o = qkv(c.do_format, do_dtype, c.max_seqlen_q, c.heads_q, c.head_dim_v, tokens_q);
+  t.dq = qkv(c.dqkv_format, dqkv_dtype, c.max_seqlen_q, c.heads_q, c.head_dim_qk, tokens_q);
   if (!paged) {  // paged K/V has no backward
-    t.dk = qkv(c.dqkv_format, c.qkv_dtype, c.max_seqlen_kv, c.heads_kv, c.head_dim_qk,
+    t.dk = qkv(c.dqkv_format, dqkv_dtype, c.max_seqlen_kv, c.heads_kv, c.head_dim_qk,
                tokens_kv);
-    t.dv = qkv(c.dqkv_format, c.qkv_dtype, c.max_seqlen_kv, c.heads_kv, c.head_dim_v,
+    t.dv = qkv(c.dqkv_format, dqkv_dtype, c.max_seqlen_kv, c.heads_kv, c.head_dim_v,
                tokens_kv);
   }
   t.q.fill_uniform(rng, -r, r);

@@ -97,11 +97,23 @@ TEST(FlashPlanForward, HeadDimsArePaddedToTheNextInstance) {
   EXPECT_EQ(instance(256, 256), 256);
 }
 
-TEST(FlashPlanForward, D256RunsMmaSyncBecauseTheHopperKernelsHaveNoSuchInstance) {
+TEST(FlashPlanForward, D256RunsTheHopperForward) {
   ForwardPlan plan = Forward(Config(256));
+  EXPECT_EQ(plan.path, KernelPath::kHopperWgmma);
+  EXPECT_EQ(plan.instance, 256);
+}
+
+TEST(FlashPlanBackward, D256RunsMmaSyncBecauseTheHopperBackwardHasNoSuchInstance) {
+  BackwardPlan plan = Backward(Config(256));
   EXPECT_EQ(plan.path, KernelPath::kMmaSync);
   EXPECT_EQ(plan.instance, 256);
   EXPECT_TRUE(Contains(plan.why, "instances 64 and 128")) << plan.why;
+}
+
+TEST(FlashPlanBackward, ThdAtD256ReservesNoScheduleForItsMmaSyncBackward) {
+  BackwardPlan plan = Backward(Thd(Config(256)));
+  EXPECT_FALSE(plan.workspace.has_schedule);
+  EXPECT_TRUE(Forward(Thd(Config(256))).workspace.has_schedule);
 }
 
 TEST(FlashPlanForward, EveryScoreModifierAndDropoutTakeTheFullVariantOnMmaSync) {
@@ -160,9 +172,8 @@ TEST(FlashPlanForward, ThdWithABatchHeadsSeqLseKeepsThePlainGrid) {
       << "the workspace depends on the problem alone";
 }
 
-TEST(FlashPlanForward, ThdOnMmaSyncNeedsNoWorkspace) {
-  fusedattn_config c = Thd(Config(256));
-  ForwardPlan plan = Forward(c);
+TEST(FlashPlanForward, ThdOffHopperNeedsNoWorkspace) {
+  ForwardPlan plan = Forward(Thd(Config(128)), A100());
   EXPECT_EQ(plan.path, KernelPath::kMmaSync);
   EXPECT_EQ(plan.workspace.total, 0u);
 }
@@ -504,7 +515,7 @@ TEST(FlashPlan, ExplainNamesPathInstanceVariantScheduleAndWorkspace) {
   EXPECT_EQ(DescribeBackwardPlan(Backward(c)),
             "backward: mma.sync d256 full, dQ atomic+convert, workspace " +
                 std::to_string(Backward(c).workspace.total) +
-                " B (hopper kernels: instances 64 and 128 only (this is 256))");
+                " B (hopper backward: instances 64 and 128 only (this is 256))");
   fusedattn_config big = Config();
   big.head_dim_qk = big.head_dim_v = 1024;
   EXPECT_TRUE(Contains(DescribeForwardPlan(Forward(big)), "forward: refused: head_dim_qk = 1024"));

@@ -148,7 +148,6 @@ struct ConfigCase {
 
 std::vector<ConfigCase> ConfigCases() {
   const auto invalid = FUSEDATTN_ERROR_INVALID_ARGUMENT;
-  const auto unsupported = FUSEDATTN_ERROR_NOT_SUPPORTED;
   const auto full = Base::kFull;
   return {
       {"StructSizeMismatch", full, [](auto& c) { c.struct_size += 8; }, invalid,
@@ -178,10 +177,8 @@ std::vector<ConfigCase> ConfigCases() {
          c.bias_batch = c.batch, c.bias_heads = c.heads_q;
        },
        invalid, {"too large", "batch=1073741824", "heads_q=1073741824"}},
-      {"QkvDtypeFp8E4M3IsReserved", full, [](auto& c) { c.qkv_dtype = FUSEDATTN_DTYPE_FP8_E4M3; },
-       unsupported, {"config.qkv_dtype = fp8_e4m3", "reserved"}},
-      {"ODtypeFp8E5M2IsReserved", full, [](auto& c) { c.o_dtype = FUSEDATTN_DTYPE_FP8_E5M2; },
-       unsupported, {"config.o_dtype = fp8_e5m2", "reserved"}},
+      {"ODtypeFp8NeedsFp8Attention", full, [](auto& c) { c.o_dtype = FUSEDATTN_DTYPE_FP8_E5M2; },
+       invalid, {"config.o_dtype = fp8_e5m2", "FP8 attention"}},
       {"QkvDtypeInt32", full, [](auto& c) { c.qkv_dtype = FUSEDATTN_DTYPE_INT32; }, invalid,
        {"config.qkv_dtype = int32"}},
       {"QkvDtypeUnknown", full, [](auto& c) { c.qkv_dtype = static_cast<fusedattn_dtype>(99); },

@@ -3,9 +3,10 @@
 //
 //  * FlashWgmmaTile.*: one warpgroup MMA tile (sm90.h's WgmmaTileSelfTest) against a CPU
 //    matmul: the descriptors and the 128-byte swizzle, apart from the attention logic (mode 3,
-//    MnMajorA, is the backward's dQ = dS K with the transpose-A bit).
+//    MnMajorA, is the backward's dQ = dS K with the transpose-A bit; modes 4 and 5 the d256
+//    forward's m64n80 S = Q K^T from four TMA boxes and m64n256 O += P V).
 //  * FlashWgmma/FlashWgmmaCase.*: forward cases (masks, lengths, layouts, GQA, sinks) for bf16
-//    and fp16 at head dims 64 and 128: O, LSE and max_logit against the reference with the
+//    and fp16 at head dims 64, 128 and 256: O, LSE and max_logit against the reference with the
 //    tolerances of shared/DESIGN.md, poisoned outputs, and on an sm_90 device the check that the
 //    call's plan (flash::PlanForwardCall, planner.h) is the wgmma kernel: the backend runs the
 //    plan, and a Hopper launcher that declines what the plan chose is an error, not a fall-back.
@@ -234,10 +235,14 @@ void ExpectBackwardMatches(const Case& k) {
 void ExpectTileMatches(int mode, fusedattn_dtype dtype) {
   const bool bf16 = dtype == FUSEDATTN_DTYPE_BFLOAT16;
   // mode 0, 2: C[64][64] = A[64][128] B[64][128]^T; mode 1: C[64][128] = A[64][64] B[64][128];
-  // mode 3: C[64][64] = At[128][64]^T B[128][64].
-  const int m = 64, n = mode == 1 ? 128 : 64, k = mode == 1 ? 64 : 128;
+  // mode 3: C[64][64] = At[128][64]^T B[128][64]; mode 4: C[64][80] = A[64][256] B[80][256]^T;
+  // mode 5: C[64][256] = A[64][80] B[80][256].
+  const int m = 64;
+  const int n = mode == 1 ? 128 : mode == 4 ? 80 : mode == 5 ? 256 : 64;
+  const int k = mode == 1 ? 64 : mode == 4 ? 256 : mode == 5 ? 80 : 128;
+  const bool b_is_kn = mode == 1 || mode == 3 || mode == 5;  // B stored [k][n], else [n][k]
   HostTensor a(dtype, mode == 3 ? std::vector<int64_t>{k, m} : std::vector<int64_t>{m, k}),
-      b(dtype, mode == 1 || mode == 3 ? std::vector<int64_t>{k, n} : std::vector<int64_t>{n, k});
+      b(dtype, b_is_kn ? std::vector<int64_t>{k, n} : std::vector<int64_t>{n, k});
   std::mt19937_64 rng(77 + mode);
   a.fill_uniform(rng, -1, 1);
   b.fill_uniform(rng, -1, 1);
@@ -247,7 +252,7 @@ void ExpectTileMatches(int mode, fusedattn_dtype dtype) {
       double sum = 0;
       for (int x = 0; x < k; ++x)
         sum += (mode == 3 ? a.get(x * m + i) : a.get(i * k + x)) *
-               (mode == 1 || mode == 3 ? b.get(x * n + j) : b.get(j * k + x));
+               (b_is_kn ? b.get(x * n + j) : b.get(j * k + x));
       expected[i * n + j] = sum;
     }
   void *da = nullptr, *db = nullptr, *dc = nullptr;
@@ -290,19 +295,20 @@ TEST_P(FlashWgmmaTile, MatchesCpuMatmul) {
 }
 
 std::string TileName(const ::testing::TestParamInfo<FlashWgmmaTile::ParamType>& info) {
-  static const char* kModes[] = {"SsKMajor", "RsMnMajor", "SsKMajorTma", "MnMajorA"};
+  static const char* kModes[] = {"SsKMajor",  "RsMnMajor",         "SsKMajorTma",
+                                 "MnMajorA", "SsKMajorTmaD256N80", "RsMnMajorN256K80"};
   return std::string(kModes[std::get<0>(info.param)]) +
          (std::get<1>(info.param) == FUSEDATTN_DTYPE_BFLOAT16 ? "Bf16" : "Fp16");
 }
 
 INSTANTIATE_TEST_SUITE_P(
     FlashWgmmaTiles, FlashWgmmaTile,
-    ::testing::Combine(::testing::Values(0, 1, 2, 3),
+    ::testing::Combine(::testing::Values(0, 1, 2, 3, 4, 5),
                        ::testing::Values(FUSEDATTN_DTYPE_BFLOAT16, FUSEDATTN_DTYPE_FLOAT16)),
     TileName);
 
 // ------------------------------------------------------------------------------------------------
-// Forward cases: every one for bf16/fp16 x d64/d128
+// Forward cases: every one for bf16/fp16 x d64/d128/d256
 // ------------------------------------------------------------------------------------------------
 
 // The cases the forward and backward lists share, at the same place in both (the seeds follow
@@ -397,7 +403,15 @@ std::vector<Case> CasesFor(fusedattn_dtype dtype, int64_t d) {
     fusedattn_config c = Config(2, 2, 2, sq, skv, d, dtype);
     add("lengths_" + std::to_string(sq) + "_" + std::to_string(skv), c);
   }
-  {
+  if (d == 256) {
+    // The 256 instance with zero-filled columns: the last 64-column box of q and k, the last two
+    // of v, lie wholly outside the tensors.
+    fusedattn_config c = Config(2, 2, 2, 190, 190, d, dtype);
+    c.head_dim_qk = 192;
+    c.head_dim_v = 128;
+    c.mask = FUSEDATTN_MASK_CAUSAL;
+    add("head_dim_qk192_v128", c);
+  } else {
     fusedattn_config c = Config(2, 2, 2, 190, 190, d, dtype);
     c.head_dim_qk = d == 128 ? 128 : 40;  // zero-filled columns of the 64 instance
     c.head_dim_v = 64;
@@ -440,7 +454,7 @@ struct ForwardParam {
 std::vector<ForwardParam> AllForwardCases() {
   std::vector<ForwardParam> all;
   for (fusedattn_dtype dtype : {FUSEDATTN_DTYPE_BFLOAT16, FUSEDATTN_DTYPE_FLOAT16})
-    for (int64_t d : {64, 128})
+    for (int64_t d : {64, 128, 256})
       for (Case& c : CasesFor(dtype, d)) all.push_back({dtype, d, c});
   return all;
 }
@@ -478,8 +492,38 @@ TEST(FlashWgmma, LargeFp16HeadDim64Gqa) {
   ExpectForwardMatches({"b2 h4/2 s2048 d64 fp16 causal", c, {}, false, true});
 }
 
-// The dispatch: plain problems of the 64 and 128 instances take the wgmma kernel on sm_90;
-// score modifiers, dropout, head dim 256, float32 and unaligned rows do not (and stay correct).
+TEST(FlashWgmma, LargeBf16HeadDim256) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
+  fusedattn_config c = Config(1, 4, 2, 1200, 1200, 256, FUSEDATTN_DTYPE_BFLOAT16);
+  ExpectForwardMatches({"b1 h4/2 s1200 d256 bf16", c, {}, false, true});
+  c.mask = FUSEDATTN_MASK_CAUSAL;
+  ExpectForwardMatches({"b1 h4/2 s1200 d256 bf16 causal", c, {}, false, true});
+}
+
+// Head dim 256 walks 80 keys per step: sequences whose keys end one before, at and one after a
+// multiple of 80 (the producer zeroes the V rows past the keys of the crossing tile; with padding,
+// the rows past each sequence hold NaN), and whose queries leave consumer 1 idle (at most 64
+// rows in the last tile), THD and padded, causal and not.
+TEST(FlashWgmma, HeadDim256SequencesEndingMidTile) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
+  TensorOptions o;
+  o.len_q = {160, 64, 65, 241, 1, 129, 80, 200, 0};
+  o.len_kv = {79, 80, 81, 241, 160, 1, 161, 239, 33};
+  for (bool thd : {true, false})
+    for (bool causal : {false, true}) {
+      fusedattn_config c = Config(9, 4, 2, 241, 241, 256, FUSEDATTN_DTYPE_BFLOAT16);
+      if (thd) SetFormats(&c, FUSEDATTN_FORMAT_THD);
+      c.mask = causal ? FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT : FUSEDATTN_MASK_PADDING;
+      o.seed = 4321 + causal + 7 * thd;
+      o.lse_packed = thd;  // THD: the heavy-first schedule
+      const std::string name = std::string(thd ? "thd" : "bshd nan in padding") +
+                               " d256 ends mid-tile" + (causal ? " causal bottom-right" : "");
+      ExpectForwardMatches({name, c, o, !thd, true});
+    }
+}
+
+// The dispatch: plain problems of the 64, 128 and 256 instances take the wgmma kernel on sm_90;
+// score modifiers, dropout, float32 and unaligned rows do not (and stay correct).
 TEST(FlashWgmma, PathIsTakenExactlyWhenItShouldBe) {
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
   if (!WgmmaExpected())
@@ -498,7 +542,9 @@ TEST(FlashWgmma, PathIsTakenExactlyWhenItShouldBe) {
   ExpectForwardMatches({"dropout falls back", x, {}, false, false});
   x = c;
   x.head_dim_qk = x.head_dim_v = 256;
-  ExpectForwardMatches({"d256 falls back", x, {}, false, false});
+  ExpectForwardMatches({"plain d256", x, {}, false, true});
+  x.softcap = 20.0;
+  ExpectForwardMatches({"d256 softcap falls back", x, {}, false, false});
   x = c;
   x.qkv_dtype = x.o_dtype = FUSEDATTN_DTYPE_FLOAT32;
   ExpectForwardMatches({"float32 falls back", x, {}, false, false});
@@ -530,6 +576,28 @@ TEST(FlashWgmmaSanitize, SmallCases) {
   p.len_q = {200, 33};
   p.len_kv = {260, 131};
   ExpectForwardMatches({"sanitize padding d128 fp16", c, p, true, true});
+}
+
+// The same for the 256 instance alone (80-key tiles, four boxes per row, no ping-pong):
+//   --gtest_filter='FlashWgmmaSanitize.SmallCasesHeadDim256'
+TEST(FlashWgmmaSanitize, SmallCasesHeadDim256) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
+  fusedattn_config c = Config(3, 2, 1, 150, 170, 256, FUSEDATTN_DTYPE_BFLOAT16);
+  SetFormats(&c, FUSEDATTN_FORMAT_THD);
+  c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
+  c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+  TensorOptions o;
+  o.len_q = {150, 0, 65};
+  o.len_kv = {170, 30, 81};
+  o.thd_gaps = true;
+  o.lse_packed = true;
+  ExpectForwardMatches({"sanitize THD d256 bf16", c, o, false, true});
+  c = Config(2, 2, 2, 100, 180, 256, FUSEDATTN_DTYPE_FLOAT16);
+  c.mask = FUSEDATTN_MASK_PADDING;
+  TensorOptions p;
+  p.len_q = {100, 33};
+  p.len_kv = {180, 79};
+  ExpectForwardMatches({"sanitize padding d256 fp16", c, p, true, true});
 }
 
 // ------------------------------------------------------------------------------------------------

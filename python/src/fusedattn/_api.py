@@ -176,13 +176,17 @@ def _problem(args):
 def forward(config, *, q, k, v, o, lse=None, max_logit=None, bias=None, alibi_slopes=None,
             sink_logits=None, cu_seqlens_q=None, cu_seqlens_kv=None, seq_offsets_q=None,
             seq_offsets_kv=None, dropout_seed=0, dropout_offset=0, workspace=None, stream=None,
-            page_table=None, seqlens_kv=None):
+            page_table=None, seqlens_kv=None, fp8=None):
     """The C API's fusedattn_fwd on preallocated DLPack tensors (any framework). config: a
     _C.Config or a dict of its fields (see make_config). workspace: a tensor of at least
     fwd_workspace_size(config) bytes on the tensors' device (allocated here, with the
     framework of q, when None and needed). stream: a cudaStream_t as an int (torch's current
     stream for torch tensors when None, else the default stream). page_table, seqlens_kv:
-    paged K/V (config page_size > 0; see fusedattn.h, "Paged K/V")."""
+    paged K/V (config page_size > 0; see fusedattn.h, "Paged K/V"). fp8: FP8 attention's
+    per-tensor scaling (config qkv_dtype "fp8_e4m3"; see fusedattn.h, "FP8 attention"): a dict of
+    float32 one-element tensors on the tensors' device, descale_q, descale_k, descale_v,
+    descale_s, scale_s, scale_o (O in FP8 only) and the outputs amax_s, amax_o. FP8 tensors are
+    torch.float8_e4m3fn / float8_e5m2 tensors, or (uint8 view, "fp8_e4m3" / "fp8_e5m2") pairs."""
     config = make_config(**config) if isinstance(config, dict) else config
     for name, out in (("o", o), ("lse", lse), ("max_logit", max_logit)):
         check_writable(name, out)
@@ -190,6 +194,7 @@ def forward(config, *, q, k, v, o, lse=None, max_logit=None, bias=None, alibi_sl
                    alibi_slopes=alibi_slopes, sink_logits=sink_logits, cu_seqlens_q=cu_seqlens_q,
                    cu_seqlens_kv=cu_seqlens_kv, seq_offsets_q=seq_offsets_q,
                    seq_offsets_kv=seq_offsets_kv, page_table=page_table, seqlens_kv=seqlens_kv)
+    tensors.update(_fp8_tensors(fp8, _FP8_FWD, ("amax_s", "amax_o")))
     workspace, stream = _low_level_resources(config, q, workspace, stream, _C.fwd_workspace_size)
     _C.fwd(config, exported(tensors), dropout_seed=dropout_seed, dropout_offset=dropout_offset,
            workspace=workspace, stream=stream)
@@ -198,8 +203,11 @@ def forward(config, *, q, k, v, o, lse=None, max_logit=None, bias=None, alibi_sl
 def backward(config, *, q, k, v, o, lse, d_o, dq, dk, dv, dbias=None, dsink=None, bias=None,
              alibi_slopes=None, sink_logits=None, cu_seqlens_q=None, cu_seqlens_kv=None,
              seq_offsets_q=None, seq_offsets_kv=None, dropout_seed=0, dropout_offset=0,
-             workspace=None, stream=None):
-    """The C API's fusedattn_bwd on preallocated DLPack tensors; see forward()."""
+             workspace=None, stream=None, fp8=None):
+    """The C API's fusedattn_bwd on preallocated DLPack tensors; see forward(). fp8: descale_q,
+    descale_k, descale_v, descale_o (O in FP8 only), descale_do, descale_s, descale_dp, scale_s,
+    scale_dp, scale_dq, scale_dk, scale_dv (FP8 gradients only) and the outputs amax_dp, amax_dq,
+    amax_dk, amax_dv."""
     config = make_config(**config) if isinstance(config, dict) else config
     for name, out in (("dq", dq), ("dk", dk), ("dv", dv), ("dbias", dbias), ("dsink", dsink)):
         check_writable(name, out)
@@ -207,9 +215,31 @@ def backward(config, *, q, k, v, o, lse, d_o, dq, dk, dv, dbias=None, dsink=None
                    dsink=dsink, bias=bias, alibi_slopes=alibi_slopes, sink_logits=sink_logits,
                    cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
                    seq_offsets_q=seq_offsets_q, seq_offsets_kv=seq_offsets_kv)
+    tensors.update(_fp8_tensors(fp8, _FP8_BWD, ("amax_dp", "amax_dq", "amax_dk", "amax_dv")))
     workspace, stream = _low_level_resources(config, q, workspace, stream, _C.bwd_workspace_size)
     _C.bwd(config, exported(tensors), dropout_seed=dropout_seed, dropout_offset=dropout_offset,
            workspace=workspace, stream=stream)
+
+
+_FP8_FWD = ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o", "amax_s",
+            "amax_o")
+_FP8_BWD = ("descale_q", "descale_k", "descale_v", "descale_o", "descale_do", "descale_s",
+            "descale_dp", "scale_s", "scale_dp", "scale_dq", "scale_dk", "scale_dv", "amax_dp",
+            "amax_dq", "amax_dk", "amax_dv")
+
+
+def _fp8_tensors(fp8, known, outputs):
+    """The FP8 scaling tensors of a call (names checked here; presence, dtype and values by the
+    library, which names what is missing or wrong)."""
+    if fp8 is None:
+        return {}
+    unknown = sorted(set(fp8) - set(known))
+    if unknown:
+        raise InvalidArgumentError("fp8: unknown scaling tensor(s) %s (known: %s)"
+                                   % (", ".join(unknown), ", ".join(known)))
+    for name in outputs:
+        check_writable(name, fp8.get(name))
+    return {name: t for name, t in fp8.items() if t is not None}
 
 
 def workspace_size(config, backward=False):

@@ -202,7 +202,7 @@ def lse_shape(layout, q_shape):
 
 # Config fields that hold an enum, and the extension's enum type for each.
 _ENUM_FIELDS = {
-    "qkv_dtype": _C.Dtype, "o_dtype": _C.Dtype,
+    "qkv_dtype": _C.Dtype, "o_dtype": _C.Dtype, "do_dtype": _C.Dtype, "dqkv_dtype": _C.Dtype,
     "q_format": _C.Format, "kv_format": _C.Format, "o_format": _C.Format,
     "do_format": _C.Format, "dqkv_format": _C.Format,
     "mask": _C.Mask, "bias_type": _C.Bias, "softmax_type": _C.Softmax,

@@ -158,6 +158,10 @@ def refuse_paged_backward(inputs):
                                    "serving cache); the backward takes contiguous k and v")
 
 
+# torch's FP8 dtypes (by name, so that torch is imported only for torch tensors) and fusedattn's.
+_TORCH_FP8 = {"torch.float8_e4m3fn": "fp8_e4m3", "torch.float8_e5m2": "fp8_e5m2"}
+
+
 def exported(tensors):
     """tensors for _C.fwd / _C.bwd:
     * torch tensors become DLPack capsules through torch.utils.dlpack.to_dlpack: no stream
@@ -165,12 +169,19 @@ def exported(tensors):
       capture; the op runs on the stream given;
     * NumPy bfloat16 arrays (ml_dtypes) become (uint16 view, "bfloat16"), since NumPy exports no
       bfloat16 through DLPack or the buffer protocol;
+    * torch float8_e4m3fn / float8_e5m2 tensors become (uint8 view, "fp8_e4m3" / "fp8_e5m2"),
+      whatever DLPack version torch exports;
     * anything else goes as is, through its __dlpack__."""
     def export(t):
         module = type(t).__module__
         if module == "torch" or module.startswith("torch."):
             import torch.utils.dlpack
-            return torch.utils.dlpack.to_dlpack(t.detach() if t.requires_grad else t)
+            t = t.detach() if t.requires_grad else t
+            fp8 = _TORCH_FP8.get(str(t.dtype))
+            if fp8 is not None:
+                import torch
+                return (torch.utils.dlpack.to_dlpack(t.view(torch.uint8)), fp8)
+            return torch.utils.dlpack.to_dlpack(t)
         if module == "numpy" and getattr(t.dtype, "name", None) == "bfloat16":
             import numpy as np
             return (t.view(np.uint16), "bfloat16")

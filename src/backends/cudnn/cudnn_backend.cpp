@@ -797,6 +797,49 @@ class CudnnBackendImpl final : public Backend {
 
 };
 
+// FP8: the graph's scaling factors and amax outputs at the caller's pointers (sdpa_graph.h; a
+// factor the problem does not read is a constant inside the graph and has no pointer).
+void SetFp8Pointers(const Fp8FwdScales& f, GraphPointers* ptrs) {
+  ptrs->at[kUidDescaleQ] = const_cast<float*>(f.descale_q);
+  ptrs->at[kUidDescaleK] = const_cast<float*>(f.descale_k);
+  ptrs->at[kUidDescaleV] = const_cast<float*>(f.descale_v);
+  ptrs->at[kUidDescaleS] = const_cast<float*>(f.descale_s);
+  ptrs->at[kUidScaleS] = const_cast<float*>(f.scale_s);
+  ptrs->at[kUidScaleO] = const_cast<float*>(f.scale_o);
+  ptrs->at[kUidAmaxS] = f.amax_s;
+  ptrs->at[kUidAmaxO] = f.amax_o;
+}
+
+void SetFp8Pointers(const Fp8BwdScales& f, GraphPointers* ptrs) {
+  ptrs->at[kUidDescaleQ] = const_cast<float*>(f.descale_q);
+  ptrs->at[kUidDescaleK] = const_cast<float*>(f.descale_k);
+  ptrs->at[kUidDescaleV] = const_cast<float*>(f.descale_v);
+  ptrs->at[kUidDescaleO] = const_cast<float*>(f.descale_o);
+  ptrs->at[kUidDescaleDO] = const_cast<float*>(f.descale_do);
+  ptrs->at[kUidDescaleS] = const_cast<float*>(f.descale_s);
+  ptrs->at[kUidDescaleDP] = const_cast<float*>(f.descale_dp);
+  ptrs->at[kUidScaleS] = const_cast<float*>(f.scale_s);
+  ptrs->at[kUidScaleDP] = const_cast<float*>(f.scale_dp);
+  ptrs->at[kUidScaleDQ] = const_cast<float*>(f.scale_dq);
+  ptrs->at[kUidScaleDK] = const_cast<float*>(f.scale_dk);
+  ptrs->at[kUidScaleDV] = const_cast<float*>(f.scale_dv);
+  ptrs->at[kUidAmaxDP] = f.amax_dp;
+  ptrs->at[kUidAmaxDQ] = f.amax_dq;
+  ptrs->at[kUidAmaxDK] = f.amax_dk;
+  ptrs->at[kUidAmaxDV] = f.amax_dv;
+}
+
+// FP8 problems run the graph alone (Fp8PreCheck refused what needs our kernels); what is left
+// is a call whose LSE is laid out otherwise than packed [batch, heads, seqlen_q], which the
+// fix-up kernel would copy.
+Status Fp8CallRefusal(const Problem& p, const CallPlan& call) {
+  if (!p.fp8 || !(call.prep || call.fixup || call.fixup_dbias || call.dsink))
+    return Status::Ok();
+  return NotSupported(
+      "FP8 with an LSE laid out otherwise than packed [batch, heads_q, max_seqlen_q]: the copy "
+      "needs this backend's fix-up kernel, which has no FP8 version yet (the reference runs it)");
+}
+
 Status CudnnBackendImpl::forward(const Problem& problem, const FwdTensors& t, void* workspace,
                                  size_t workspace_bytes, void* stream) {
   Problem storage;
@@ -823,6 +866,7 @@ Status CudnnBackendImpl::forward(const Problem& problem, const FwdTensors& t, vo
   FUSEDATTN_RETURN_IF_ERROR(PlanStatus(*entry, Direction::kForward));
 
   const CallPlan call = ForwardCallPlan(p, t);
+  FUSEDATTN_RETURN_IF_ERROR(Fp8CallRefusal(p, call));
   const Scratch scratch = ForwardScratch(p, call);
   WorkspaceLayout ws;
   FUSEDATTN_RETURN_IF_ERROR(LayOut(workspace, workspace_bytes, scratch, entry->workspace, &ws));
@@ -869,6 +913,7 @@ Status CudnnBackendImpl::forward(const Problem& problem, const FwdTensors& t, vo
   ptrs.at[kUidRaggedV] = At<int32_t>(ws, scratch.ragged[kRaggedV]);
   ptrs.at[kUidRaggedO] = At<int32_t>(ws, scratch.ragged[kRaggedO]);
   SetScoreModPointers(t, scratch, ws, &ptrs);
+  if (p.fp8) SetFp8Pointers(t.fp8, &ptrs);
   FUSEDATTN_RETURN_IF_ERROR(Execute(*entry, spec, device.ordinal, stream, ptrs, ws.cudnn));
 
   if (call.fixup) {
@@ -918,6 +963,7 @@ Status CudnnBackendImpl::backward(const Problem& problem, const BwdTensors& t, v
   FUSEDATTN_RETURN_IF_ERROR(PlanStatus(*entry, Direction::kBackward));
 
   const CallPlan call = BackwardCallPlan(p, t);
+  FUSEDATTN_RETURN_IF_ERROR(Fp8CallRefusal(p, call));
   const Scratch scratch = BackwardScratch(p, call);
   WorkspaceLayout ws;
   FUSEDATTN_RETURN_IF_ERROR(LayOut(workspace, workspace_bytes, scratch, entry->workspace, &ws));
@@ -972,6 +1018,7 @@ Status CudnnBackendImpl::backward(const Problem& problem, const BwdTensors& t, v
   for (int slot = 0; slot < kRaggedSlots; ++slot)
     ptrs.at[ragged_uids[slot]] = At<int32_t>(ws, scratch.ragged[slot]);
   SetScoreModPointers(t, scratch, ws, &ptrs);
+  if (p.fp8) SetFp8Pointers(t.fp8, &ptrs);
   FUSEDATTN_RETURN_IF_ERROR(Execute(*entry, spec, device.ordinal, stream, ptrs, ws.cudnn));
 
   BackwardEpilogueParams after;

@@ -379,6 +379,80 @@ Problem EffectiveProblem(const Problem& p) {
   return EffectiveProblem(p, &storage);
 }
 
+// FP8 attention runs through cudnn-frontend's sdpa_fp8 / sdpa_fp8_backward with nothing of ours
+// around the graph: what would need our prepare or fix-up kernels (which read and write
+// bfloat16/float16 O) or a feature of the FP8 graphs we do not map is refused here, naming the
+// reference (which runs every FP8 problem). cuDNN refuses the rest itself when check() builds the
+// graphs (head dims above 128 or not multiples of 16, bottom-right causal on Hopper, ...).
+static Status Fp8PreCheck(const Problem& p) {
+  const auto& c = p.config;
+  const char* other = "the reference runs it";
+  if (p.has_score_mod())
+    return NotSupported("FP8 with a score_mod: cuDNN's FP8 SDPA takes no score modifier (%s)",
+                        other);
+  if (p.thd)
+    return NotSupported(
+        "FP8 with THD: cuDNN's FP8 SDPA backward refuses ragged tensors on Hopper, and this "
+        "backend plans FP8 for dense layouts only (%s)",
+        other);
+  if (p.padding)
+    return NotSupported(
+        "FP8 with mask = %s: per-sequence lengths need this backend's prepare and fix-up kernels, "
+        "which have no FP8 version yet (%s)",
+        MaskName(c.mask), other);
+  if (CudnnMaskOf(p).const_lengths)
+    return NotSupported(
+        "FP8 with max_seqlen_q = %lld > max_seqlen_kv = %lld and a band: cuDNN runs that only in "
+        "its padded kernels, whose lengths this backend's prepare kernel writes (no FP8 version "
+        "yet) (%s)",
+        (long long)c.max_seqlen_q, (long long)c.max_seqlen_kv, other);
+  if (BandOf(p).any_row_empty(c.max_seqlen_q, c.max_seqlen_kv) ||
+      BandOf(p).any_key_unseen(c.max_seqlen_q, c.max_seqlen_kv))
+    return NotSupported(
+        "FP8 with a mask or window that leaves a query row or a key without a partner "
+        "(sq = %lld, skv = %lld): their O = 0 / LSE = -inf / zero gradients need this backend's "
+        "fix-up kernels, which have no FP8 version yet (%s)",
+        (long long)c.max_seqlen_q, (long long)c.max_seqlen_kv, other);
+  if (c.bias_type != FUSEDATTN_BIAS_NONE)
+    return NotSupported("FP8 with bias_type = %s: not mapped to cuDNN's FP8 graphs (%s)",
+                        BiasName(c.bias_type), other);
+  if (c.softmax_type != FUSEDATTN_SOFTMAX_VANILLA)
+    return NotSupported("FP8 with softmax_type = %s: not mapped to cuDNN's FP8 graphs (%s)",
+                        SoftmaxName(c.softmax_type), other);
+  if (c.softcap > 0.0)
+    return NotSupported("FP8 with softcap = %g: cuDNN's FP8 SDPA has no soft-cap (%s)", c.softcap,
+                        other);
+  if (c.dropout > 0.0)
+    return NotSupported(
+        "FP8 with dropout = %g: cuDNN draws its own mask, so S (and amax_s) would not be the "
+        "reference's; not mapped yet (%s)",
+        c.dropout, other);
+  if (c.return_max_logit)
+    return NotSupported("FP8 with return_max_logit = 1: cuDNN SDPA has no per-head max logit (%s)",
+                        other);
+  if (c.o_dtype == FUSEDATTN_DTYPE_FLOAT32)
+    return NotSupported("FP8 with o_dtype = float32: cuDNN's FP8 SDPA writes O in fp8_e4m3, "
+                        "bfloat16 or float16 (%s)",
+                        other);
+  if (p.config.is_training && p.config.dqkv_dtype == FUSEDATTN_DTYPE_FLOAT32)
+    return NotSupported("FP8 with dqkv_dtype = float32: cuDNN's FP8 SDPA backward writes dQ/dK/dV "
+                        "in fp8, bfloat16 or float16 (%s)",
+                        other);
+  if (c.head_dim_qk % 16 != 0 || c.head_dim_v % 16 != 0 || c.head_dim_qk > 256 ||
+      c.head_dim_v > 256)
+    return NotSupported(
+        "FP8 with head_dim_qk = %lld, head_dim_v = %lld: cuDNN's FP8 SDPA needs multiples of 16 "
+        "(up to 128 on Hopper) (%s)",
+        (long long)c.head_dim_qk, (long long)c.head_dim_v, other);
+  if (c.max_seqlen_q > kInt32Max || c.max_seqlen_kv > kInt32Max)
+    return NotSupported("max_seqlen above 2^31-1: cuDNN's sequence lengths are int32");
+  if (EffectiveWindow(p.window_left, c) >= kInt32Max ||
+      EffectiveWindow(p.window_right, c) > kInt32Max)
+    return NotSupported("window_left = %lld, window_right = %lld: cuDNN's band bounds are int32",
+                        (long long)p.window_left, (long long)p.window_right);
+  return Status::Ok();
+}
+
 Status PreCheck(const Problem& p) {
   const auto& c = p.config;
   if (p.device != Device::kCuda)
@@ -389,6 +463,7 @@ Status PreCheck(const Problem& p) {
         "page-table tensors) yet",
         (long long)c.page_size);
   if (p.has_score_mod()) FUSEDATTN_RETURN_IF_ERROR(ScoreModPreCheck(p));
+  if (p.fp8) return Fp8PreCheck(p);
   if (c.qkv_dtype != FUSEDATTN_DTYPE_FLOAT16 && c.qkv_dtype != FUSEDATTN_DTYPE_BFLOAT16)
     return NotSupported(
         "qkv_dtype = %s: cuDNN SDPA takes float16 or bfloat16 only (flash runs float32)",
@@ -512,6 +587,9 @@ SequenceBytes SequenceBytesOf(const SdpaGraphSpec& s) {
 }
 
 Status BatchChunkRefusal(const SdpaGraphSpec& s) {
+  if (s.fp8)
+    return NotSupported("FP8 plans are per batch (the amax outputs are reduced over the whole "
+                        "batch by one launch)");
   if (s.ragged) return NotSupported("THD plans serve a power of two of batch sizes already");
   if (s.dropout > 0.0f)
     return NotSupported("dropout: cuDNN numbers its random stream over the whole batch");
@@ -586,12 +664,12 @@ BwdTensors CanonicalBwdTensors(const Problem& p) {
   t.k = Canonical(c.kv_format, c.batch, c.max_seqlen_kv, c.heads_kv, c.head_dim_qk, c.qkv_dtype);
   t.v = Canonical(c.kv_format, c.batch, c.max_seqlen_kv, c.heads_kv, c.head_dim_v, c.qkv_dtype);
   t.o = Canonical(c.o_format, c.batch, c.max_seqlen_q, c.heads_q, c.head_dim_v, c.o_dtype);
-  t.d_o = Canonical(c.do_format, c.batch, c.max_seqlen_q, c.heads_q, c.head_dim_v, c.o_dtype);
-  t.dq = Canonical(c.dqkv_format, c.batch, c.max_seqlen_q, c.heads_q, c.head_dim_qk, c.qkv_dtype);
+  t.d_o = Canonical(c.do_format, c.batch, c.max_seqlen_q, c.heads_q, c.head_dim_v, c.do_dtype);
+  t.dq = Canonical(c.dqkv_format, c.batch, c.max_seqlen_q, c.heads_q, c.head_dim_qk, c.dqkv_dtype);
   t.dk = Canonical(c.dqkv_format, c.batch, c.max_seqlen_kv, c.heads_kv, c.head_dim_qk,
-                   c.qkv_dtype);
+                   c.dqkv_dtype);
   t.dv = Canonical(c.dqkv_format, c.batch, c.max_seqlen_kv, c.heads_kv, c.head_dim_v,
-                   c.qkv_dtype);
+                   c.dqkv_dtype);
   t.lse = CanonicalLse(p);
   if (p.has_tensor_bias()) t.bias = CanonicalBias(p);
   if (c.bias_requires_grad) t.dbias = CanonicalBias(p);
@@ -660,6 +738,18 @@ CallPlan BackwardCallPlan(const Problem& p, const BwdTensors& t) {
   return call;
 }
 
+namespace {
+void SetFp8(const Problem& p, SdpaGraphSpec* s) {
+  if (!p.fp8) return;
+  s->fp8 = true;
+  s->o_dtype = p.config.o_dtype;
+  if (s->direction == Direction::kBackward) {
+    s->do_dtype = p.config.do_dtype;
+    s->dqkv_dtype = p.config.dqkv_dtype;
+  }
+}
+}  // namespace
+
 SdpaGraphSpec ForwardSpec(const Problem& p, const FwdTensors& t) {
   const auto& c = p.config;
   CudnnMask mask = CudnnMaskOf(p);
@@ -696,6 +786,7 @@ SdpaGraphSpec ForwardSpec(const Problem& p, const FwdTensors& t) {
     s.stats = true;  // the fix-up finds the rows a score_mod hid from the stats (CallPlan)
     PackedStatsStrides(p, s.stats_stride);
   }
+  SetFp8(p, &s);
   return s;
 }
 
@@ -742,6 +833,7 @@ SdpaGraphSpec BackwardSpec(const Problem& p, const BwdTensors& t) {
   s.dropout = static_cast<float>(c.dropout);
   s.deterministic = c.deterministic != 0;
   if (p.has_score_mod()) SetScoreMod(p, t.score_mod_tensors, &s);
+  SetFp8(p, &s);
   return s;
 }
 
@@ -814,6 +906,8 @@ void WriteStructure(const SdpaGraphSpec& s, KeyWriter* w) {
   w->add_float(s.attn_scale);
   w->add_float(s.dropout);
   w->add(s.deterministic);
+  w->add(s.fp8);
+  if (s.fp8) w->add(s.o_dtype), w->add(s.do_dtype), w->add(s.dqkv_dtype);
   w->add(s.score_mod != nullptr);
   if (s.score_mod) {
     w->add(s.mod_band.left), w->add(s.mod_band.right), w->add(s.mod_band.bottom_right);
@@ -854,6 +948,8 @@ PlanKey MakePlanKey(const SdpaGraphSpec& s, const DeviceInfo& device) {
   w.add_float(s.attn_scale);
   w.add_float(s.dropout);
   w.add(s.deterministic);
+  w.add(s.fp8);
+  if (s.fp8) w.add(s.o_dtype), w.add(s.do_dtype), w.add(s.dqkv_dtype);
   w.add(s.score_mod != nullptr);
   if (s.score_mod) {
     w.add(s.mod_band.left), w.add(s.mod_band.right), w.add(s.mod_band.bottom_right);
@@ -880,6 +976,7 @@ PlanKey MakeStructureKey(const SdpaGraphSpec& s, const DeviceInfo& device) {
 }
 
 Status DynamicShapeRefusal(const SdpaGraphSpec& s) {
+  if (s.fp8) return NotSupported("FP8 graphs are built per shape");
   if (s.score_mod)
     return NotSupported("a score_mod's callbacks hold the sequence lengths as graph constants, so "
                         "its graphs are built per shape");

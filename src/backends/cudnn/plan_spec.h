@@ -121,6 +121,14 @@ struct SdpaGraphSpec {
   float attn_scale = 1.0f;
   float dropout = 0.0f;           // 0: none; cuDNN's Philox with seed/offset passed by value
   bool deterministic = false;     // backward
+  // FP8 attention (problem.fp8; fusedattn.h "FP8 attention"): io_dtype is fp8_e4m3 (q, k, v)
+  // and the graph is cudnn-frontend's sdpa_fp8 / sdpa_fp8_backward, whose per-tensor scaling
+  // factors and amax outputs are float32 [1, 1, 1, 1] graph tensors at the caller's pointers
+  // (a factor the problem does not read, as scale_o for a bfloat16 O, is the constant 1).
+  bool fp8 = false;
+  fusedattn_dtype o_dtype = FUSEDATTN_DTYPE_BFLOAT16;     // fp8: O (forward output, bwd input)
+  fusedattn_dtype do_dtype = FUSEDATTN_DTYPE_BFLOAT16;    // fp8 backward: dO, and dP's type
+  fusedattn_dtype dqkv_dtype = FUSEDATTN_DTYPE_BFLOAT16;  // fp8 backward: dQ, dK, dV
   // Score modifier (ScoreModPath::kCallback; null otherwise). The callbacks also evaluate the
   // config's band (mod_band, -1 = unbounded) and, with padding, the per-sequence lengths read
   // from int32 [batch] tensors (mod_seq_lens; else the lengths are max_seqlen); cuDNN's own

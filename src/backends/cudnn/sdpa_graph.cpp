@@ -89,6 +89,8 @@ fe::DataType_t DataTypeOf(fusedattn_dtype dtype) {
     case FUSEDATTN_DTYPE_BFLOAT16: return fe::DataType_t::BFLOAT16;
     case FUSEDATTN_DTYPE_FLOAT32: return fe::DataType_t::FLOAT;
     case FUSEDATTN_DTYPE_INT32: return fe::DataType_t::INT32;
+    case FUSEDATTN_DTYPE_FP8_E4M3: return fe::DataType_t::FP8_E4M3;
+    case FUSEDATTN_DTYPE_FP8_E5M2: return fe::DataType_t::FP8_E5M2;
     default: return fe::DataType_t::NOT_SET;
   }
 }
@@ -538,6 +540,7 @@ class GraphMaker {
   }
 
   std::shared_ptr<fe::graph::Graph> forward(fe::AttentionImplementation_t implementation) {
+    if (s_.fp8) return forward_fp8(implementation);
     TensorPtr q = data("Q", kUidQ, s_.q, kUidRaggedQ);
     TensorPtr k = data("K", kUidK, s_.k, kUidRaggedK);
     TensorPtr v = data("V", kUidV, s_.v, kUidRaggedV);
@@ -592,6 +595,7 @@ class GraphMaker {
   }
 
   std::shared_ptr<fe::graph::Graph> backward() {
+    if (s_.fp8) return backward_fp8();
     TensorPtr q = data("Q", kUidQ, s_.q, kUidRaggedQ);
     TensorPtr k = data("K", kUidK, s_.k, kUidRaggedK);
     TensorPtr v = data("V", kUidV, s_.v, kUidRaggedV);
@@ -646,6 +650,90 @@ class GraphMaker {
       dk->set_ragged_offset(ragged("ragged_dk", kUidRaggedDK));
       dv->set_ragged_offset(ragged("ragged_dv", kUidRaggedDV));
     }
+    return graph_;
+  }
+
+  // FP8 (fusedattn.h "FP8 attention"; cudnn-frontend's sdpa_fp8): S = Q8_e4m3(softmax * scale_s)
+  // feeds the S.V GEMM, O = (S.V) * descale_s * descale_v, written as o_dtype after scale_o, with
+  // amax_s and amax_o reduced before scaling. Dense layouts, no bias/dropout/sink/score_mod
+  // (Fp8PreCheck).
+  std::shared_ptr<fe::graph::Graph> forward_fp8(fe::AttentionImplementation_t implementation) {
+    TensorPtr q = data("Q", kUidQ, s_.q, kUidRaggedQ);
+    TensorPtr k = data("K", kUidK, s_.k, kUidRaggedK);
+    TensorPtr v = data("V", kUidV, s_.v, kUidRaggedV);
+    auto options = fe::graph::SDPA_fp8_attributes()
+                       .set_name("sdpa_fp8")
+                       .set_generate_stats(s_.stats)
+                       .set_attn_scale(s_.attn_scale)
+                       .set_implementation(implementation);
+    set_band(options);
+    const bool o_fp8 = IsFp8(s_.o_dtype);
+    auto [o, stats, amax_s, amax_o] = graph_->sdpa_fp8(
+        q, k, v, scalar("descale_q", kUidDescaleQ), scalar("descale_k", kUidDescaleK),
+        scalar("descale_v", kUidDescaleV), scalar("descale_s", kUidDescaleS),
+        scalar("scale_s", kUidScaleS), o_fp8 ? scalar("scale_o", kUidScaleO) : one(), options);
+    o->set_output(true)
+        .set_uid(kUidO)
+        .set_dim(Dims(s_.o))
+        .set_stride(Strides(s_.o))
+        .set_data_type(DataTypeOf(s_.o_dtype));
+    record(kUidO, Dims(s_.o), Strides(s_.o));
+    if (s_.stats) {
+      stats->set_output(true)
+          .set_uid(kUidStats)
+          .set_data_type(fe::DataType_t::FLOAT)
+          .set_dim(stats_dim())
+          .set_stride(stats_stride());
+      record(kUidStats, stats_dim(), stats_stride());
+    }
+    amax_output(amax_s, kUidAmaxS);
+    amax_output(amax_o, kUidAmaxO);
+    return graph_;
+  }
+
+  // FP8 backward (sdpa_fp8_backward): S = Q8_e4m3(p * scale_s) for dV = S^T.dO; dP = dS *
+  // attn_scale quantized as Q8_dO(dP * scale_dp) for dQ = dP.K and dK = dP^T.Q; D = rowsum(dO * O)
+  // after descale_do and descale_o; amax of dP, dQ, dK, dV before scaling.
+  std::shared_ptr<fe::graph::Graph> backward_fp8() {
+    TensorPtr q = data("Q", kUidQ, s_.q, kUidRaggedQ);
+    TensorPtr k = data("K", kUidK, s_.k, kUidRaggedK);
+    TensorPtr v = data("V", kUidV, s_.v, kUidRaggedV);
+    TensorPtr o = plain("O", kUidO, s_.o, s_.o_dtype);
+    TensorPtr d_o = plain("dO", kUidDO, s_.d_o, s_.do_dtype);
+    TensorPtr stats = graph_->tensor(fe::graph::Tensor_attributes()
+                                         .set_name("stats")
+                                         .set_uid(kUidStats)
+                                         .set_dim(stats_dim())
+                                         .set_stride(stats_stride())
+                                         .set_data_type(fe::DataType_t::FLOAT));
+    record(kUidStats, stats_dim(), stats_stride());
+    auto options = fe::graph::SDPA_fp8_backward_attributes()
+                       .set_name("sdpa_fp8_backward")
+                       .set_attn_scale(s_.attn_scale)
+                       .set_deterministic_algorithm(s_.deterministic);
+    set_band(options);
+    const bool o_fp8 = IsFp8(s_.o_dtype), dqkv_fp8 = IsFp8(s_.dqkv_dtype);
+    auto [dq, dk, dv, amax_dq, amax_dk, amax_dv, amax_dp] = graph_->sdpa_fp8_backward(
+        q, k, v, o, d_o, stats, scalar("descale_q", kUidDescaleQ),
+        scalar("descale_k", kUidDescaleK), scalar("descale_v", kUidDescaleV),
+        o_fp8 ? scalar("descale_o", kUidDescaleO) : one(), scalar("descale_do", kUidDescaleDO),
+        scalar("descale_s", kUidDescaleS), scalar("descale_dp", kUidDescaleDP),
+        scalar("scale_s", kUidScaleS), dqkv_fp8 ? scalar("scale_dq", kUidScaleDQ) : one(),
+        dqkv_fp8 ? scalar("scale_dk", kUidScaleDK) : one(),
+        dqkv_fp8 ? scalar("scale_dv", kUidScaleDV) : one(), scalar("scale_dp", kUidScaleDP),
+        options);
+    const fe::DataType_t grad_type = DataTypeOf(s_.dqkv_dtype);
+    dq->set_output(true).set_uid(kUidDQ).set_dim(Dims(s_.dq)).set_stride(Strides(s_.dq));
+    dk->set_output(true).set_uid(kUidDK).set_dim(Dims(s_.dk)).set_stride(Strides(s_.dk));
+    dv->set_output(true).set_uid(kUidDV).set_dim(Dims(s_.dv)).set_stride(Strides(s_.dv));
+    dq->set_data_type(grad_type), dk->set_data_type(grad_type), dv->set_data_type(grad_type);
+    record(kUidDQ, Dims(s_.dq), Strides(s_.dq));
+    record(kUidDK, Dims(s_.dk), Strides(s_.dk));
+    record(kUidDV, Dims(s_.dv), Strides(s_.dv));
+    amax_output(amax_dq, kUidAmaxDQ);
+    amax_output(amax_dk, kUidAmaxDK);
+    amax_output(amax_dv, kUidAmaxDV);
+    amax_output(amax_dp, kUidAmaxDP);
     return graph_;
   }
 
@@ -717,6 +805,43 @@ class GraphMaker {
   }
   std::pair<TensorPtr, TensorPtr> seq_lens() {
     return {per_sequence("seq_len_q", kUidSeqLenQ), per_sequence("seq_len_kv", kUidSeqLenKv)};
+  }
+  static bool IsFp8(fusedattn_dtype dtype) {
+    return dtype == FUSEDATTN_DTYPE_FP8_E4M3 || dtype == FUSEDATTN_DTYPE_FP8_E5M2;
+  }
+  // The padding and band of an FP8 graph (Fp8PreCheck refuses padding today: the prepare kernel
+  // that writes the lengths has no FP8 call path; the graph is built as the spec says anyway).
+  template <typename Options>
+  void set_band(Options& options) {
+    if (s_.padding) {
+      auto [seq_q, seq_kv] = seq_lens();
+      options.set_padding_mask(true).set_seq_len_q(seq_q).set_seq_len_kv(seq_kv);
+    }
+    if (s_.has_left_bound || s_.has_right_bound)
+      options.set_diagonal_alignment(s_.bottom_right ? fe::DiagonalAlignment_t::BOTTOM_RIGHT
+                                                     : fe::DiagonalAlignment_t::TOP_LEFT);
+    if (s_.has_left_bound) options.set_diagonal_band_left_bound(static_cast<int>(s_.left_bound));
+    if (s_.has_right_bound)
+      options.set_diagonal_band_right_bound(static_cast<int>(s_.right_bound));
+  }
+  // A float32 scalar in device memory (an FP8 scaling factor), not recorded: [1, 1, 1, 1]
+  // whatever the shape.
+  TensorPtr scalar(const char* name, Uid uid) {
+    return graph_->tensor(fe::graph::Tensor_attributes()
+                              .set_name(name)
+                              .set_uid(uid)
+                              .set_dim({1, 1, 1, 1})
+                              .set_stride({1, 1, 1, 1})
+                              .set_data_type(fe::DataType_t::FLOAT));
+  }
+  // The factor 1 where the problem reads none (scale_o of a bfloat16 O, ...): a constant.
+  static TensorPtr one() { return std::make_shared<fe::graph::Tensor_attributes>(1.0f); }
+  void amax_output(const TensorPtr& amax, Uid uid) {
+    amax->set_output(true)
+        .set_uid(uid)
+        .set_dim({1, 1, 1, 1})
+        .set_stride({1, 1, 1, 1})
+        .set_data_type(fe::DataType_t::FLOAT);
   }
   // Philox seed and offset as host int64 scalars, passed by value at execution.
   std::pair<TensorPtr, TensorPtr> rng() {

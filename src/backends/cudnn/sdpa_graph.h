@@ -28,7 +28,13 @@ enum Uid : int {
   // read by the callback), then the score_mod tensors in declaration order.
   kUidModSeqLenQ, kUidModSeqLenKv,
   kUidModTensor0,
-  kUidCount = kUidModTensor0 + kMaxScoreModTensors
+  // FP8 (SdpaGraphSpec::fp8): per-tensor scaling factors and amax outputs, float32 scalars. (After
+  // the score_mod tensors, so that the uids of plans stored before FP8 keep their meaning.)
+  kUidDescaleQ = kUidModTensor0 + kMaxScoreModTensors,
+  kUidDescaleK, kUidDescaleV, kUidDescaleO, kUidDescaleDO, kUidDescaleS, kUidDescaleDP,
+  kUidScaleS, kUidScaleO, kUidScaleDP, kUidScaleDQ, kUidScaleDK, kUidScaleDV,
+  kUidAmaxS, kUidAmaxO, kUidAmaxDP, kUidAmaxDQ, kUidAmaxDK, kUidAmaxDV,
+  kUidCount
 };
 
 // Device pointers by uid (seed and offset: host pointers to int64, passed by value).

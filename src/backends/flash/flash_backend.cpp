@@ -162,6 +162,7 @@ Status HopperForward(int dim, const FlashParams& p, cudaStream_t s) {
   switch (dim) {
     case 64: status = flash::LaunchWgmmaForward<Element, 64>(p, s, &launched); break;
     case 128: status = flash::LaunchWgmmaForward<Element, 128>(p, s, &launched); break;
+    case 256: status = flash::LaunchWgmmaForward<Element, 256>(p, s, &launched); break;
     default: return InternalError("flash: no Hopper forward instance for head dim %d", dim);
   }
   if (status.ok() && !launched)

@@ -6,17 +6,22 @@
 //    K of the first step, then Q, then K(j) ahead of V(j - 1) (V lags K by one step, the order in
 //    which the consumers use them), each into stage j % 2, waiting until both consumers released
 //    the stage (k_empty / v_empty) before overwriting it;
-//  * warpgroups 1 and 2 are consumers (setmaxnreg 240 at d128, 104 at d64), 64 query rows each:
-//    S = Q K^T with both operands from shared memory (m64nNk16, K-major), the online softmax in
-//    registers (exp2 with the scale folded into one FFMA), then O += P V with P in registers as
-//    the A operand and V an MN-major B operand (transpose bit).
+//  * warpgroups 1 and 2 are consumers (setmaxnreg 240 at d128 and d256, 104 at d64), 64 query
+//    rows each: S = Q K^T with both operands from shared memory (m64nNk16, K-major), the online
+//    softmax in registers (exp2 with the scale folded into one FFMA), then O += P V with P in
+//    registers as the A operand and V an MN-major B operand (transpose bit).
 // Main loop, FlashAttention-3 style: step 0 computes S(0) and its softmax alone; step n >= 1
-// issues S(n) and O += P(n - 1) V(n - 1) back to back; the last O += P V comes alone. At d128 a
-// consumer waits only for S(n), masks it and computes its softmax while its O += P V still runs
-// on the tensor cores, then rescales O and packs P(n) (intra-warpgroup overlap). At d64 (104
-// registers cannot hold S, P and O at once) O += P V completes before S(n) is issued. Around the
-// issue of a step's products the two consumers take turns (ping-pong, two named barriers), so
-// that one consumer's softmax runs while the tensor cores compute the other's products.
+// issues S(n) and O += P(n - 1) V(n - 1) back to back; the last O += P V comes alone. At d128
+// and d256 a consumer waits only for S(n), masks it and computes its softmax while its
+// O += P V still runs on the tensor cores, then rescales O and packs P(n) (intra-warpgroup
+// overlap; d256 rescales O instead between the issue of S(n + 1) and of O += P(n) V(n)). At d64
+// (104 registers cannot hold S, P and O at once) O += P V completes before S(n) is issued.
+// Around the issue of a step's products the two consumers take turns (ping-pong, two named
+// barriers; d64 and d128 only), so that one consumer's softmax runs while the tensor cores
+// compute the other's products.
+// Tiles per head dim (Sm90FwdTile): 128 query rows per block; 64 keys per step at d64, 128 at
+// d128, 80 at d256. Every tile is loaded as 64-column TMA boxes, one per 128-byte swizzle block
+// (d256 rows are 512 bytes: four boxes per tile).
 // Key tiles are walked from the last to the first; only tiles the mask reaches are visited and
 // element masks run only on tiles that cross a boundary (per consumer's 64 rows). Out-of-bounds
 // rows of a tensor are zero-filled by TMA; rows past a sequence's length that are inside the
@@ -42,12 +47,14 @@ namespace fusedattn::flash {
 
 template <int kHeadDim>
 struct Sm90FwdTile {
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "wgmma forward: head dims 64 and 128");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
+                "wgmma forward: head dims 64, 128 and 256");
   static constexpr int kBlockM = 128;  // 2 consumer warpgroups x 64 rows
   // d64: 64 keys per step and two blocks per SM (registers for 2 x 384 threads), so that one
   // block's prologue and epilogue overlap the other's main loop on short sequences; d128: one
-  // block per SM with 128 keys per step.
-  static constexpr int kBlockN = kHeadDim == 64 ? 64 : 128;
+  // block per SM with 128 keys per step; d256: 80 keys per step, what shared memory holds (Q
+  // 64 KB + 2 stages of K and V at 40 KB each = 224 KB of the 227 KB a block may have).
+  static constexpr int kBlockN = kHeadDim == 64 ? 64 : kHeadDim == 128 ? 128 : 80;
   static constexpr int kMinBlocks = kHeadDim == 64 ? 2 : 1;
   static constexpr int kStages = 2;
   static constexpr int kThreads = 384;
@@ -60,12 +67,21 @@ struct Sm90FwdTile {
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * kStartRegs,
                 "register budget");
   // The softmax of S(n + 1) overlaps O += P(n) V(n) of the same consumer: S, P and O in
-  // registers at once (64 + 32 + 64 at d128). d64's 104 registers cannot hold its 32 + 16 + 32
-  // with the rest (ptxas then serializes every wgmma, C7512): there O += P V completes before
-  // S is issued, and only the ping-pong between the consumers hides the softmax.
-  static constexpr bool kOverlapSoftmax = kHeadDim == 128;
-  // The two consumers take turns issuing their products (see the kernel).
-  static constexpr bool kPingPong = true;
+  // registers at once (64 + 32 + 64 at d128, 40 + 20 + 128 at d256). d64's 104 registers cannot
+  // hold its 32 + 16 + 32 with the rest (ptxas then serializes every wgmma, C7512): there
+  // O += P V completes before S is issued, and only the ping-pong between the consumers hides
+  // the softmax.
+  static constexpr bool kOverlapSoftmax = kHeadDim >= 128;
+  // d256: O (128 registers per thread) is rescaled right after S(n + 1) = Q K^T is issued, while
+  // the tensor cores compute it, and just before O += P(n) V(n) is issued, rather than after
+  // O += P V completes, where the rescale would delay the next step (FlashAttention-3's
+  // RescaleOBeforeGemm).
+  static constexpr bool kRescaleOBeforeValueProduct = kHeadDim == 256;
+  // The two consumers take turns issuing their products (see the kernel). Not at d256, where
+  // FlashAttention-3 and -4 turn it off too (head dims above 128): the softmax over 80 keys is
+  // short next to the step's two products, and each consumer's softmax already runs under its
+  // own O += P V (not yet measured here with turns on).
+  static constexpr bool kPingPong = kHeadDim <= 128;
   static constexpr int kColBlocks = kHeadDim / 64;       // 64-column (128-byte) swizzle blocks
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKvBytes = kBlockN * kHeadDim * 2;  // one K or V stage
@@ -190,11 +206,13 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
         fix_parity ^= 1;
         const int valid = seq.len_kv - n0;
         const int chunks = (kBlockN - valid) * 8;  // 16-byte chunks per column block
-        for (int e = lane; e < kColBlocks * chunks; e += 32) {
-          const int cb = e / chunks, rest = e % chunks;
-          *reinterpret_cast<uint4*>(v_dst + cb * kBlockN * 128 + (valid + rest / 8) * 128 +
-                                    (rest % 8) * 16) = make_uint4(0, 0, 0, 0);
-        }
+        // Per column block, with no division by `chunks`: the producer has 24 registers (a
+        // division spilled one at d256).
+#pragma unroll
+        for (int cb = 0; cb < kColBlocks; ++cb)
+          for (int e = lane; e < chunks; e += 32)
+            *reinterpret_cast<uint4*>(v_dst + cb * kBlockN * 128 + valid * 128 + e * 16) =
+                make_uint4(0, 0, 0, 0);
         sm90::FenceProxyAsync();  // generic writes before the consumers' wgmma (async proxy)
         __syncwarp();
         if (lane == 0) sm90::MbarArrive(v_full + stage);
@@ -278,10 +296,14 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
   const int half_keys_step = half_keys_at((n_tile_end - 1) * kBlockN) ? 0 : -1;
   // O += P(step) V(step) from `stage`: over 64 keys on d128's half tile (see half_keys_at).
   auto value_product_of = [&](int step, int stage) {
-    if (step == half_keys_step)
-      value_product(stage, sm90::Static<kBlockN / 32>());
-    else
-      value_product(stage, sm90::Static<kBlockN / 16>());
+    if constexpr (kBlockN == 128) {
+      if (step == half_keys_step)
+        value_product(stage, sm90::Static<kBlockN / 32>());
+      else
+        value_product(stage, sm90::Static<kBlockN / 16>());
+    } else {
+      value_product(stage, sm90::Static<kBlockN / 16>());  // no half tiles at 64 or 80 keys
+    }
   };
   // Each warp releases a stage once its wgmmas that read it are complete.
   auto release = [&](uint64_t* empty) {
@@ -369,6 +391,8 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
   auto pass_turn_to = [](int c) { sm90::NamedBarrierOfPair<false, kTurnBarrier, 256>(c); };
   const bool ping_pong = Tile::kPingPong && !upper_rows_absent;
 
+  // What O's rows must be multiplied by before the next O += P V (from the last softmax).
+  float correction[2] = {1.f, 1.f};
   if (loop_count > 0) {
     sm90::MbarWait(q_full, 0);
 
@@ -386,8 +410,9 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
       sm90::FenceOperands(s);
       release(k_empty);  // this warp is done with K(0)
       mask_scores(s, n0);
-      float correction[2];
-      softmax(s, correction);  // O is still zero: nothing to rescale
+      // O is still zero: nothing to rescale now (with kRescaleOBeforeValueProduct, step 1
+      // multiplies the zeros by this correction, which is 0).
+      softmax(s, correction);
       pack_p(s);
     }
 
@@ -398,13 +423,17 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
       const bool wait_turn = ping_pong && !(wg == 0 && it == 1);
       const bool pass_turn = ping_pong && !(wg == 1 && it == loop_count - 1);
       float s[kBlockN / 2];
-      float correction[2];
       if constexpr (Tile::kOverlapSoftmax) {
         // Both products issued back to back; the softmax of S(it) runs while the tensor cores
-        // still compute O += P V; then O is rescaled and P(it) packed.
+        // still compute O += P V; then O is rescaled (d256: before O += P V, while S runs) and
+        // P(it) packed.
         sm90::MbarWait(k_full + stage, (it / kStages) & 1);
         if (wait_turn) wait_for_turn(wg);
         score_product(s, stage, sm90::Static<kBlockN>());
+        if constexpr (Tile::kRescaleOBeforeValueProduct) {
+          sm90::FenceOperands(acc_o);  // keeps the rescale after the issue of S (no instruction)
+          rescale_o(correction);       // the correction of step it - 1
+        }
         sm90::MbarWait(v_full + prev, ((it - 1) / kStages) & 1);
         value_product_of(it - 1, prev);
         if (pass_turn) pass_turn_to(1 - wg);
@@ -433,13 +462,14 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
         mask_scores(s, n0);
         softmax(s, correction);
       }
-      rescale_o(correction);
+      if constexpr (!Tile::kRescaleOBeforeValueProduct) rescale_o(correction);
       pack_p(s);
     }
 
     // The last O += P V alone.
     {
       const int last = loop_count - 1, stage = last % kStages;
+      if constexpr (Tile::kRescaleOBeforeValueProduct) rescale_o(correction);
       sm90::MbarWait(v_full + stage, (last / kStages) & 1);
       value_product_of(last, stage);
       sm90::WgmmaWait<0>();

@@ -117,7 +117,11 @@ size_t FastBackwardSmem(int dim) {
 bool HopperDevice(const DeviceFacts& d) {
   return d.sm90a_kernels && d.wgmma_allowed && d.compute_capability == 90;
 }
-bool HopperInstance(int dim) { return dim == 64 || dim == 128; }
+// The instances of the Hopper kernels (generate_kernels.py's SM90_DIRECTIONS): the forward has
+// 64, 128 and 256, the backward 64 and 128.
+bool HopperInstance(int dim, bool backward) {
+  return dim == 64 || dim == 128 || (dim == 256 && !backward);
+}
 
 // Why the Hopper kernels do not run on this device / build, or null when they may.
 const char* HopperDeviceRefusal(const DeviceFacts& d) {
@@ -262,6 +266,11 @@ Status PlanCheck(const Problem& p, const DeviceFacts& d) {
   const auto& c = p.config;
   if (p.device != Device::kCuda)
     return NotSupported("runs on CUDA tensors only, and config.device is CPU");
+  if (p.fp8)
+    return NotSupported(
+        "FP8 attention (qkv_dtype %s): flash has no FP8 kernels yet (cuDNN and the reference "
+        "run it)",
+        DtypeName(c.qkv_dtype));
   if (p.paged) {  // only the decode kernel reads pages (decode.h)
     Status fits = DecodeFits(p);
     if (!fits.ok())
@@ -286,10 +295,12 @@ Status PlanCheck(const Problem& p, const DeviceFacts& d) {
   return Status::Ok();
 }
 
-// The THD schedule's workspace is reserved for every THD problem the Hopper kernels may run on
-// this device (instance 64/128, no score_mod), so that a forward elsewhere keeps needing none.
-static bool ReservesSchedule(const Problem& p, const DeviceFacts& d) {
-  return p.thd && !p.score_mod && HopperInstance(TensorCoreInstance(p)) && HopperDevice(d);
+// The THD schedule's workspace is reserved for every THD problem the Hopper kernels of that
+// direction may run on this device (one of its instances, no score_mod), so that a forward
+// elsewhere keeps needing none.
+static bool ReservesSchedule(const Problem& p, const DeviceFacts& d, bool backward) {
+  return p.thd && !p.score_mod && HopperInstance(TensorCoreInstance(p), backward) &&
+         HopperDevice(d);
 }
 
 FwdWorkspaceLayout PlanFwdWorkspace(const Problem& p, const DeviceFacts& d) {
@@ -299,7 +310,7 @@ FwdWorkspaceLayout PlanFwdWorkspace(const Problem& p, const DeviceFacts& d) {
     w.block_mask_bytes = BlockMaskBytes(p, jit::Kernel::kForward, dim, d);
     w.total = AlignUp(w.block_mask_bytes);
   }
-  if (ReservesSchedule(p, d)) {
+  if (ReservesSchedule(p, d, /*backward=*/false)) {
     w.schedule = w.total;
     w.has_schedule = true;
     w.total += AlignUp(ScheduleBytes(p.config.batch));
@@ -348,7 +359,7 @@ BwdWorkspaceLayout PlanBwdWorkspace(const Problem& p, const DeviceFacts& d) {
       w.total += AlignUp(static_cast<size_t>(e[0] * e[1] * e[2] * e[3]) * sizeof(float));
     }
   }
-  if (ReservesSchedule(p, d) && !c.deterministic) {
+  if (ReservesSchedule(p, d, /*backward=*/true) && !c.deterministic) {
     w.schedule = w.total;
     w.has_schedule = true;
     w.total += AlignUp(ScheduleBytes(c.batch));
@@ -415,8 +426,8 @@ ForwardPlan PlanForward(const Problem& p, const FwdTensors& t, const DeviceFacts
                                        kSm90ScheduleRowsForward);
   if (const char* device = HopperDeviceRefusal(d)) {
     plan.why = Format("hopper kernels: %s", device);
-  } else if (!HopperInstance(dim)) {
-    plan.why = Format("hopper kernels: instances 64 and 128 only (this is %d)", dim);
+  } else if (!HopperInstance(dim, /*backward=*/false)) {
+    plan.why = Format("hopper forward: instances 64, 128 and 256 only (this is %d)", dim);
   } else if (plan.variant != KernelVariant::kPlain) {
     plan.why = "hopper kernels: the plain variant only (no bias, ALiBi, softcap, dropout)";
   } else if (!(p.scale() > 0.0)) {
@@ -494,8 +505,8 @@ BackwardPlan PlanBackward(const Problem& p, const BwdTensors& t, const DeviceFac
                                        kSm90ScheduleRowsBackward);
   if (const char* device = HopperDeviceRefusal(d)) {
     plan.why = Format("hopper kernels: %s", device);
-  } else if (!HopperInstance(dim)) {
-    plan.why = Format("hopper kernels: instances 64 and 128 only (this is %d)", dim);
+  } else if (!HopperInstance(dim, /*backward=*/true)) {
+    plan.why = Format("hopper backward: instances 64 and 128 only (this is %d)", dim);
   } else if (plan.variant != KernelVariant::kPlain) {
     plan.why = "hopper kernels: the plain variant only (no bias, ALiBi, softcap, dropout)";
   } else if (c.deterministic) {

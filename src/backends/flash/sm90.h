@@ -19,17 +19,26 @@ bool WgmmaCompiled();
 bool WgmmaAllowedByEnvironment();
 
 // The wgmma forward of a plain problem (no bias, ALiBi, softcap or dropout) on head dims padded
-// to kHeadDim (64 or 128), when the planner chose it (planner.cpp: the problem, the tensors TMA can
-// describe, scale > 0). The launcher keeps its own guards: *launched = false (nothing launched)
-// when they refuse what the plan chose, which the backend reports as an internal error.
+// to kHeadDim (64, 128 or 256), when the planner chose it (planner.cpp: the problem, the tensors
+// TMA can describe, scale > 0). The launcher keeps its own guards: *launched = false (nothing
+// launched) when they refuse what the plan chose, which the backend reports as an internal error.
 template <typename Element, int kHeadDim>
 Status LaunchWgmmaForward(const FlashParams& p, cudaStream_t stream, bool* launched);
 
 // The wgmma key-block kernel of the backward (bwd_kernel_sm90.cuh) for the same plain problems
+<<<<<<< HEAD
 // in non-deterministic mode, in place of LaunchFastBackward, when the planner chose it: needs the
 // preprocess before (D, zeroed dq_accum with dq_accum_dim == kHeadDim) and LaunchConvertDq after,
 // with dq_accum_tiled set (the kernel leaves dQ in the tiled order of dq_accum_layout.h).
 // *launched as for the forward.
+=======
+// at kHeadDim 64 or 128, in place of LaunchFastBackward: needs the preprocess before (D, zeroed
+// dq_accum with dq_accum_dim == kHeadDim) and LaunchConvertDq after, with dq_accum_tiled set (the
+// kernel leaves dQ in the tiled order of dq_accum_layout.h). Sets *launched = false and returns Ok
+// without launching anything when the problem does not qualify (score modifiers, dropout, bias
+// gradients, config.deterministic, tensors TMA cannot describe); the caller then runs the
+// mma.sync kernel.
+>>>>>>> main
 template <typename Element, int kHeadDim>
 Status LaunchWgmmaBackward(const FlashParams& p, cudaStream_t stream, bool* launched);
 
@@ -56,7 +65,11 @@ bool EncodeLaunchTensorMap(void* map, const FlashParams& p, const TensorArg& t, 
 //  mode 2: mode 0 with the operands loaded by TMA (tensor maps from EncodeQkvTensorMap);
 //  mode 3: C[64][64] = A[64][128] . B[128][64] with `a` holding A transposed, At[128][64], both
 //          operands MN-major from shared memory written by threads (the backward's dQ = dS K
-//          pattern: dS^T read through the transpose-A bit, K as an MN-major B).
+//          pattern: dS^T read through the transpose-A bit, K as an MN-major B);
+//  mode 4: C[64][80] = A[64][256] . B[80][256]^T, both loaded by TMA as four 64-column boxes
+//          (the d256 forward's S = Q K^T: m64n80k16, boxes of 80 rows);
+//  mode 5: C[64][256] = A[64][80] . B[80][256], A from registers, B MN-major in four column
+//          blocks of 80 rows (the d256 forward's O += P V: m64n256k16).
 Status WgmmaTileSelfTest(int mode, bool bf16, const void* a, const void* b, float* c,
                          cudaStream_t stream);
 

@@ -109,7 +109,8 @@ __device__ __forceinline__ float (&LeadingColumns(float (&r)[kFloats]))[kN / 2] 
 template <int kValue>
 using Static = std::integral_constant<int, kValue>;
 
-// m64nNk16 with float32 accumulators for Element (Half, Bfloat16) and N (64, 128).
+// m64nNk16 with float32 accumulators for Element (Half, Bfloat16) and N (64, 128; 80 and 256 for
+// the d256 forward).
 template <typename Element, int kN>
 struct Wgmma;
 
@@ -128,6 +129,21 @@ struct Wgmma;
       "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),            \
       "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]),            \
       "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#define FUSEDATTN_WGMMA_ACC40(d)                                                              \
+  FUSEDATTN_WGMMA_ACC32(d), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),   \
+      "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
+#define FUSEDATTN_WGMMA_ACC128(d)                                                             \
+  FUSEDATTN_WGMMA_ACC64(d), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]),   \
+      "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]),            \
+      "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]),            \
+      "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]),            \
+      "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]),            \
+      "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]),            \
+      "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]),       \
+      "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]),      \
+      "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]),      \
+      "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]),      \
+      "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
 #define FUSEDATTN_WGMMA_ACC32_LIST                                                            \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
   "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
@@ -135,6 +151,16 @@ struct Wgmma;
   FUSEDATTN_WGMMA_ACC32_LIST                                                                  \
   ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, "    \
   "%49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+
+#define FUSEDATTN_WGMMA_ACC40_LIST                                                            \
+  FUSEDATTN_WGMMA_ACC32_LIST ", %32, %33, %34, %35, %36, %37, %38, %39"
+#define FUSEDATTN_WGMMA_ACC128_LIST                                                           \
+  FUSEDATTN_WGMMA_ACC64_LIST                                                                  \
+  ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"          \
+  ", %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"          \
+  ", %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110"     \
+  ", %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124"       \
+  ", %125, %126, %127"
 
 // Wgmma<Element, N>: SS is d (+)= A B with A from shared memory (K-major, or MN-major when
 // kTransA: the M index contiguous, as dS^T [keys][queries] read as dS for dQ = dS K) and B from
@@ -175,11 +201,24 @@ FUSEDATTN_WGMMA(Half, 128, "f16", FUSEDATTN_WGMMA_ACC64, FUSEDATTN_WGMMA_ACC64_L
                 "%66", "%67", "%68", "%69", "%70")
 FUSEDATTN_WGMMA(Bfloat16, 128, "bf16", FUSEDATTN_WGMMA_ACC64, FUSEDATTN_WGMMA_ACC64_LIST, "%64",
                 "%65", "%66", "%67", "%68", "%69", "%70")
+// d256's forward: S = Q K^T over 80 keys, O += P V over 256 columns of d.
+FUSEDATTN_WGMMA(Half, 80, "f16", FUSEDATTN_WGMMA_ACC40, FUSEDATTN_WGMMA_ACC40_LIST, "%40", "%41",
+                "%42", "%43", "%44", "%45", "%46")
+FUSEDATTN_WGMMA(Bfloat16, 80, "bf16", FUSEDATTN_WGMMA_ACC40, FUSEDATTN_WGMMA_ACC40_LIST, "%40",
+                "%41", "%42", "%43", "%44", "%45", "%46")
+FUSEDATTN_WGMMA(Half, 256, "f16", FUSEDATTN_WGMMA_ACC128, FUSEDATTN_WGMMA_ACC128_LIST, "%128",
+                "%129", "%130", "%131", "%132", "%133", "%134")
+FUSEDATTN_WGMMA(Bfloat16, 256, "bf16", FUSEDATTN_WGMMA_ACC128, FUSEDATTN_WGMMA_ACC128_LIST,
+                "%128", "%129", "%130", "%131", "%132", "%133", "%134")
 #undef FUSEDATTN_WGMMA
 #undef FUSEDATTN_WGMMA_ACC32
 #undef FUSEDATTN_WGMMA_ACC64
+#undef FUSEDATTN_WGMMA_ACC40
+#undef FUSEDATTN_WGMMA_ACC128
 #undef FUSEDATTN_WGMMA_ACC32_LIST
 #undef FUSEDATTN_WGMMA_ACC64_LIST
+#undef FUSEDATTN_WGMMA_ACC40_LIST
+#undef FUSEDATTN_WGMMA_ACC128_LIST
 
 #else
 template <typename Element, int kN>

@@ -380,6 +380,101 @@ double ExtraLogit(const Problem& p, const float* sinks, int64_t sink_stride, int
   }
 }
 
+// FP8 attention (fusedattn.h, "FP8 attention"): the scaling factors read on the host, checked as
+// the header says (the reference reads them anyway, so it always checks), and the amax outputs.
+// For a problem that is not FP8 every factor is 1 and nothing is quantized.
+struct Fp8Scaling {
+  bool on = false;
+  fusedattn_dtype s_dtype = FUSEDATTN_DTYPE_FP8_E4M3;   // S_fp8
+  fusedattn_dtype dp_dtype = FUSEDATTN_DTYPE_FP8_E4M3;  // dP_fp8: dO's FP8 type
+  double descale_q = 1, descale_k = 1, descale_v = 1, descale_o = 1, descale_do = 1;
+  double descale_s = 1, descale_dp = 1, scale_s = 1, scale_dp = 1;
+  double scale_o = 1, scale_dq = 1, scale_dk = 1, scale_dv = 1;
+
+  // S as the next GEMM reads it: Q8_e4m3(p' * scale_s) * descale_s.
+  double QuantizeS(double p) const { return QuantizeFp8(p * scale_s, s_dtype) * descale_s; }
+  double QuantizeDp(double dp) const {
+    return QuantizeFp8(dp * scale_dp, dp_dtype) * descale_dp;
+  }
+};
+
+Status ReadScales(const std::vector<NamedScale>& named, Device device, void* stream,
+                  std::vector<double>* values) {
+  std::vector<float> host(named.size());
+  for (size_t k = 0; k < named.size(); ++k) {
+    if (device == Device::kCpu) {
+      host[k] = *named[k].pointer;
+    } else {
+      FUSEDATTN_RETURN_IF_ERROR(CopyToHost(&host[k], named[k].pointer, sizeof(float), stream));
+    }
+  }
+  FUSEDATTN_RETURN_IF_ERROR(CheckFp8ScaleValues(named, host.data()));
+  values->assign(host.begin(), host.end());
+  return Status::Ok();
+}
+
+double ScaleNamed(const std::vector<NamedScale>& named, const std::vector<double>& values,
+                  const char* name) {
+  for (size_t k = 0; k < named.size(); ++k)
+    if (std::strcmp(named[k].name, name) == 0) return values[k];
+  return 1.0;  // not read by this problem
+}
+
+Status ReadFp8Scaling(const Problem& p, const Fp8FwdScales& s, void* stream, Fp8Scaling* out) {
+  if (!p.fp8) return Status::Ok();
+  const std::vector<NamedScale> named = Fp8ScalesRead(s);
+  std::vector<double> v;
+  FUSEDATTN_RETURN_IF_ERROR(ReadScales(named, p.device, stream, &v));
+  Fp8Scaling f;
+  f.on = true;
+  f.descale_q = ScaleNamed(named, v, "descale_q");
+  f.descale_k = ScaleNamed(named, v, "descale_k");
+  f.descale_v = ScaleNamed(named, v, "descale_v");
+  f.descale_s = ScaleNamed(named, v, "descale_s");
+  f.scale_s = ScaleNamed(named, v, "scale_s");
+  f.scale_o = ScaleNamed(named, v, "scale_o");
+  *out = f;
+  return Status::Ok();
+}
+
+Status ReadFp8Scaling(const Problem& p, const Fp8BwdScales& s, void* stream, Fp8Scaling* out) {
+  if (!p.fp8) return Status::Ok();
+  const std::vector<NamedScale> named = Fp8ScalesRead(s);
+  std::vector<double> v;
+  FUSEDATTN_RETURN_IF_ERROR(ReadScales(named, p.device, stream, &v));
+  Fp8Scaling f;
+  f.on = true;
+  f.dp_dtype = p.config.do_dtype;
+  f.descale_q = ScaleNamed(named, v, "descale_q");
+  f.descale_k = ScaleNamed(named, v, "descale_k");
+  f.descale_v = ScaleNamed(named, v, "descale_v");
+  f.descale_o = ScaleNamed(named, v, "descale_o");
+  f.descale_do = ScaleNamed(named, v, "descale_do");
+  f.descale_s = ScaleNamed(named, v, "descale_s");
+  f.descale_dp = ScaleNamed(named, v, "descale_dp");
+  f.scale_s = ScaleNamed(named, v, "scale_s");
+  f.scale_dp = ScaleNamed(named, v, "scale_dp");
+  f.scale_dq = ScaleNamed(named, v, "scale_dq");
+  f.scale_dk = ScaleNamed(named, v, "scale_dk");
+  f.scale_dv = ScaleNamed(named, v, "scale_dv");
+  *out = f;
+  return Status::Ok();
+}
+
+Status WriteAmax(float* amax, double value, Device device, void* stream) {
+  const float v = static_cast<float>(value);
+  if (device == Device::kCpu) {
+    *amax = v;
+    return Status::Ok();
+  }
+  return CopyToDevice(amax, &v, sizeof v, stream);
+}
+
+void Scale(std::vector<double>* row, double factor) {
+  if (factor != 1.0)
+    for (double& x : *row) x *= factor;
+}
+
 class ReferenceBackendImpl final : public Backend {
  public:
   fusedattn_backend id() const override { return FUSEDATTN_BACKEND_REFERENCE; }
@@ -411,6 +506,9 @@ Status ReferenceBackendImpl::forward(const Problem& p, const FwdTensors& t, void
   Sequences seq;
   FUSEDATTN_RETURN_IF_ERROR(ReadSequences(p, t, stream, &seq));
   if (p.paged) FUSEDATTN_RETURN_IF_ERROR(ReadPages(p, t, stream, &seq));
+  Fp8Scaling fp8;
+  FUSEDATTN_RETURN_IF_ERROR(ReadFp8Scaling(p, t.fp8, stream, &fp8));
+  double amax_s = 0, amax_o = 0;
 
   HostBuffer q, k, v, o, lse, bias, alibi, sinks, max_logit;
   FUSEDATTN_RETURN_IF_ERROR(AttachView(t.q, B, HQ, SQ, DQK, p.thd, dev, stream, true, &q));
@@ -460,11 +558,13 @@ Status ReferenceBackendImpl::forward(const Problem& p, const FwdTensors& t, void
         double m = kNegInf;  // the row's largest visible score
         if (lo < hi) {
           LoadRow(t.q, q.host(), b, h, i, seq.start_q[b], DQK, qrow.data());
+          Scale(&qrow, fp8.descale_q);
           if (mod.active()) mod.StartRow(b, h, i, lq, lkv);
           for (int64_t j = lo; j < hi; ++j) {
             int64_t kb = 0, kj = 0;
             seq.LocateKey(b, j, &kb, &kj);
             LoadRow(t.k, k.host(), kb, hk, kj, 0, DQK, krow.data());
+            Scale(&krow, fp8.descale_k);
             double qk = 0;
             for (int64_t x = 0; x < DQK; ++x) qk += qrow[x] * krow[x];
             scores[j] = Score(sp, qk, b, h, i, j, lq, lkv, nullptr);
@@ -491,15 +591,23 @@ Status ReferenceBackendImpl::forward(const Problem& p, const FwdTensors& t, void
             if (!visible[j]) continue;
             double prob = std::exp(scores[j] - row_lse);
             if (c.dropout > 0) prob = drop.Keep(j) ? prob * keep_scale : 0.0;
+            if (fp8.on) {
+              amax_s = std::max(amax_s, prob);
+              prob = fp8.QuantizeS(prob);
+            }
             if (prob == 0.0) continue;
             int64_t vb = 0, vj = 0;
             seq.LocateKey(b, j, &vb, &vj);
             LoadRow(t.v, v.host(), vb, hk, vj, 0, DV, vrow.data());
+            Scale(&vrow, fp8.descale_v);
             for (int64_t x = 0; x < DV; ++x) out[x] += prob * vrow[x];
           }
         }
-        for (int64_t x = 0; x < DV; ++x)
-          StoreFromDouble(o.host(), t.o.dtype, At(t.o, b, h, i, x, seq.start_q[b]), out[x]);
+        for (int64_t x = 0; x < DV; ++x) {
+          amax_o = std::max(amax_o, std::fabs(out[x]));
+          StoreFromDouble(o.host(), t.o.dtype, At(t.o, b, h, i, x, seq.start_q[b]),
+                          out[x] * fp8.scale_o);
+        }
         if (t.lse.present()) {
           int64_t start = t.lse_packed ? seq.start_q[b] : 0;
           StoreFromDouble(lse.host(), FUSEDATTN_DTYPE_FLOAT32,
@@ -522,6 +630,10 @@ Status ReferenceBackendImpl::forward(const Problem& p, const FwdTensors& t, void
   FUSEDATTN_RETURN_IF_ERROR(o.Flush());
   FUSEDATTN_RETURN_IF_ERROR(lse.Flush());
   FUSEDATTN_RETURN_IF_ERROR(max_logit.Flush());
+  if (fp8.on) {
+    FUSEDATTN_RETURN_IF_ERROR(WriteAmax(t.fp8.amax_s, amax_s, dev, stream));
+    FUSEDATTN_RETURN_IF_ERROR(WriteAmax(t.fp8.amax_o, amax_o, dev, stream));
+  }
   return Status::Ok();
 }
 
@@ -533,6 +645,9 @@ Status ReferenceBackendImpl::backward(const Problem& p, const BwdTensors& t, voi
   const Device dev = p.device;
   Sequences seq;
   FUSEDATTN_RETURN_IF_ERROR(ReadSequences(p, t, stream, &seq));
+  Fp8Scaling fp8;
+  FUSEDATTN_RETURN_IF_ERROR(ReadFp8Scaling(p, t.fp8, stream, &fp8));
+  double amax_dp = 0;
 
   HostBuffer q, k, v, o, d_o, lse, bias, alibi, sinks, dq, dk, dv, dbias, dsink;
   FUSEDATTN_RETURN_IF_ERROR(AttachView(t.q, B, HQ, SQ, DQK, p.thd, dev, stream, true, &q));
@@ -605,6 +720,9 @@ Status ReferenceBackendImpl::backward(const Problem& p, const BwdTensors& t, voi
         LoadRow(t.q, q.host(), b, h, i, seq.start_q[b], DQK, qrow.data());
         LoadRow(t.o, o.host(), b, h, i, seq.start_q[b], DV, orow.data());
         LoadRow(t.d_o, d_o.host(), b, h, i, seq.start_q[b], DV, dorow.data());
+        Scale(&qrow, fp8.descale_q);
+        Scale(&orow, fp8.descale_o);
+        Scale(&dorow, fp8.descale_do);
         double delta = 0;  // D = dO . O
         for (int64_t x = 0; x < DV; ++x) delta += dorow[x] * orow[x];
         if (c.softmax_type != FUSEDATTN_SOFTMAX_VANILLA)
@@ -616,6 +734,8 @@ Status ReferenceBackendImpl::backward(const Problem& p, const BwdTensors& t, voi
         for (int64_t j = lo; j < hi; ++j) {
           LoadRow(t.k, k.host(), b, hk, j, seq.start_kv[b], DQK, krow.data());
           LoadRow(t.v, v.host(), b, hk, j, seq.start_kv[b], DV, vrow.data());
+          Scale(&krow, fp8.descale_k);
+          Scale(&vrow, fp8.descale_v);
           double qk = 0;
           for (int64_t x = 0; x < DQK; ++x) qk += qrow[x] * krow[x];
           double dfinal_dt = 1;
@@ -629,7 +749,8 @@ Status ReferenceBackendImpl::backward(const Problem& p, const BwdTensors& t, voi
           for (int64_t x = 0; x < DV; ++x) dp += dorow[x] * vrow[x];
           dp *= keep;
           double* gv_row = &gv[static_cast<size_t>(((b * HKV + hk) * SKV + j) * DV)];
-          for (int64_t x = 0; x < DV; ++x) gv_row[x] += prob * keep * dorow[x];
+          const double s_for_dv = fp8.on ? fp8.QuantizeS(prob * keep) : prob * keep;
+          for (int64_t x = 0; x < DV; ++x) gv_row[x] += s_for_dv * dorow[x];
           double ds = prob * (dp - delta);
           if (mod.active()) {
             // ds is d loss / d (modified s). A zero stays zero: its key contributes nothing, even
@@ -642,6 +763,10 @@ Status ReferenceBackendImpl::backward(const Problem& p, const BwdTensors& t, voi
           }
           double dt = ds * dfinal_dt;  // through the softcap
           double dqk = dt * sp.scale;
+          if (fp8.on) {  // dP: what multiplies k in dQ and q in dK, quantized in dO's FP8 type
+            amax_dp = std::max(amax_dp, std::fabs(dqk));
+            dqk = fp8.QuantizeDp(dqk);
+          }
           double* gq_row = &gq[static_cast<size_t>(((b * HQ + h) * SQ + i) * DQK)];
           double* gk_row = &gk[static_cast<size_t>(((b * HKV + hk) * SKV + j) * DQK)];
           for (int64_t x = 0; x < DQK; ++x) {
@@ -659,21 +784,33 @@ Status ReferenceBackendImpl::backward(const Problem& p, const BwdTensors& t, voi
   }
 
   // Write: every element of the non-THD tensors (padding rows get 0), only sequence tokens in THD.
+  // FP8: the amax of each gradient (elements not written are 0 in the sums), and its scale.
+  auto amax_of = [](const std::vector<double>& g) {
+    double m = 0;
+    for (double x : g) m = std::max(m, std::fabs(x));
+    return m;
+  };
+  const double out_scale_dq = IsFp8Dtype(t.dq.dtype) ? fp8.scale_dq : 1.0;
+  const double out_scale_dk = IsFp8Dtype(t.dk.dtype) ? fp8.scale_dk : 1.0;
+  const double out_scale_dv = IsFp8Dtype(t.dv.dtype) ? fp8.scale_dv : 1.0;
   for (int64_t b = 0; b < B; ++b) {
     const int64_t rows_q = p.thd ? seq.len_q[b] : SQ, rows_kv = p.thd ? seq.len_kv[b] : SKV;
     for (int64_t h = 0; h < HQ; ++h)
       for (int64_t i = 0; i < rows_q; ++i)
         for (int64_t x = 0; x < DQK; ++x)
           StoreFromDouble(dq.host(), t.dq.dtype, At(t.dq, b, h, i, x, seq.start_q[b]),
-                          gq[static_cast<size_t>(((b * HQ + h) * SQ + i) * DQK + x)]);
+                          gq[static_cast<size_t>(((b * HQ + h) * SQ + i) * DQK + x)] *
+                              out_scale_dq);
     for (int64_t h = 0; h < HKV; ++h)
       for (int64_t j = 0; j < rows_kv; ++j) {
         for (int64_t x = 0; x < DQK; ++x)
           StoreFromDouble(dk.host(), t.dk.dtype, At(t.dk, b, h, j, x, seq.start_kv[b]),
-                          gk[static_cast<size_t>(((b * HKV + h) * SKV + j) * DQK + x)]);
+                          gk[static_cast<size_t>(((b * HKV + h) * SKV + j) * DQK + x)] *
+                              out_scale_dk);
         for (int64_t x = 0; x < DV; ++x)
           StoreFromDouble(dv.host(), t.dv.dtype, At(t.dv, b, h, j, x, seq.start_kv[b]),
-                          gv[static_cast<size_t>(((b * HKV + h) * SKV + j) * DV + x)]);
+                          gv[static_cast<size_t>(((b * HKV + h) * SKV + j) * DV + x)] *
+                              out_scale_dv);
       }
   }
   if (t.dbias.present()) {
@@ -711,6 +848,12 @@ Status ReferenceBackendImpl::backward(const Problem& p, const BwdTensors& t, voi
   FUSEDATTN_RETURN_IF_ERROR(dbias.Flush());
   FUSEDATTN_RETURN_IF_ERROR(dsink.Flush());
   FUSEDATTN_RETURN_IF_ERROR(aux_grads.Flush());
+  if (fp8.on) {
+    FUSEDATTN_RETURN_IF_ERROR(WriteAmax(t.fp8.amax_dp, amax_dp, dev, stream));
+    FUSEDATTN_RETURN_IF_ERROR(WriteAmax(t.fp8.amax_dq, amax_of(gq), dev, stream));
+    FUSEDATTN_RETURN_IF_ERROR(WriteAmax(t.fp8.amax_dk, amax_of(gk), dev, stream));
+    FUSEDATTN_RETURN_IF_ERROR(WriteAmax(t.fp8.amax_dv, amax_of(gv), dev, stream));
+  }
   return Status::Ok();
 }
 
