@@ -137,8 +137,9 @@ step_cli() {
 # The flash planner (src/backends/flash/planner.h): what explain prints of flash's plan for
 # problems on each path, and runs whose kernels are the plan's (a Hopper launcher that declines
 # what the plan chose fails the call). Expect, on an H100/H200: hopper-wgmma d128 plain with the
-# thd-heavy-first schedule (forward and backward) for the THD line; mma.sync d256 ("instances 64
-# and 128 only") for d256; mma.sync d128 full ("plain variant only") for softcap; simple
+# thd-heavy-first schedule (forward and backward) for the THD line; for d256 hopper-wgmma forward
+# and mma.sync backward ("hopper backward: instances 64 and 128 only"); mma.sync d128 full
+# ("plain variant only") for softcap; simple
 # ("float16/bfloat16") for fp32; with FUSEDATTN_FLASH_WGMMA=0, mma.sync ("FUSEDATTN_FLASH_WGMMA=0");
 # both runs PASS.
 step_flash_plan() {
@@ -154,8 +155,8 @@ step_flash_plan() {
     --mask causal --bwd --check --iters 1 || rc=1
   "$bin" run --backend flash --b 2 --h 4 --sq 200 --skv 260 --d 64 --dtype fp16 \
     --mask causal_bottom_right --window 32,0 --bwd --check --iters 1 || rc=1
-  # flash_bench names the planned kernels: [hopper-wgmma d128 plain] twice, then
-  # [mma.sync d256 plain] twice.
+  # flash_bench names the planned kernels: [hopper-wgmma d128 plain] forward and backward, then
+  # [hopper-wgmma d256 plain] forward and [mma.sync d256 plain] backward.
   local bench="$BUILD/bench/flash_bench"
   if [ -x "$bench" ]; then
     "$bench" --dtype bf16 --d 128 --seqlen 4096 --causal 1 --iters 3 || rc=1
