@@ -26,19 +26,10 @@ template <typename Element, int kHeadDim>
 Status LaunchWgmmaForward(const FlashParams& p, cudaStream_t stream, bool* launched);
 
 // The wgmma key-block kernel of the backward (bwd_kernel_sm90.cuh) for the same plain problems
-<<<<<<< HEAD
-// in non-deterministic mode, in place of LaunchFastBackward, when the planner chose it: needs the
-// preprocess before (D, zeroed dq_accum with dq_accum_dim == kHeadDim) and LaunchConvertDq after,
-// with dq_accum_tiled set (the kernel leaves dQ in the tiled order of dq_accum_layout.h).
-// *launched as for the forward.
-=======
-// at kHeadDim 64 or 128, in place of LaunchFastBackward: needs the preprocess before (D, zeroed
-// dq_accum with dq_accum_dim == kHeadDim) and LaunchConvertDq after, with dq_accum_tiled set (the
-// kernel leaves dQ in the tiled order of dq_accum_layout.h). Sets *launched = false and returns Ok
-// without launching anything when the problem does not qualify (score modifiers, dropout, bias
-// gradients, config.deterministic, tensors TMA cannot describe); the caller then runs the
-// mma.sync kernel.
->>>>>>> main
+// at kHeadDim 64 or 128 in non-deterministic mode, in place of LaunchFastBackward, when the
+// planner chose it: needs the preprocess before (D, zeroed dq_accum with dq_accum_dim ==
+// kHeadDim) and LaunchConvertDq after, with dq_accum_tiled set (the kernel leaves dQ in the tiled
+// order of dq_accum_layout.h). *launched as for the forward.
 template <typename Element, int kHeadDim>
 Status LaunchWgmmaBackward(const FlashParams& p, cudaStream_t stream, bool* launched);
 
