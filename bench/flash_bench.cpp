@@ -8,8 +8,9 @@
 // Usage: flash_bench [--backend flash|cudnn|...] [--dtype bf16|fp16|all] [--d 64|128|...|all]
 //                    [--seqlen N|all] [--causal 0|1|all] [--tokens 16384] [--hidden 2048]
 //                    [--iters 10] [--fwd-only] [--deterministic]
-// With --backend flash each line says which forward and which backward key-block kernel ran:
-// [wgmma] (Hopper, sm_90) or [mma.sync]; FUSEDATTN_FLASH_WGMMA=0 turns both wgmma kernels off.
+// With --backend flash each line says which forward and which backward key-block kernel ran, as
+// the call's plan (planner.h) names it: [hopper-wgmma d128 plain] (Hopper, sm_90) or
+// [mma.sync d128 plain]; FUSEDATTN_FLASH_WGMMA=0 turns both wgmma kernels off.
 // Defaults run the standard grid: bf16 and fp16, d 64 and 128, seqlen 1024..16384 at 16k tokens
 // (batch = tokens / seqlen, heads = hidden / d), causal and not. Exits 0 without a GPU.
 #include <cuda_runtime_api.h>
@@ -25,10 +26,30 @@
 #include "common/dtype.h"
 #include "fusedattn/fusedattn.h"
 #ifdef FUSEDATTN_WITH_FLASH
-#include "backends/flash/sm90.h"  // which forward kernel ran (FUSEDATTN_FLASH_WGMMA=0|1)
+#include "backends/flash/planner.h"  // which kernels run (FUSEDATTN_FLASH_WGMMA=0|1)
 #endif
 
 namespace {
+
+#ifdef FUSEDATTN_WITH_FLASH
+// The kernel flash's plan runs for these arguments (planner.h), e.g. "hopper-wgmma d128 plain".
+std::string KernelText(fusedattn::flash::KernelPath path, int instance,
+                       fusedattn::flash::KernelVariant variant) {
+  std::string text = fusedattn::flash::KernelPathName(path);
+  if (instance > 0) text += " d" + std::to_string(instance);
+  return text + " " + fusedattn::flash::KernelVariantName(variant);
+}
+std::string ForwardKernel(const fusedattn_config& c, const fusedattn_fwd_args& a) {
+  fusedattn::flash::ForwardPlan plan;
+  if (!fusedattn::flash::PlanForwardCall(c, a, &plan).ok() || !plan.status.ok()) return "no plan";
+  return KernelText(plan.path, plan.instance, plan.variant);
+}
+std::string BackwardKernel(const fusedattn_config& c, const fusedattn_bwd_args& a) {
+  fusedattn::flash::BackwardPlan plan;
+  if (!fusedattn::flash::PlanBackwardCall(c, a, &plan).ok() || !plan.status.ok()) return "no plan";
+  return KernelText(plan.path, plan.instance, plan.variant);
+}
+#endif
 
 struct Options {
   fusedattn_backend backend = FUSEDATTN_BACKEND_FLASH;
@@ -168,7 +189,7 @@ void RunOne(const Options& o, fusedattn_dtype dtype, int64_t d, int64_t seqlen, 
               causal ? "causal" : "full", fwd_ms, flops / fwd_ms / 1e9);
 #ifdef FUSEDATTN_WITH_FLASH
   if (o.backend == FUSEDATTN_BACKEND_FLASH)
-    std::printf(" [%s]", fusedattn::flash::LastForwardUsedWgmma() ? "wgmma" : "mma.sync");
+    std::printf(" [%s]", ForwardKernel(c, fa).c_str());
 #endif
   if (!o.fwd_only && fwd_ms > 0) {
     double bwd_host_ms = 0;
@@ -177,7 +198,7 @@ void RunOne(const Options& o, fusedattn_dtype dtype, int64_t d, int64_t seqlen, 
     std::printf(" | bwd %8.3f ms %6.1f", bwd_ms, 2.5 * flops / bwd_ms / 1e9);
 #ifdef FUSEDATTN_WITH_FLASH
     if (o.backend == FUSEDATTN_BACKEND_FLASH)
-      std::printf(" [%s]", fusedattn::flash::LastBackwardUsedWgmma() ? "wgmma" : "mma.sync");
+      std::printf(" [%s]", BackwardKernel(c, ba).c_str());
 #endif
     std::printf(" | fwd+bwd %8.3f ms %6.1f | bwd host %.3f ms/call", both_ms,
                 3.5 * flops / both_ms / 1e9, bwd_host_ms);

@@ -134,6 +134,37 @@ step_cli() {
   "$bin" run --b 4 --h 16 --sq 2048 --skv 2048 --d 128 --mask causal --bwd --iters 20
 }
 
+# The flash planner (src/backends/flash/planner.h): what explain prints of flash's plan for
+# problems on each path, and runs whose kernels are the plan's (a Hopper launcher that declines
+# what the plan chose fails the call). Expect, on an H100/H200: hopper-wgmma d128 plain with the
+# thd-heavy-first schedule (forward and backward) for the THD line; for d256 hopper-wgmma forward
+# and mma.sync backward ("hopper backward: instances 64 and 128 only"); mma.sync d128 full
+# ("plain variant only") for softcap; simple
+# ("float16/bfloat16") for fp32; with FUSEDATTN_FLASH_WGMMA=0, mma.sync ("FUSEDATTN_FLASH_WGMMA=0");
+# both runs PASS.
+step_flash_plan() {
+  local bin="$BUILD/tools/fusedattn" rc=0
+  "$bin" explain --backend flash --b 4 --h 16 --hkv 4 --sq 1024 --skv 1024 --d 128 --layout thd \
+    --mask causal --bwd || rc=1
+  "$bin" explain --backend flash --b 2 --h 8 --sq 512 --skv 512 --d 256 --bwd || rc=1
+  "$bin" explain --backend flash --b 2 --h 8 --sq 512 --skv 512 --d 128 --softcap 30 --bwd || rc=1
+  "$bin" explain --backend flash --b 2 --h 8 --sq 512 --skv 512 --d 64 --dtype fp32 || rc=1
+  FUSEDATTN_FLASH_WGMMA=0 "$bin" explain --backend flash --b 2 --h 8 --sq 512 --skv 512 --d 128 \
+    || rc=1
+  "$bin" run --backend flash --b 3 --h 8 --hkv 2 --sq 300 --skv 300 --d 128 --layout thd \
+    --mask causal --bwd --check --iters 1 || rc=1
+  "$bin" run --backend flash --b 2 --h 4 --sq 200 --skv 260 --d 64 --dtype fp16 \
+    --mask causal_bottom_right --window 32,0 --bwd --check --iters 1 || rc=1
+  # flash_bench names the planned kernels: [hopper-wgmma d128 plain] forward and backward, then
+  # [hopper-wgmma d256 plain] forward and [mma.sync d256 plain] backward.
+  local bench="$BUILD/bench/flash_bench"
+  if [ -x "$bench" ]; then
+    "$bench" --dtype bf16 --d 128 --seqlen 4096 --causal 1 --iters 3 || rc=1
+    "$bench" --dtype bf16 --d 256 --seqlen 4096 --causal 1 --iters 3 || rc=1
+  fi
+  return $rc
+}
+
 step_python_build() {
   # Build only the binding against the library built above (Python 3.12 here).
   cmake -G Ninja -S "$ROOT/python" -B "$BUILD/python" -DCMAKE_BUILD_TYPE=Release \

@@ -81,26 +81,37 @@ std::string Describe(const fusedattn_config& config) {
 struct Verdict {
   std::string state;
   std::string reason;  // empty for "accepts"
+  // For "accepts": how the backend would run it (its note, e.g. flash's plan: path, instance,
+  // variant, schedule, workspace); empty when it has nothing to say.
+  std::string note;
   std::string text() const {
     std::string name = state == "not_asked" ? "not asked" : state;
+    if (!note.empty()) return name + " [" + note + "]";
     return reason.empty() ? name : name + ": " + reason;
   }
 };
 
 Verdict VerdictOf(const fusedattn_config& config, fusedattn_backend id) {
   char msg[kMessageBytes];
-  if (!fusedattn_backend_available(id, msg, sizeof msg)) return {"unavailable", msg};
+  if (!fusedattn_backend_available(id, msg, sizeof msg)) return {"unavailable", msg, ""};
   if (DeviceIsCpu(config) && id != FUSEDATTN_BACKEND_REFERENCE)
-    return {"not_asked", "runs on CUDA tensors only, and the device is cpu"};
+    return {"not_asked", "runs on CUDA tensors only, and the device is cpu", ""};
   fusedattn_config forced = config;
   forced.backend = id;
   Selection s = Select(forced);
-  if (s.status == FUSEDATTN_SUCCESS) return {"accepts", ""};
+  if (s.status == FUSEDATTN_SUCCESS) {
+    // "X (forced) [<note>]": keep the note.
+    const std::string forced_prefix = std::string(fusedattn_backend_name(id)) + " (forced) [";
+    if (s.message.rfind(forced_prefix, 0) == 0 && s.message.back() == ']')
+      return {"accepts", "",
+              s.message.substr(forced_prefix.size(), s.message.size() - forced_prefix.size() - 1)};
+    return {"accepts", "", ""};
+  }
   // "forced backend X cannot run this problem (<problem>): <reason>": keep the reason.
   std::string prefix = std::string("forced backend ") + fusedattn_backend_name(id) +
                        " cannot run this problem (" + Describe(forced) + "): ";
-  if (s.message.rfind(prefix, 0) == 0) return {"refuses", s.message.substr(prefix.size())};
-  return {"refuses", s.message};
+  if (s.message.rfind(prefix, 0) == 0) return {"refuses", s.message.substr(prefix.size()), ""};
+  return {"refuses", s.message, ""};
 }
 
 // The selection diagnostic and every backend's own verdict: printed as text (unless --quiet),
@@ -123,6 +134,7 @@ Selection ReportSelection(const fusedattn_config& config, const Settings& settin
                         .set("name", fusedattn_backend_name(id))
                         .set("verdict", v.state)
                         .set("reason", v.reason.empty() ? Json() : Json(v.reason))
+                        .set("note", v.note.empty() ? Json() : Json(v.note))
                         .set("chosen", chosen_any && s.backend == id));
     }
     json->set("backends", std::move(backends));
@@ -369,7 +381,8 @@ void PrintHelp(const char* command) {
         "Exit 1 when a check fails.\n\n");
   else
     std::printf(
-        "Prints the backend the library chooses for the problem and every backend's reason.\n"
+        "Prints the backend the library chooses for the problem and every backend's reason, and\n"
+        "for a backend that accepts it how it would run it (flash: its kernel plan).\n"
         "Exit 0 when a backend is chosen, 1 when none can run it.\n\n");
   std::printf("options:\n%s", OptionsHelp().c_str());
 }
@@ -437,7 +450,8 @@ int CmdVersion() {
 }
 
 // JSON keys: "problem", "device", "backend", "selection", "backends": [{"name", "verdict",
-// "reason", "chosen"}], "error".
+// "reason", "note" (how an accepting backend runs it: flash's kernel plan, cuDNN's plans), "chosen"}],
+// "error".
 int CmdExplain(const Settings& settings) {
   fusedattn_config config = MakeConfig(settings);
   Json json = Json::Object();

@@ -8,20 +8,15 @@
 
 #include <cstdint>
 
+#include "common/band.h"
 #include "flex/score_mod.h"
 
 namespace fusedattn::flex {
 
 // The keys j visible to query i are d - left <= j <= d + right, d = i (top-left) or
-// i + sk - sq (bottom-right); -1 = unbounded on that side (fusedattn.h's window rule).
-struct MaskBand {
-  int64_t left = -1;
-  int64_t right = -1;
-  bool bottom_right = false;
-  bool operator==(const MaskBand& o) const {
-    return left == o.left && right == o.right && bottom_right == o.bottom_right;
-  }
-};
+// i + sk - sq (bottom-right); -1 = unbounded on that side: fusedattn.h's window rule, the band of
+// common/band.h.
+using MaskBand = Band;
 
 // True (with the band) when the program's mask output is exactly a band as above: every
 // comparison relates kv_idx to one diagonal (all top-left or all bottom-right) with a bound

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/band.h"
 #include "common/status.h"
 #include "fusedattn/fusedattn.h"
 
@@ -81,17 +82,13 @@ struct Problem {
   // Whether the window/causal constraints hide anything beyond the sequence lengths.
   bool has_band() const { return causal || window_left >= 0 || window_right >= 0; }
 
+  // The mask's band (common/band.h, the one definition of which keys a row sees).
+  Band band() const { return MakeBand(window_left, window_right, bottom_right); }
   // The visible key range [lo, hi) of query i for a sequence of lengths seqlen_q, seqlen_kv.
   // Empty (lo >= hi) when the row sees no key.
   void visible_keys(int64_t i, int64_t seqlen_q, int64_t seqlen_kv, int64_t* lo,
                     int64_t* hi) const {
-    int64_t diag = bottom_right ? i + seqlen_kv - seqlen_q : i;
-    int64_t begin = 0, end = seqlen_kv;
-    if (window_left >= 0 && diag - window_left > begin) begin = diag - window_left;
-    if (window_right >= 0 && diag + window_right + 1 < end) end = diag + window_right + 1;
-    if (i >= seqlen_q) end = begin;
-    *lo = begin;
-    *hi = end < begin ? begin : end;
+    band().keys_of_row(i, seqlen_q, seqlen_kv, lo, hi);
   }
 
   // A short text of the problem for diagnostics.

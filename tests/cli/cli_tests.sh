@@ -193,7 +193,7 @@ assert d['backends'][3]['available'] is True"
 assert set(d) == {'problem', 'device', 'backend', 'selection', 'backends', 'error'}, set(d)
 assert d['device'] == 'cpu' and d['backend'] == 'reference' and d['error'] is None, d
 for b in d['backends']:
-    assert set(b) == {'name', 'verdict', 'reason', 'chosen'}, b
+    assert set(b) == {'name', 'verdict', 'reason', 'note', 'chosen'}, b
     assert b['verdict'] in ('accepts', 'refuses', 'unavailable', 'not_asked'), b
 assert [b['name'] for b in d['backends'] if b['chosen']] == ['reference']"
     "$FUSEDATTN" run --json --device cpu --b 2 --h 2 --sq 8 --skv 8 --d 8 --layout thd \

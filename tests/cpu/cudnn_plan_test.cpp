@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/cudnn/band.h"
+#include "common/band.h"
 #include "backends/cudnn/plan_spec.h"
 #include "problem/problem.h"
 #include "testing/tensors.h"

@@ -24,12 +24,12 @@ std::shared_ptr<const flex::ScoreMod> Build(const std::function<void(ScoreMod&)>
   return Internal(mod);
 }
 
-// Whether key j is visible to query i under the band (fusedattn.h's window rule).
+// Whether key j is visible to query i under the band (common/band.h, fusedattn.h's window rule;
+// tests/cpu/band_test.cpp specifies it).
 bool InBand(const MaskBand& band, int64_t i, int64_t j, int64_t sq, int64_t sk) {
-  int64_t d = band.bottom_right ? i + sk - sq : i;
-  if (band.left >= 0 && j < d - band.left) return false;
-  if (band.right >= 0 && j > d + band.right) return false;
-  return true;
+  int64_t lo = 0, hi = 0;
+  band.keys_of_row(i, sq, sk, &lo, &hi);
+  return j >= lo && j < hi;
 }
 
 // The recognized band agrees with the interpreter's mask everywhere.

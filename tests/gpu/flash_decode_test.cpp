@@ -29,15 +29,20 @@
 #include "testing/tensors.h"
 
 #ifdef FUSEDATTN_WITH_FLASH
-#include "backends/flash/decode.h"
+#include "backends/flash/planner.h"
 #endif
 
 namespace fusedattn::testing {
 namespace {
 
-int LastDecodeSplits() {
+// The split count of the call's plan (planner.h) when it is the decode kernel, else 0: the
+// backend runs the plan, so this is what ran.
+int PlannedDecodeSplits(const fusedattn_config& config, const fusedattn_fwd_args& args) {
 #ifdef FUSEDATTN_WITH_FLASH
-  return flash::LastDecodeSplits();
+  flash::ForwardPlan plan;
+  Status s = flash::PlanForwardCall(config, args, &plan);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return plan.path == flash::KernelPath::kDecode ? plan.decode_splits : 0;
 #else
   return 0;
 #endif
@@ -129,7 +134,7 @@ int ExpectDecodeMatchesReference(const fusedattn_config& config, const TensorOpt
     ADD_FAILURE() << "flash forward failed: " << e.what();
     return -1;
   }
-  splits = LastDecodeSplits();
+  splits = PlannedDecodeSplits(config, dev.fwd_args());
   EXPECT_TRUE(dev.download_outputs(&dev_host, &error)) << error;
   const double tol = Tolerance(config.qkv_dtype);
   ExpectClose("O", dev_host.o, ref.o, tol);

@@ -8,14 +8,15 @@
 //  * FlashWgmma/FlashWgmmaCase.*: forward cases (masks, lengths, layouts, GQA, sinks) for bf16
 //    and fp16 at head dims 64, 128 and 256: O, LSE and max_logit against the reference with the
 //    tolerances of shared/DESIGN.md, poisoned outputs, and on an sm_90 device the check that the
-//    wgmma kernel ran (flash::LastForwardUsedWgmma()).
+//    call's plan (flash::PlanForwardCall, planner.h) is the wgmma kernel: the backend runs the
+//    plan, and a Hopper launcher that declines what the plan chose is an error, not a fall-back.
 //  * FlashWgmma.*: a large case, the dispatch rule, and FlashWgmmaSanitize.* for
 //    compute-sanitizer:
 //      compute-sanitizer --tool memcheck build/tests/fusedattn_gpu_tests --gtest_filter='FlashWgmmaSanitize*'
 //      compute-sanitizer --tool racecheck build/tests/fusedattn_gpu_tests --gtest_filter='FlashWgmmaSanitize*'
 //  * FlashWgmmaBwd/FlashWgmmaBwdCase.*, FlashWgmmaBwd.*, FlashWgmmaBwdSanitize.*: the same for the
 //    backward (dQ, dK, dV, dsink from the reference's O and LSE, NaN in the padding rows of q, k,
-//    v and dO), checking flash::LastBackwardUsedWgmma(); all of the backward's tests:
+//    v and dO), checking the plan (flash::PlanBackwardCall); all of the backward's tests:
 //      --gtest_filter='FlashWgmmaBwd*:FlashWgmmaTiles/FlashWgmmaTile.MatchesCpuMatmul/MnMajorA*'
 // Without a CUDA device every test skips; on a device that is not sm_90 (or with
 // FUSEDATTN_FLASH_WGMMA=0) the attention cases still run, on the mma.sync kernels.
@@ -38,6 +39,7 @@
 #include <cuda_runtime_api.h>
 #endif
 #ifdef FUSEDATTN_WITH_FLASH
+#include "backends/flash/planner.h"
 #include "backends/flash/sm90.h"
 #endif
 
@@ -47,23 +49,31 @@ namespace {
 // Whether forwards on this device and build are expected to take the wgmma kernel.
 bool WgmmaExpected() {
 #ifdef FUSEDATTN_WITH_FLASH
-  return flash::WgmmaEnabled();
+  const flash::DeviceFacts d = flash::CurrentDeviceFacts();
+  return d.sm90a_kernels && d.wgmma_allowed && d.compute_capability == 90;
 #else
   return false;
 #endif
 }
 
-bool LastForwardUsedWgmma() {
+// Whether the flash plan of this call (what the backend runs) is the wgmma kernel.
+bool ForwardPlanIsWgmma(const fusedattn_config& config, const fusedattn_fwd_args& args) {
 #ifdef FUSEDATTN_WITH_FLASH
-  return flash::LastForwardUsedWgmma();
+  flash::ForwardPlan plan;
+  Status s = flash::PlanForwardCall(config, args, &plan);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return plan.path == flash::KernelPath::kHopperWgmma;
 #else
   return false;
 #endif
 }
 
-bool LastBackwardUsedWgmma() {
+bool BackwardPlanIsWgmma(const fusedattn_config& config, const fusedattn_bwd_args& args) {
 #ifdef FUSEDATTN_WITH_FLASH
-  return flash::LastBackwardUsedWgmma();
+  flash::BackwardPlan plan;
+  Status s = flash::PlanBackwardCall(config, args, &plan);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return plan.path == flash::KernelPath::kHopperWgmma;
 #else
   return false;
 #endif
@@ -158,7 +168,7 @@ void ExpectForwardMatches(const Case& k) {
     FAIL() << "flash forward failed: " << e.what();
   }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const bool used = LastForwardUsedWgmma();
+  const bool used = ForwardPlanIsWgmma(k.config, dev.fwd_args());
   if (WgmmaExpected())
     EXPECT_EQ(used, k.expect_wgmma) << "wgmma path " << (used ? "taken" : "not taken");
   else
@@ -201,7 +211,7 @@ void ExpectBackwardMatches(const Case& k) {
     FAIL() << "flash backward failed: " << e.what();
   }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const bool used = LastBackwardUsedWgmma();
+  const bool used = BackwardPlanIsWgmma(k.config, dev.bwd_args());
   if (WgmmaExpected())
     EXPECT_EQ(used, k.expect_wgmma) << "wgmma backward " << (used ? "taken" : "not taken");
   else

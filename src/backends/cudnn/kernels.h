@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "backends/cudnn/band.h"
+#include "common/band.h"
 #include "backends/cudnn/plan_spec.h"
 
 namespace fusedattn::cudnn {

@@ -514,13 +514,7 @@ Status PreCheck(const Problem& p) {
   return Status::Ok();
 }
 
-Band BandOf(const Problem& p) {
-  Band b;
-  b.left = p.window_left;
-  b.right = p.window_right;
-  b.bottom_right = p.bottom_right;
-  return b;
-}
+Band BandOf(const Problem& p) { return p.band(); }
 
 int64_t GraphBatch(const Problem& p) {
   const auto& c = p.config;

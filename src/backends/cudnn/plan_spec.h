@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/cudnn/band.h"
+#include "common/band.h"
 #include "common/status.h"
 #include "flex/score_mod.h"
 #include "problem/problem.h"
@@ -82,7 +82,7 @@ int64_t ThdSeqlenBucket(int64_t n);
 // At most this many score_mod tensors reach one cuDNN graph (each is one more graph input).
 constexpr int kMaxScoreModTensors = 8;
 
-// The band of the problem's mask (our semantics, see band.h).
+// The band of the problem's mask (our semantics, common/band.h).
 Band BandOf(const Problem& problem);
 
 // A 4-d tensor as cuDNN sees it: dims (B, H, S, D) and strides in elements.

@@ -614,6 +614,7 @@ __global__ void __launch_bounds__(384, 1)
 template <typename Element, int kHeadDim>
 Status LaunchWgmmaBackward(const FlashParams& p, cudaStream_t stream, bool* launched) {
   using Tile = Sm90BwdTile<kHeadDim>;
+  static_assert(Tile::kBlockN == kSm90ScheduleRowsBackward, "schedule.h: the planner's rows");
   *launched = false;
   // The plain variant with the dQ workspace of this instance (added to in no fixed order);
   // everything else (score modifiers, dropout, bias gradients, deterministic mode) stays on the

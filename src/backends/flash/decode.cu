@@ -242,11 +242,6 @@ DecodePlan PlanDecode(const Problem& p) {
 
 size_t DecodeWorkspaceBytes(const Problem& p) { return PlanDecode(p).workspace; }
 
-namespace {
-std::atomic<int> g_last_decode_splits{0};
-}
-int LastDecodeSplits() { return g_last_decode_splits.load(); }
-void SetLastDecodeSplits(int splits) { g_last_decode_splits.store(splits); }
 
 Status RunDecode(const Problem& problem, const FwdTensors& t, const FlashParams& common,
                  void* workspace, size_t workspace_bytes, cudaStream_t stream) {
@@ -291,7 +286,6 @@ Status RunDecode(const Problem& problem, const FwdTensors& t, const FlashParams&
                   : LaunchDecode<Bfloat16, 128>(d, plan.block_rows, stream));
   FUSEDATTN_RETURN_IF_ERROR(launched);
   if (plan.splits > 1) FUSEDATTN_RETURN_IF_ERROR(LaunchDecodeCombine(d, stream));
-  SetLastDecodeSplits(plan.splits);
   return Status::Ok();
 }
 

@@ -2,10 +2,9 @@
 // against a paged or contiguous K/V cache, split over the keys (flash-decoding) with a combine
 // step. README.md, "Paged K/V and decode", says how it works; this is its host side.
 //
-// The backend calls three functions, all in one place of flash_backend.cpp:
-//   DecodeFits(problem)          Ok when the kernel runs the problem, else the reason;
-//   DecodeWorkspaceBytes(problem) the float32 partials of the splits (0 with one split);
-//   RunDecode(...)               fills max_logit, launches the kernel and the combine.
+// The planner (planner.cpp) asks DecodeFits / WantsDecode, PlanDecode and DecodeWorkspaceBytes;
+// the backend's forward runs the plan's decode path with RunDecode (fills max_logit, launches
+// the kernel and the combine). The split count a call runs with is its plan's decode_splits.
 #pragma once
 
 #include <cstddef>
@@ -100,11 +99,6 @@ size_t DecodeWorkspaceBytes(const Problem& p);
 // smaller than DecodeWorkspaceBytes.
 Status RunDecode(const Problem& p, const FwdTensors& t, const FlashParams& common,
                  void* workspace, size_t workspace_bytes, cudaStream_t stream);
-
-// The split count of this process's last flash forward if it ran on the decode kernel, else 0
-// (tests and benchmarks read it; set by the forward).
-int LastDecodeSplits();
-void SetLastDecodeSplits(int splits);
 
 // The kernels of one instance (decode_kernel.cuh, instances/flash_decode_*.cu).
 template <typename Element, int kHeadDim>

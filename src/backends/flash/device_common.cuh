@@ -11,6 +11,7 @@
 #endif
 
 #include "backends/flash/params.h"
+#include "common/band.h"
 #include "common/philox.h"
 
 namespace fusedattn::flash {
@@ -72,19 +73,25 @@ __device__ __forceinline__ int64_t LseOffset(const LseArg& t, int b, int h, int6
 // Mask
 // ------------------------------------------------------------------------------------------------
 
-// The diagonal's shift: key j = i + shift is on the diagonal of query i.
-__device__ __forceinline__ int64_t DiagShift(const FlashParams& p, int len_q, int len_kv) {
-  return p.bottom_right ? int64_t{len_kv} - len_q : 0;
+// The band of fusedattn.h's mask rule (common/band.h, shared by every backend); the helpers below
+// are its int-typed forms for the kernels.
+__device__ __forceinline__ Band BandOf(const FlashParams& p) {
+  return MakeBand(p.window_left, p.window_right, p.bottom_right);
 }
 
-// Unclamped key bounds of query i: visible keys are [RawLo(i), RawHi(i)) intersected with
-// [0, len_kv). Both are non-decreasing in i, so a block of rows sees at most
+// The diagonal's shift: key j = i + shift is on the diagonal of query i.
+__device__ __forceinline__ int64_t DiagShift(const FlashParams& p, int len_q, int len_kv) {
+  return BandOf(p).shift(len_q, len_kv);
+}
+
+// Unclamped key bounds of query i (Band::raw_lo / raw_hi): visible keys are [RawLo(i), RawHi(i))
+// intersected with [0, len_kv). Both are non-decreasing in i, so a block of rows sees at most
 // [RawLo(first row), RawHi(last row)).
 __device__ __forceinline__ int64_t RawLo(const FlashParams& p, int64_t i, int64_t shift) {
-  return p.window_left >= 0 ? i + shift - p.window_left : INT64_MIN / 4;
+  return BandOf(p).raw_lo(i, shift);
 }
 __device__ __forceinline__ int64_t RawHi(const FlashParams& p, int64_t i, int64_t shift) {
-  return p.window_right >= 0 ? i + shift + p.window_right + 1 : INT64_MAX / 4;
+  return BandOf(p).raw_hi(i, shift);
 }
 
 // The visible keys [*lo, *hi) of query i (empty when *lo >= *hi), clamped to [0, len_kv].
@@ -94,11 +101,11 @@ __device__ __forceinline__ void VisibleKeys(const FlashParams& p, int64_t i, int
     *lo = *hi = 0;
     return;
   }
-  int64_t shift = DiagShift(p, len_q, len_kv);
-  int64_t begin = ClampI64(RawLo(p, i, shift), 0, len_kv);
-  int64_t end = ClampI64(RawHi(p, i, shift), 0, len_kv);
+  int64_t begin = 0, end = 0;
+  BandOf(p).keys_of_row(i, len_q, len_kv, &begin, &end);
+  if (begin > len_kv) begin = end = len_kv;
   *lo = static_cast<int>(begin);
-  *hi = static_cast<int>(end < begin ? begin : end);
+  *hi = static_cast<int>(end);
 }
 
 // The key tiles [*begin, *end) of block_n keys that the query rows [m0, m0 + block_m) of a
@@ -120,22 +127,10 @@ __device__ __forceinline__ void KeyTilesSeenBy(const FlashParams& p, const SeqIn
 // (a superset: rows inside still need their own check).
 __device__ __forceinline__ void RowsSeeingKeys(const FlashParams& p, int64_t n_lo, int64_t n_hi,
                                                int len_q, int len_kv, int* first, int* last) {
-  int64_t shift = DiagShift(p, len_q, len_kv);
-  int64_t f = 0, l = int64_t{len_q} - 1;
-  if (n_hi > len_kv) n_hi = len_kv;
-  if (n_lo >= n_hi) {
-    *first = 0, *last = -1;
-    return;
-  }
-  // RawHi(i) > n_lo  <=>  i >= n_lo - shift - window_right
-  if (p.window_right >= 0) f = n_lo - shift - p.window_right > f ? n_lo - shift - p.window_right : f;
-  // RawLo(i) < n_hi  <=>  i <= n_hi - 1 - shift + window_left
-  if (p.window_left >= 0) {
-    int64_t cap = n_hi - 1 - shift + p.window_left;
-    if (cap < l) l = cap;
-  }
-  *first = static_cast<int>(ClampI64(f, 0, int64_t{len_q}));
-  *last = static_cast<int>(ClampI64(l, -1, int64_t{len_q} - 1));
+  int64_t f = 0, l = -1;
+  BandOf(p).rows_seeing_keys(n_lo, n_hi, len_q, len_kv, &f, &l);
+  *first = static_cast<int>(f);
+  *last = static_cast<int>(l);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -194,10 +189,10 @@ __host__ __device__ __forceinline__ bool HasScoreMods(const FlashParams& p) {
   return p.bias_type != FUSEDATTN_BIAS_NONE || p.softcap > 0.f;
 }
 
-// Whether the fast path needs its full kernel (score modifiers or dropout) rather than the plain
-// one, which keeps registers free for vanilla attention.
+// Whether the fast path needs its full kernel (score modifiers or dropout): params.h's rule, which
+// the planner applies to the config.
 __host__ __device__ __forceinline__ bool NeedsFullKernel(const FlashParams& p) {
-  return HasScoreMods(p) || p.dropout;
+  return NeedsFullKernel(p.bias_type, p.softcap, p.dropout);
 }
 
 // The score s of fusedattn.h from qk = q.k, for a query i < len_q and key j < len_kv.

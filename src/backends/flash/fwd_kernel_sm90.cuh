@@ -522,6 +522,7 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
 template <typename Element, int kHeadDim>
 Status LaunchWgmmaForward(const FlashParams& p, cudaStream_t stream, bool* launched) {
   using Tile = Sm90FwdTile<kHeadDim>;
+  static_assert(Tile::kBlockM == kSm90ScheduleRowsForward, "schedule.h: the planner's rows");
   *launched = false;
   if (NeedsFullKernel(p) || !(p.scale > 0.f) || p.head_dim_qk > kHeadDim ||
       p.head_dim_v > kHeadDim || p.qkv_dtype != p.o_dtype)

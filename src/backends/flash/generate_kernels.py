@@ -5,7 +5,8 @@ build parallelizes and this list is the one place that says what is compiled.
 Run from anywhere: python3 src/backends/flash/generate_kernels.py
 A head dim here is a padded instance: problems with head_dim_qk, head_dim_v <= it (multiples of 8)
 run on it. Adding one also needs its tile shapes (FwdTile, BwdTile, DqTile) and a case in
-flash_backend.cpp's dispatch and FastHeadDimFor.
+flash_backend.cpp's dispatch and planner.cpp (FastHeadDimFor, the shared memory per instance,
+HopperInstance for SM90_HEAD_DIMS).
 
 The Hopper kernels (wgmma + TMA: fwd_kernel_sm90.cuh, bwd_kernel_sm90.cuh) have their own
 instances, flash_fwd_sm90_*.cu and flash_bwd_sm90_*.cu, for the head dims of SM90_DIRECTIONS

@@ -57,10 +57,6 @@ Status LaunchFastBackward(const FlashParams& p, cudaStream_t stream);
 // dQ written directly, one query tile per block in a fixed order over the keys (deterministic).
 template <typename Element, int kHeadDim>
 Status LaunchFastBackwardDq(const FlashParams& p, cudaStream_t stream);
-
-// The padded head dims the fast path is compiled for (HEAD_DIMS in generate_kernels.py, which
-// writes one file per instance under instances/).
-int FastHeadDimFor(int head_dim_qk, int head_dim_v);
 #endif  // __CUDACC_RTC__
 
 }  // namespace fusedattn::flash

@@ -135,4 +135,17 @@ struct FlashParams {
 
 enum DbiasMode { kDbiasNone = 0, kDbiasStore = 1, kDbiasAtomic = 2 };
 
+#if defined(__CUDACC__)
+#define FUSEDATTN_PARAMS_HD __host__ __device__ __forceinline__
+#else
+#define FUSEDATTN_PARAMS_HD inline
+#endif
+
+// Whether the tensor-core kernels run their full variant (bias or ALiBi, softcap, dropout) rather
+// than the plain one, which keeps registers free for vanilla attention. The planner (planner.cpp)
+// and the launchers (NeedsFullKernel(p), device_common.cuh) both ask this.
+FUSEDATTN_PARAMS_HD bool NeedsFullKernel(fusedattn_bias bias_type, float softcap, bool dropout) {
+  return bias_type != FUSEDATTN_BIAS_NONE || softcap > 0.f || dropout;
+}
+
 }  // namespace fusedattn::flash

@@ -101,9 +101,13 @@ __global__ void __launch_bounds__(kScheduleThreads)
 Status LaunchTileSchedule(const FlashParams& p, bool by_keys, int tile_rows, int max_tiles,
                           cudaStream_t stream, bool* scheduled) {
   *scheduled = false;
-  if (p.schedule_workspace == nullptr || p.batch < 1 || tile_rows < 1 || max_tiles < 0 ||
-      max_tiles + 1 > kScheduleMaxBins)
-    return Status::Ok();
+  if (p.schedule_workspace == nullptr) return Status::Ok();
+  // The planner gives a workspace only to problems it checked against these limits.
+  if (p.batch < 1 || tile_rows < 1 || max_tiles < 0 || max_tiles + 1 > kScheduleMaxBins)
+    return InternalError(
+        "flash: the planner chose the THD schedule for %d sequences of up to %d tiles of %d rows, "
+        "which the scheduling kernel cannot sort (at most %d tile counts)",
+        p.batch, max_tiles, tile_rows, kScheduleMaxBins - 1);
   const size_t smem = 2 * static_cast<size_t>(max_tiles + 1) * sizeof(int);
   if (smem > 48 * 1024)
     FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(

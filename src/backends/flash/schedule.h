@@ -23,6 +23,11 @@ namespace fusedattn::flash {
 // long sequences) and the kernels keep the plain grid.
 constexpr int kScheduleMaxBins = 12288;
 
+// The tile rows the Hopper kernels' schedules count in, which the planner plans with:
+// Sm90FwdTile::kBlockM query rows, Sm90BwdTile::kBlockN keys (the launchers static_assert it).
+constexpr int kSm90ScheduleRowsForward = 128;
+constexpr int kSm90ScheduleRowsBackward = 128;
+
 // Bytes of a schedule of `batch` sequences: order[batch], then tile_start[batch + 1] (int32).
 inline size_t ScheduleBytes(int64_t batch) {
   return static_cast<size_t>(2 * batch + 1) * sizeof(int32_t);
@@ -33,8 +38,9 @@ inline size_t ScheduleBytes(int64_t batch) {
 // backward's key tiles), else len_q (the forward's query tiles); max_tiles = ceil(max_seqlen /
 // tile_rows) of that axis. order[] lists the sequences by descending tile count (ties in any
 // order), tile_start[pos] = tiles of the sequences before position pos, tile_start[batch] = all
-// tiles. Sets *scheduled = false and launches nothing when there is no workspace or batch < 1 or
-// max_tiles + 1 > kScheduleMaxBins.
+// tiles. Sets *scheduled = false and launches nothing when there is no workspace (the planner
+// chose the plain grid); an internal error when batch < 1 or max_tiles + 1 > kScheduleMaxBins,
+// which the planner (planner.cpp) rules out before it gives the workspace.
 Status LaunchTileSchedule(const FlashParams& p, bool by_keys, int tile_rows, int max_tiles,
                           cudaStream_t stream, bool* scheduled);
 

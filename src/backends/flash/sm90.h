@@ -1,7 +1,7 @@
 // Host entry points of the Hopper (sm_90a) kernels: warpgroup MMA (wgmma) with TMA loads and an
 // mbarrier pipeline (fwd_kernel_sm90.cuh, bwd_kernel_sm90.cuh, wgmma.cuh). Built only when
 // CMAKE_CUDA_ARCHITECTURES contains 90a (FUSEDATTN_FLASH_SM90); without it WgmmaCompiled() is
-// false and nothing else here is called.
+// false, the planner never chooses them and nothing else here is called.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -14,39 +14,30 @@ namespace fusedattn::flash {
 
 // Whether this build contains the wgmma kernels.
 bool WgmmaCompiled();
-// Whether the forward and the backward may take the wgmma kernels now: compiled, not turned off
-// by the environment variable FUSEDATTN_FLASH_WGMMA=0 (read once per process) and the current
-// device is sm_90 (queried once per device).
-bool WgmmaEnabled();
-// Whether the last flash forward / backward launched in this process ran the wgmma kernel (set
-// by every flash forward / backward; for tests and benchmarks).
-bool LastForwardUsedWgmma();
-void SetLastForwardUsedWgmma(bool used);
-bool LastBackwardUsedWgmma();
-void SetLastBackwardUsedWgmma(bool used);
+// Whether the environment allows them: FUSEDATTN_FLASH_WGMMA is not "0" (read once per process).
+// The planner (planner.h, DeviceFacts) decides with both whether the Hopper path runs a call.
+bool WgmmaAllowedByEnvironment();
 
 // The wgmma forward of a plain problem (no bias, ALiBi, softcap or dropout) on head dims padded
-// to kHeadDim (64, 128 or 256). Sets *launched = false and returns Ok without launching anything when
-// the problem or its tensors do not qualify (score modifiers, scale <= 0, strides or addresses TMA
-// cannot describe); the caller then runs the mma.sync kernel.
+// to kHeadDim (64, 128 or 256), when the planner chose it (planner.cpp: the problem, the tensors
+// TMA can describe, scale > 0). The launcher keeps its own guards: *launched = false (nothing
+// launched) when they refuse what the plan chose, which the backend reports as an internal error.
 template <typename Element, int kHeadDim>
 Status LaunchWgmmaForward(const FlashParams& p, cudaStream_t stream, bool* launched);
 
 // The wgmma key-block kernel of the backward (bwd_kernel_sm90.cuh) for the same plain problems
-// at kHeadDim 64 or 128, in place of LaunchFastBackward: needs the preprocess before (D, zeroed
-// dq_accum with dq_accum_dim == kHeadDim) and LaunchConvertDq after, with dq_accum_tiled set (the
-// kernel leaves dQ in the tiled order of dq_accum_layout.h). Sets *launched = false and returns Ok
-// without launching anything when the problem does not qualify (score modifiers, dropout, bias
-// gradients, config.deterministic, tensors TMA cannot describe); the caller then runs the
-// mma.sync kernel.
+// at kHeadDim 64 or 128 in non-deterministic mode, in place of LaunchFastBackward, when the
+// planner chose it: needs the preprocess before (D, zeroed dq_accum with dq_accum_dim ==
+// kHeadDim) and LaunchConvertDq after, with dq_accum_tiled set (the kernel leaves dQ in the tiled
+// order of dq_accum_layout.h). *launched as for the forward.
 template <typename Element, int kHeadDim>
 Status LaunchWgmmaBackward(const FlashParams& p, cudaStream_t stream, bool* launched);
 
 // Encodes a CUtensorMap (128-byte aligned storage of 128 bytes at `map`) for a q/k/v tensor of
 // 16-bit elements seen as [batch][heads][rows][cols] with the strides of `t` (THD: rows are the
 // token axis and batch is 1), boxes of 64 columns x box_rows rows, 128-byte swizzle, zero fill
-// out of bounds. False when TMA cannot describe the tensor (alignment, strides, sizes) or the
-// driver entry point is missing.
+// out of bounds. False when TMA cannot describe the tensor (TmaDescribesTensor, planner.h, which
+// the planner asks before it chooses the Hopper path) or the driver entry point is missing.
 bool EncodeQkvTensorMap(void* map, const TensorArg& t, bool bf16, int64_t rows, int cols,
                         int heads, int batch, int box_rows);
 

@@ -1,11 +1,12 @@
-// Host side of the wgmma kernels: whether they may run (build, environment, device) and the TMA
-// tensor maps, encoded through the driver entry point that the runtime hands out (no -lcuda).
-#include <atomic>
+// Host side of the wgmma kernels: whether the build has them and the environment allows them
+// (the planner, planner.cpp, decides per call), and the TMA tensor maps, encoded through the driver entry point that the runtime hands out (no -lcuda).
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 
 #include "backends/flash/sm90.h"
+
+#include "backends/flash/planner.h"
 #include "common/cuda_util.h"
 
 #ifdef FUSEDATTN_FLASH_SM90
@@ -15,23 +16,7 @@
 
 namespace fusedattn::flash {
 
-namespace {
-std::atomic<bool> g_last_forward_used_wgmma{false};
-std::atomic<bool> g_last_backward_used_wgmma{false};
-}  // namespace
-
-bool LastForwardUsedWgmma() { return g_last_forward_used_wgmma.load(); }
-void SetLastForwardUsedWgmma(bool used) { g_last_forward_used_wgmma.store(used); }
-bool LastBackwardUsedWgmma() { return g_last_backward_used_wgmma.load(); }
-void SetLastBackwardUsedWgmma(bool used) { g_last_backward_used_wgmma.store(used); }
-
-#ifdef FUSEDATTN_FLASH_SM90
-
-bool WgmmaCompiled() { return true; }
-
-namespace {
-
-bool EnvironmentAllows() {
+bool WgmmaAllowedByEnvironment() {
   static const bool allowed = [] {
     const char* value = std::getenv("FUSEDATTN_FLASH_WGMMA");
     return value == nullptr || std::strcmp(value, "0") != 0;
@@ -39,21 +24,11 @@ bool EnvironmentAllows() {
   return allowed;
 }
 
-// Compute capability per device ordinal, queried once (0: not yet known).
-constexpr int kMaxDevices = 64;
-std::atomic<int> g_capability[kMaxDevices];
+#ifdef FUSEDATTN_FLASH_SM90
 
-bool CurrentDeviceIsSm90() {
-  int device = -1;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0) return false;
-  if (device >= kMaxDevices) return CurrentDeviceComputeCapability() == 90;
-  int cc = g_capability[device].load(std::memory_order_relaxed);
-  if (cc == 0) {
-    cc = CurrentDeviceComputeCapability();
-    g_capability[device].store(cc > 0 ? cc : -1, std::memory_order_relaxed);
-  }
-  return cc == 90;
-}
+bool WgmmaCompiled() { return true; }
+
+namespace {
 
 PFN_cuTensorMapEncodeTiled_v12000 EncodeTiledEntryPoint() {
   static const PFN_cuTensorMapEncodeTiled_v12000 entry = [] {
@@ -72,15 +47,13 @@ PFN_cuTensorMapEncodeTiled_v12000 EncodeTiledEntryPoint() {
 
 }  // namespace
 
-bool WgmmaEnabled() { return EnvironmentAllows() && CurrentDeviceIsSm90(); }
-
 bool EncodeQkvTensorMap(void* map, const TensorArg& t, bool bf16, int64_t rows, int cols,
                         int heads, int batch, int box_rows) {
   constexpr int64_t kElement = 2;
   constexpr int64_t kStrideLimit = int64_t{1} << 40;
-  if (t.data == nullptr || reinterpret_cast<uintptr_t>(t.data) % 16 != 0 || t.stride_d != 1)
-    return false;
-  if (rows < 1 || rows > (int64_t{1} << 31) - 1 || cols < 1 || heads < 1 || batch < 1)
+  if (t.data == nullptr || cols < 1 ||
+      !TmaDescribesTensor(reinterpret_cast<uintptr_t>(t.data), t.stride_b, t.stride_h, t.stride_s,
+                          t.stride_d, rows, heads, batch))
     return false;
   // Strides of the axes that are walked (size > 1) must be 16-byte multiples and non-negative;
   // an axis of size 1 is never stepped, and gets a harmless valid stride.
@@ -127,7 +100,6 @@ bool EncodeLaunchTensorMap(void* map, const FlashParams& p, const TensorArg& t, 
 #else  // !FUSEDATTN_FLASH_SM90
 
 bool WgmmaCompiled() { return false; }
-bool WgmmaEnabled() { return false; }
 bool EncodeQkvTensorMap(void*, const TensorArg&, bool, int64_t, int, int, int, int) {
   return false;
 }

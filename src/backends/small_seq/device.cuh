@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "backends/small_seq/small_seq.h"
+#include "common/band.h"
 #include "common/philox.h"
 
 namespace fusedattn::small_seq {
@@ -428,16 +429,10 @@ __device__ __forceinline__ Sequence LoadSequence(const KernelParams& p, int64_t 
   return s;
 }
 
-// The visible keys [lo, hi) of the query (position 0): Problem::visible_keys for i = 0.
+// The visible keys [lo, hi) of the query (position 0): the band of common/band.h at row 0.
 __device__ __forceinline__ void VisibleKeys(const KernelParams& p, const Sequence& s,
                                             int64_t* lo, int64_t* hi) {
-  int64_t diag = p.bottom_right ? s.len_kv - s.len_q : 0;
-  int64_t begin = 0, end = s.len_kv;
-  if (p.window_left >= 0 && diag - p.window_left > begin) begin = diag - p.window_left;
-  if (p.window_right >= 0 && diag + p.window_right + 1 < end) end = diag + p.window_right + 1;
-  if (s.len_q <= 0) end = begin;
-  *lo = begin;
-  *hi = end < begin ? begin : end;
+  MakeBand(p.window_left, p.window_right, p.bottom_right).keys_of_row(0, s.len_q, s.len_kv, lo, hi);
 }
 
 // ------------------------------------------------------------------------------------------------

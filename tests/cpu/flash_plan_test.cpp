@@ -1,0 +1,527 @@
+// The flash planner (src/backends/flash/planner.h), on the CPU: which kernel runs a problem on given
+// tensors and device — path, instance, variant, schedule, dQ and dbias handling, workspace — and
+// the reason for every refusal. The device is described, not present, so these run without a GPU.
+#ifdef FUSEDATTN_WITH_FLASH
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "backends/flash/jit.h"
+#include "backends/flash/planner.h"
+#include "backends/flash/schedule.h"
+#include "fusedattn/score_mod.hpp"
+#include "problem/problem.h"
+
+namespace fusedattn::flash {
+namespace {
+
+DeviceFacts H100() {
+  DeviceFacts d;
+  d.compute_capability = 90, d.sm_count = 132, d.smem_per_block = 227 * 1024;
+  d.sm90a_kernels = true, d.wgmma_allowed = true;
+  return d;
+}
+DeviceFacts A100() {
+  DeviceFacts d = H100();
+  d.compute_capability = 80, d.sm_count = 108, d.smem_per_block = 163 * 1024;
+  return d;
+}
+DeviceFacts L40() {  // sm_89: 99 KB of shared memory per block
+  DeviceFacts d = H100();
+  d.compute_capability = 89, d.sm_count = 142, d.smem_per_block = 99 * 1024;
+  return d;
+}
+
+fusedattn_config Config(int64_t d = 128) {
+  fusedattn_config c = FUSEDATTN_CONFIG_INIT;
+  c.batch = 2, c.heads_q = 4, c.heads_kv = 2, c.max_seqlen_q = 256, c.max_seqlen_kv = 256;
+  c.head_dim_qk = c.head_dim_v = d;
+  c.qkv_dtype = c.o_dtype = FUSEDATTN_DTYPE_BFLOAT16;
+  c.device = FUSEDATTN_DEVICE_CUDA;
+  return c;
+}
+
+fusedattn_config Thd(fusedattn_config c) {
+  c.q_format = c.kv_format = c.o_format = c.do_format = c.dqkv_format = FUSEDATTN_FORMAT_THD;
+  c.mask = FUSEDATTN_MASK_PADDING_CAUSAL;
+  return c;
+}
+
+Problem Make(const fusedattn_config& c) {
+  Problem p;
+  Status s = MakeProblem(&c, true, &p);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return p;
+}
+
+ForwardPlan Forward(const fusedattn_config& c, const DeviceFacts& d = H100()) {
+  Problem p = Make(c);
+  return PlanForward(p, DenseFwdTensors(p), d);
+}
+BackwardPlan Backward(fusedattn_config c, const DeviceFacts& d = H100()) {
+  c.is_training = 1;
+  Problem p = Make(c);
+  return PlanBackward(p, DenseBwdTensors(p), d);
+}
+
+bool Contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+size_t Aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// ---- Forward: which path ----
+
+TEST(FlashPlanForward, PlainD128OnH100RunsTheHopperKernel) {
+  ForwardPlan plan = Forward(Config(128));
+  ASSERT_TRUE(plan.status.ok()) << plan.status.message();
+  EXPECT_EQ(plan.path, KernelPath::kHopperWgmma);
+  EXPECT_EQ(plan.instance, 128);
+  EXPECT_EQ(plan.variant, KernelVariant::kPlain);
+  EXPECT_EQ(plan.schedule, TileSchedule::kPlainGrid);
+  EXPECT_EQ(plan.workspace.total, 0u);
+  EXPECT_TRUE(plan.why.empty()) << plan.why;
+}
+
+TEST(FlashPlanForward, HeadDimsArePaddedToTheNextInstance) {
+  auto instance = [](int64_t dqk, int64_t dv) {
+    fusedattn_config c = Config();
+    c.head_dim_qk = dqk, c.head_dim_v = dv;
+    return Forward(c).instance;
+  };
+  EXPECT_EQ(instance(40, 40), 64);
+  EXPECT_EQ(instance(64, 64), 64);
+  EXPECT_EQ(instance(96, 96), 128);
+  EXPECT_EQ(instance(192, 128), 256);
+  EXPECT_EQ(instance(256, 256), 256);
+}
+
+TEST(FlashPlanForward, D256RunsTheHopperForward) {
+  ForwardPlan plan = Forward(Config(256));
+  EXPECT_EQ(plan.path, KernelPath::kHopperWgmma);
+  EXPECT_EQ(plan.instance, 256);
+}
+
+TEST(FlashPlanBackward, D256RunsMmaSyncBecauseTheHopperBackwardHasNoSuchInstance) {
+  BackwardPlan plan = Backward(Config(256));
+  EXPECT_EQ(plan.path, KernelPath::kMmaSync);
+  EXPECT_EQ(plan.instance, 256);
+  EXPECT_TRUE(Contains(plan.why, "instances 64 and 128")) << plan.why;
+}
+
+TEST(FlashPlanBackward, ThdAtD256ReservesNoScheduleForItsMmaSyncBackward) {
+  BackwardPlan plan = Backward(Thd(Config(256)));
+  EXPECT_FALSE(plan.workspace.has_schedule);
+  EXPECT_TRUE(Forward(Thd(Config(256))).workspace.has_schedule);
+}
+
+TEST(FlashPlanForward, EveryScoreModifierAndDropoutTakeTheFullVariantOnMmaSync) {
+  fusedattn_config softcap = Config(), alibi = Config(), bias = Config(), dropout = Config();
+  softcap.softcap = 30.0;
+  alibi.bias_type = FUSEDATTN_BIAS_ALIBI;
+  bias.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+  dropout.dropout = 0.1;
+  for (const fusedattn_config& c : {softcap, alibi, bias, dropout}) {
+    ForwardPlan plan = Forward(c);
+    ASSERT_TRUE(plan.status.ok()) << plan.status.message();
+    EXPECT_EQ(plan.variant, KernelVariant::kFull);
+    EXPECT_EQ(plan.path, KernelPath::kMmaSync);
+    EXPECT_TRUE(Contains(plan.why, "plain variant only")) << plan.why;
+  }
+}
+
+TEST(FlashPlanForward, SinksAndWindowsStayOnThePlainHopperKernel) {
+  fusedattn_config c = Config();
+  c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+  c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+  c.window_left = 32;
+  ForwardPlan plan = Forward(c);
+  EXPECT_EQ(plan.path, KernelPath::kHopperWgmma);
+  EXPECT_EQ(plan.variant, KernelVariant::kPlain);
+}
+
+TEST(FlashPlanForward, NegativeScaleRunsMmaSync) {
+  fusedattn_config c = Config();
+  c.attn_scale = -0.125;
+  ForwardPlan plan = Forward(c);
+  EXPECT_EQ(plan.path, KernelPath::kMmaSync);
+  EXPECT_TRUE(Contains(plan.why, "attn_scale > 0")) << plan.why;
+}
+
+TEST(FlashPlanForward, ThdWithAPackedLseTakesTheHeavyFirstScheduleFromTheWorkspace) {
+  ForwardPlan plan = Forward(Thd(Config()));
+  EXPECT_EQ(plan.path, KernelPath::kHopperWgmma);
+  EXPECT_EQ(plan.schedule, TileSchedule::kThdHeavyFirst);
+  EXPECT_TRUE(plan.workspace.has_schedule);
+  EXPECT_EQ(plan.workspace.schedule, 0u);
+  EXPECT_EQ(plan.workspace.total, Aligned(ScheduleBytes(2)));
+}
+
+TEST(FlashPlanForward, ThdWithABatchHeadsSeqLseKeepsThePlainGrid) {
+  fusedattn_config c = Thd(Config());
+  c.return_lse = 1;
+  Problem p = Make(c);
+  FwdTensors t = DenseFwdTensors(p);
+  t.lse_packed = false;
+  t.lse.stride_s = 1, t.lse.stride_h = c.max_seqlen_q, t.lse.stride_b = c.heads_q * c.max_seqlen_q;
+  ForwardPlan plan = PlanForward(p, t, H100());
+  EXPECT_EQ(plan.path, KernelPath::kHopperWgmma);
+  EXPECT_EQ(plan.schedule, TileSchedule::kPlainGrid);
+  EXPECT_EQ(plan.workspace.total, Aligned(ScheduleBytes(2)))
+      << "the workspace depends on the problem alone";
+}
+
+TEST(FlashPlanForward, ThdOffHopperNeedsNoWorkspace) {
+  ForwardPlan plan = Forward(Thd(Config(128)), A100());
+  EXPECT_EQ(plan.path, KernelPath::kMmaSync);
+  EXPECT_EQ(plan.workspace.total, 0u);
+}
+
+TEST(FlashPlanForward, FloatingPoint32RunsTheSimpleKernels) {
+  fusedattn_config c = Config();
+  c.qkv_dtype = c.o_dtype = FUSEDATTN_DTYPE_FLOAT32;
+  ForwardPlan plan = Forward(c);
+  EXPECT_EQ(plan.path, KernelPath::kSimple);
+  EXPECT_EQ(plan.instance, 0);
+  EXPECT_TRUE(Contains(plan.why, "float16/bfloat16")) << plan.why;
+}
+
+TEST(FlashPlanForward, MixedDtypesRunTheSimpleKernels) {
+  fusedattn_config c = Config();
+  c.o_dtype = FUSEDATTN_DTYPE_FLOAT32;
+  EXPECT_EQ(Forward(c).path, KernelPath::kSimple);
+}
+
+TEST(FlashPlanForward, HeadDimsNotMultiplesOf8OrAbove256RunTheSimpleKernels) {
+  fusedattn_config odd = Config(), wide = Config();
+  odd.head_dim_qk = odd.head_dim_v = 36;
+  wide.head_dim_qk = wide.head_dim_v = 320;
+  for (const fusedattn_config& c : {odd, wide}) {
+    ForwardPlan plan = Forward(c);
+    EXPECT_EQ(plan.path, KernelPath::kSimple);
+    EXPECT_TRUE(Contains(plan.why, "multiples of 8 up to 256")) << plan.why;
+  }
+}
+
+TEST(FlashPlanForward, StridedHeadDimRunsTheSimpleKernels) {
+  Problem p = Make(Config());
+  FwdTensors t = DenseFwdTensors(p);
+  t.k.stride_d = 2, t.k.stride_h *= 2, t.k.stride_s *= 2, t.k.stride_b *= 2;
+  ForwardPlan plan = PlanForward(p, t, H100());
+  EXPECT_EQ(plan.path, KernelPath::kSimple);
+  EXPECT_TRUE(Contains(plan.why, "16-byte aligned")) << plan.why;
+}
+
+TEST(FlashPlanForward, RowsNotSixteenByteAlignedRunTheSimpleKernels) {
+  Problem p = Make(Config());
+  FwdTensors t = DenseFwdTensors(p);
+  t.v.data = reinterpret_cast<void*>(uintptr_t{0x10008});  // 8-byte aligned base
+  EXPECT_EQ(PlanForward(p, t, H100()).path, KernelPath::kSimple);
+  t = DenseFwdTensors(p);
+  t.q.stride_s += 4;  // rows 8 bytes apart from 16-byte multiples
+  EXPECT_EQ(PlanForward(p, t, H100()).path, KernelPath::kSimple);
+}
+
+TEST(FlashPlanForward, StridesTmaCannotDescribeRunMmaSync) {
+  Problem p = Make(Config());
+  FwdTensors t = DenseFwdTensors(p);
+  t.k.stride_s = -t.k.stride_s;  // cp.async reads it, TMA strides are unsigned
+  ForwardPlan plan = PlanForward(p, t, H100());
+  EXPECT_EQ(plan.path, KernelPath::kMmaSync);
+  EXPECT_TRUE(Contains(plan.why, "TMA")) << plan.why;
+}
+
+TEST(FlashPlanForward, FlashWgmmaZeroRunsMmaSync) {
+  DeviceFacts d = H100();
+  d.wgmma_allowed = false;
+  ForwardPlan plan = Forward(Config(), d);
+  EXPECT_EQ(plan.path, KernelPath::kMmaSync);
+  EXPECT_TRUE(Contains(plan.why, "FUSEDATTN_FLASH_WGMMA=0")) << plan.why;
+}
+
+TEST(FlashPlanForward, ABuildWithoutSm90aRunsMmaSync) {
+  DeviceFacts d = H100();
+  d.sm90a_kernels = false;
+  ForwardPlan plan = Forward(Config(), d);
+  EXPECT_EQ(plan.path, KernelPath::kMmaSync);
+  EXPECT_TRUE(Contains(plan.why, "no sm_90a kernels")) << plan.why;
+}
+
+TEST(FlashPlanForward, NonHopperGpusRunMmaSync) {
+  ForwardPlan plan = Forward(Config(), A100());
+  EXPECT_EQ(plan.path, KernelPath::kMmaSync);
+  EXPECT_TRUE(Contains(plan.why, "not sm_90")) << plan.why;
+  EXPECT_EQ(Forward(Thd(Config()), A100()).workspace.total, 0u) << "no schedule off Hopper";
+}
+
+TEST(FlashPlanForward, TilesThatDoNotFitTheGpusSharedMemoryRunTheSimpleKernels) {
+  ForwardPlan plan = Forward(Config(256), L40());  // the d256 forward takes 132 KB
+  EXPECT_EQ(plan.path, KernelPath::kSimple);
+  EXPECT_TRUE(Contains(plan.why, "shared memory")) << plan.why;
+}
+
+// ---- Forward: refusals ----
+
+TEST(FlashPlanRefusal, CpuTensors) {
+  fusedattn_config c = Config();
+  c.device = FUSEDATTN_DEVICE_CPU;
+  Problem p;
+  ASSERT_TRUE(MakeProblem(&c, false, &p).ok());
+  ForwardPlan plan = PlanForward(p, DenseFwdTensors(p), H100());
+  EXPECT_EQ(plan.status.code(), FUSEDATTN_ERROR_NOT_SUPPORTED);
+  EXPECT_EQ(plan.path, KernelPath::kNone);
+  EXPECT_TRUE(Contains(plan.status.message(), "CUDA tensors only")) << plan.status.message();
+}
+
+TEST(FlashPlanRefusal, PagedKvTheDecodeKernelCannotRun) {
+  fusedattn_config c = Config(96);  // the decode kernel has instances 64 and 128
+  c.page_size = 16;
+  c.max_seqlen_q = 1;
+  c.mask = FUSEDATTN_MASK_PADDING;
+  Problem p;
+  Status made = MakeProblem(&c, true, &p);
+  ASSERT_TRUE(made.ok()) << made.message();
+  ForwardPlan plan = PlanForward(p, DenseFwdTensors(p), H100());
+  EXPECT_EQ(plan.status.code(), FUSEDATTN_ERROR_NOT_SUPPORTED);
+  EXPECT_TRUE(Contains(plan.status.message(), "runs on flash's decode kernel only"))
+      << plan.status.message();
+  EXPECT_TRUE(Contains(plan.status.message(), "{64, 128}")) << plan.status.message();
+}
+
+// (Which device runs the decode kernel is read by decode.h from the current device, so this
+// holds with or without a GPU.)
+TEST(FlashPlanForward, PagedKvRunsOnTheDecodeKernelOrIsRefusedNamingIt) {
+  fusedattn_config c = Config(128);
+  c.page_size = 16;
+  c.max_seqlen_q = 1;
+  c.mask = FUSEDATTN_MASK_PADDING;
+  Problem p;
+  ASSERT_TRUE(MakeProblem(&c, true, &p).ok());
+  ForwardPlan plan = PlanForward(p, DenseFwdTensors(p), H100());
+  if (plan.status.ok()) {
+    EXPECT_EQ(plan.path, KernelPath::kDecode);
+    EXPECT_EQ(plan.instance, 128);
+    EXPECT_GE(plan.decode_splits, 1);
+  } else {
+    EXPECT_TRUE(Contains(plan.status.message(), "runs on flash's decode kernel only"))
+        << plan.status.message();
+  }
+}
+
+TEST(FlashPlanRefusal, HeadDimsWhoseSimpleKernelsDoNotFitSharedMemory) {
+  fusedattn_config c = Config();
+  c.head_dim_qk = c.head_dim_v = 1024;
+  ForwardPlan plan = Forward(c);
+  EXPECT_EQ(plan.status.code(), FUSEDATTN_ERROR_NOT_SUPPORTED);
+  EXPECT_TRUE(Contains(plan.status.message(), "bytes of shared memory per block"))
+      << plan.status.message();
+}
+
+TEST(FlashPlanRefusal, MoreThreadBlocksThanAGridHolds) {
+  fusedattn_config c = Config(64);
+  c.batch = 4096, c.heads_q = c.heads_kv = 1024, c.max_seqlen_q = c.max_seqlen_kv = 16384;
+  ForwardPlan plan = Forward(c);
+  EXPECT_EQ(plan.status.code(), FUSEDATTN_ERROR_NOT_SUPPORTED);
+  EXPECT_TRUE(Contains(plan.status.message(), "thread blocks")) << plan.status.message();
+}
+
+// A finalized score_mod graph, kept alive for the test's problems.
+ScoreMod& Softcap() {
+  static ScoreMod* mod = [] {
+    auto* m = new ScoreMod();
+    m->set_score(30.0 * tanh(m->score() / 30.0));
+    m->finalize();
+    return m;
+  }();
+  return *mod;
+}
+
+TEST(FlashPlanRefusal, ScoreModGraphsNeedTheTensorCoreDtypesAndHeadDims) {
+  fusedattn_config c = Config();
+  c.qkv_dtype = c.o_dtype = FUSEDATTN_DTYPE_FLOAT32;
+  c.score_mod = Softcap().get();
+  ForwardPlan plan = Forward(c);
+  EXPECT_EQ(plan.status.code(), FUSEDATTN_ERROR_NOT_SUPPORTED);
+  EXPECT_TRUE(Contains(plan.status.message(), "tensor-core kernels only")) << plan.status.message();
+}
+
+TEST(FlashPlanRefusal, ScoreModGraphsNeedComputeCapability80) {
+  fusedattn_config c = Config();
+  c.score_mod = Softcap().get();
+  DeviceFacts turing = H100();
+  turing.compute_capability = 75;
+  ForwardPlan plan = Forward(c, turing);
+  EXPECT_EQ(plan.status.code(), FUSEDATTN_ERROR_NOT_SUPPORTED);
+  EXPECT_TRUE(Contains(plan.status.message(), "compute capability 8.0")) << plan.status.message();
+}
+
+TEST(FlashPlanRefusal, ScoreModGraphsWhoseTilesDoNotFitSharedMemory) {
+  fusedattn_config c = Config(128);
+  c.score_mod = Softcap().get();
+  c.is_training = 1;  // the d128 backward takes 173 KB, the A100 gives 163
+  ForwardPlan plan = Forward(c, A100());
+  EXPECT_EQ(plan.status.code(), FUSEDATTN_ERROR_NOT_SUPPORTED);
+  EXPECT_TRUE(Contains(plan.status.message(), "bytes of shared memory per block, more than"))
+      << plan.status.message();
+}
+
+TEST(FlashPlanRefusal, ScoreModGraphsOnTensorsTheTensorCoresCannotRead) {
+  fusedattn_config c = Config();
+  c.score_mod = Softcap().get();
+  Problem p = Make(c);
+  FwdTensors t = DenseFwdTensors(p);
+  t.q.stride_d = 2;
+  ForwardPlan plan = PlanForward(p, t, H100());
+  if (!jit::Available().ok()) GTEST_SKIP() << jit::Available().message();
+  EXPECT_EQ(plan.status.code(), FUSEDATTN_ERROR_NOT_SUPPORTED);
+  EXPECT_TRUE(Contains(plan.status.message(), "16-byte aligned")) << plan.status.message();
+}
+
+TEST(FlashPlanForward, ScoreModGraphsRunTheJitKernelsWithTheirBlockMaskInTheWorkspace) {
+  if (!jit::Available().ok()) GTEST_SKIP() << jit::Available().message();
+  fusedattn_config c = Config();
+  c.score_mod = Softcap().get();
+  ForwardPlan plan = Forward(c);
+  ASSERT_TRUE(plan.status.ok()) << plan.status.message();
+  EXPECT_EQ(plan.path, KernelPath::kScoreModJit);
+  EXPECT_EQ(plan.instance, 128);
+  EXPECT_EQ(plan.variant, KernelVariant::kFull);
+  EXPECT_EQ(plan.workspace.total, Aligned(plan.workspace.block_mask_bytes));
+}
+
+// ---- Backward ----
+
+TEST(FlashPlanBackward, PlainD128OnH100RunsTheHopperKeyBlockKernelWithAtomicDq) {
+  BackwardPlan plan = Backward(Config(128));
+  ASSERT_TRUE(plan.status.ok()) << plan.status.message();
+  EXPECT_EQ(plan.path, KernelPath::kHopperWgmma);
+  EXPECT_EQ(plan.instance, 128);
+  EXPECT_EQ(plan.dq, DqMode::kAtomicThenConvert);
+  EXPECT_EQ(plan.dbias, DbiasPlan::kNone);
+  const size_t rows = 2 * 4 * 256;
+  EXPECT_EQ(plan.workspace.dq_accum_dim, 128);
+  EXPECT_EQ(plan.workspace.dq_accum, Aligned(rows * 4));
+  EXPECT_EQ(plan.workspace.total, Aligned(rows * 4) + Aligned(rows * 128 * 4));
+}
+
+TEST(FlashPlanBackward, DeterministicModeRunsMmaSyncWithTheDqKernelAndNoAccumulator) {
+  fusedattn_config c = Config();
+  c.deterministic = 1;
+  BackwardPlan plan = Backward(c);
+  EXPECT_EQ(plan.path, KernelPath::kMmaSync);
+  EXPECT_EQ(plan.dq, DqMode::kDeterministic);
+  EXPECT_EQ(plan.workspace.dq_accum_dim, 0);
+  EXPECT_TRUE(Contains(plan.why, "non-deterministic mode only")) << plan.why;
+}
+
+TEST(FlashPlanBackward, ThdTakesTheHeavyFirstScheduleOfKeyTilesLastInTheWorkspace) {
+  BackwardPlan plan = Backward(Thd(Config()));
+  EXPECT_EQ(plan.path, KernelPath::kHopperWgmma);
+  EXPECT_EQ(plan.schedule, TileSchedule::kThdHeavyFirst);
+  EXPECT_EQ(plan.workspace.schedule + Aligned(ScheduleBytes(2)), plan.workspace.total);
+}
+
+TEST(FlashPlanBackward, DeterministicThdReservesNoSchedule) {
+  fusedattn_config c = Thd(Config());
+  c.deterministic = 1;
+  BackwardPlan plan = Backward(c);
+  EXPECT_FALSE(plan.workspace.has_schedule);
+  EXPECT_EQ(plan.schedule, TileSchedule::kPlainGrid);
+}
+
+TEST(FlashPlanBackward, DbiasIsStoredUnlessBroadcast) {
+  fusedattn_config c = Config();
+  c.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+  c.bias_batch = 2, c.bias_heads = 4;
+  c.bias_requires_grad = 1;
+  BackwardPlan plan = Backward(c);
+  EXPECT_EQ(plan.dbias, DbiasPlan::kStore);
+  EXPECT_EQ(plan.path, KernelPath::kMmaSync);
+  EXPECT_EQ(plan.variant, KernelVariant::kFull);
+}
+
+TEST(FlashPlanBackward, ABroadcastFloat32DbiasIsAddedAtomicallyOtherwiseReduced) {
+  fusedattn_config c = Config();
+  c.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+  c.bias_batch = 1, c.bias_heads = 4;
+  c.bias_requires_grad = 1;
+  c.is_training = 1;
+  Problem p = Make(c);
+  BwdTensors t = DenseBwdTensors(p);
+  t.dbias.dtype = FUSEDATTN_DTYPE_FLOAT32;
+  EXPECT_EQ(PlanBackward(p, t, H100()).dbias, DbiasPlan::kAtomic);
+  t.dbias.dtype = FUSEDATTN_DTYPE_BFLOAT16;
+  EXPECT_EQ(PlanBackward(p, t, H100()).dbias, DbiasPlan::kReduce);
+  c.deterministic = 1;
+  Problem deterministic = Make(c);
+  t.dbias.dtype = FUSEDATTN_DTYPE_FLOAT32;
+  EXPECT_EQ(PlanBackward(deterministic, t, H100()).dbias, DbiasPlan::kReduce);
+}
+
+TEST(FlashPlanBackward, TilesThatDoNotFitRunTheSimpleKernelsWhichWriteDqDirectly) {
+  // The d128 backward takes 173 KB; the A100 gives 163 KB (its forward still runs mma.sync).
+  BackwardPlan plan = Backward(Config(128), A100());
+  EXPECT_EQ(plan.path, KernelPath::kSimple);
+  EXPECT_EQ(plan.dq, DqMode::kDirect);
+  EXPECT_EQ(plan.workspace.dq_accum_dim, 0);
+  EXPECT_EQ(Forward(Config(128), A100()).path, KernelPath::kMmaSync);
+}
+
+TEST(FlashPlanBackward, ADoTensorTheTensorCoresCannotReadRunsTheSimpleKernels) {
+  fusedattn_config c = Config();
+  c.is_training = 1;
+  Problem p = Make(c);
+  BwdTensors t = DenseBwdTensors(p);
+  t.d_o.stride_s += 4;
+  BackwardPlan plan = PlanBackward(p, t, H100());
+  EXPECT_EQ(plan.path, KernelPath::kSimple);
+  EXPECT_TRUE(Contains(plan.why, "dO")) << plan.why;
+}
+
+// ---- One decision for check, workspace and run ----
+
+TEST(FlashPlan, CheckIsTheStatusOfThePlansForDenseTensors) {
+  fusedattn_config refused = Config(), accepted = Config();
+  refused.head_dim_qk = refused.head_dim_v = 1024;
+  refused.is_training = accepted.is_training = 1;
+  for (const fusedattn_config& c : {refused, accepted}) {
+    Problem p = Make(c);
+    Status check = PlanCheck(p, H100());
+    EXPECT_EQ(check.code(), PlanForward(p, DenseFwdTensors(p), H100()).status.code());
+    EXPECT_EQ(check.code(), PlanBackward(p, DenseBwdTensors(p), H100()).status.code());
+    EXPECT_EQ(check.message(), PlanForward(p, DenseFwdTensors(p), H100()).status.message());
+  }
+}
+
+TEST(FlashPlan, TheWorkspaceIsTheSameForEveryLayoutOfTheTensors) {
+  fusedattn_config c = Thd(Config());
+  c.is_training = 1;
+  Problem p = Make(c);
+  BwdTensors strided = DenseBwdTensors(p);
+  strided.q.stride_d = 2;
+  EXPECT_EQ(PlanBackward(p, strided, H100()).path, KernelPath::kSimple);
+  EXPECT_EQ(PlanBackward(p, strided, H100()).workspace.total,
+            PlanBwdWorkspace(p, H100()).total);
+  EXPECT_EQ(PlanForward(p, DenseFwdTensors(p), H100()).workspace.total,
+            PlanFwdWorkspace(p, H100()).total);
+}
+
+TEST(FlashPlan, ExplainNamesPathInstanceVariantScheduleAndWorkspace) {
+  EXPECT_EQ(DescribeForwardPlan(Forward(Thd(Config()))),
+            "forward: hopper-wgmma d128 plain, thd-heavy-first schedule, workspace 256 B");
+  fusedattn_config c = Config(256);
+  c.softcap = 30.0;
+  EXPECT_EQ(DescribeBackwardPlan(Backward(c)),
+            "backward: mma.sync d256 full, dQ atomic+convert, workspace " +
+                std::to_string(Backward(c).workspace.total) +
+                " B (hopper backward: instances 64 and 128 only (this is 256))");
+  fusedattn_config big = Config();
+  big.head_dim_qk = big.head_dim_v = 1024;
+  EXPECT_TRUE(Contains(DescribeForwardPlan(Forward(big)), "forward: refused: head_dim_qk = 1024"));
+}
+
+}  // namespace
+}  // namespace fusedattn::flash
+
+#endif  // FUSEDATTN_WITH_FLASH
