@@ -195,7 +195,11 @@ TEST_P(CudnnFp8, ForwardAndBackwardMatchTheReferenceEmulation) {
     // el_i (fp8.h) is at most p_relative_f32 / 1.01.
     EXPECT_LE(worst, fwd.p_relative_f32) << "LSE";
   }
-  EXPECT_NEAR(got_f.amax_s, ref_f.amax_s, fwd.p_relative_f32 * ref_f.amax_s + 1e-7) << "amax_s";
+  // Twice the one-exponential float32 bound: cuDNN's online softmax reaches the final P through
+  // a second exponential (the running max's rescale), which that bound leaves out; on the H100
+  // (cuDNN 9.19, d128_nomask_e4m3) amax_s was off by 1.8x p_relative_f32 * amax_s once.
+  EXPECT_NEAR(got_f.amax_s, ref_f.amax_s, 2 * fwd.p_relative_f32 * ref_f.amax_s + 1e-7)
+      << "amax_s";
   double amax_o_limit = 0;
   for (size_t n = 0; n < fwd.o.size(); ++n)
     amax_o_limit = std::max(amax_o_limit, LimitBeforeRounding(fwd.o_bound[n], fwd.o_f32[n],
