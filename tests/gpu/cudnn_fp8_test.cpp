@@ -14,7 +14,8 @@
 // relative). An FP8 output rounds both sides once more: the limit L becomes (1 + u_out) L +
 // 2(u_out |ref| + a_out / scale_out). The amax outputs reduce the same values before any output
 // rounding: amax_o and amax_dq/dk/dv within the largest element's L, amax_s within its relative
-// float32 error (p_relative_f32), amax_dp within dp_f32. LSE within the largest score error plus
+// float32 error (twice p_relative_f32: cuDNN's online softmax takes a second exponential,
+// below), amax_dp within dp_f32. LSE within the largest score error plus
 // the sum's (fp8.h el_i, below p_relative_f32). Errors against float64 unquantized attention
 // are reported per tensor for both cuDNN and the reference (test properties
 // cudnn_vs_exact_<tensor>, reference_vs_exact_<tensor>).
