@@ -140,14 +140,17 @@ inline Exact ExactAttention(const fusedattn_config& c, const ProblemTensors& t, 
   e.dq = e.dq_bound = e.o_f32 = e.dq_f32 = e.o;
   e.dk.assign(B * SKV * HKV * D, 0), e.dk_bound = e.dv = e.dv_bound = e.dk_f32 = e.dv_f32 = e.dk;
   const double u32 = std::ldexp(1.0, -24), gamma_d = Gamma32(D);
+  // q, k, v decoded once ([b, s, h, d] order, as at() reads them): reading them element by
+  // element through at() in the loops below made one s512 case take minutes on the host.
+  const std::vector<double> qv = t.q.to_vector(), kv = t.k.to_vector(), vv = t.v.to_vector();
   auto q = [&](int64_t b, int64_t i, int64_t h, int64_t x) {
-    return t.q.at({b, i, h, x}) * f.descale_q;
+    return qv[Idx(b, i, h, x, SQ, HQ, D)] * f.descale_q;
   };
   auto k = [&](int64_t b, int64_t j, int64_t h, int64_t x) {
-    return t.k.at({b, j, h, x}) * f.descale_k;
+    return kv[Idx(b, j, h, x, SKV, HKV, D)] * f.descale_k;
   };
   auto v = [&](int64_t b, int64_t j, int64_t h, int64_t x) {
-    return t.v.at({b, j, h, x}) * f.descale_v;
+    return vv[Idx(b, j, h, x, SKV, HKV, D)] * f.descale_v;
   };
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < HQ; ++h)
