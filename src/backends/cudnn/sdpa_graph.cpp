@@ -601,13 +601,7 @@ class GraphMaker {
     TensorPtr v = data("V", kUidV, s_.v, kUidRaggedV);
     TensorPtr o = data("O", kUidO, s_.o, kUidRaggedO);
     TensorPtr d_o = data("dO", kUidDO, s_.d_o, kUidRaggedDO);
-    TensorPtr stats = graph_->tensor(fe::graph::Tensor_attributes()
-                                         .set_name("stats")
-                                         .set_uid(kUidStats)
-                                         .set_dim(stats_dim())
-                                         .set_stride(stats_stride())
-                                         .set_data_type(fe::DataType_t::FLOAT));
-    record(kUidStats, stats_dim(), stats_stride());
+    TensorPtr stats = stats_input();
     auto options = fe::graph::SDPA_backward_attributes()
                        .set_name("sdpa_backward")
                        .set_attn_scale(s_.attn_scale)
@@ -700,13 +694,7 @@ class GraphMaker {
     TensorPtr v = data("V", kUidV, s_.v, kUidRaggedV);
     TensorPtr o = plain("O", kUidO, s_.o, s_.o_dtype);
     TensorPtr d_o = plain("dO", kUidDO, s_.d_o, s_.do_dtype);
-    TensorPtr stats = graph_->tensor(fe::graph::Tensor_attributes()
-                                         .set_name("stats")
-                                         .set_uid(kUidStats)
-                                         .set_dim(stats_dim())
-                                         .set_stride(stats_stride())
-                                         .set_data_type(fe::DataType_t::FLOAT));
-    record(kUidStats, stats_dim(), stats_stride());
+    TensorPtr stats = stats_input();
     auto options = fe::graph::SDPA_fp8_backward_attributes()
                        .set_name("sdpa_fp8_backward")
                        .set_attn_scale(s_.attn_scale)
@@ -776,6 +764,16 @@ class GraphMaker {
                               .set_dim(Dims(d))
                               .set_stride(Strides(d))
                               .set_data_type(DataTypeOf(dtype)));
+  }
+  // The forward's softmax statistics (LSE), float32, as the backward graphs read them.
+  TensorPtr stats_input() {
+    record(kUidStats, stats_dim(), stats_stride());
+    return graph_->tensor(fe::graph::Tensor_attributes()
+                              .set_name("stats")
+                              .set_uid(kUidStats)
+                              .set_dim(stats_dim())
+                              .set_stride(stats_stride())
+                              .set_data_type(fe::DataType_t::FLOAT));
   }
   // A q/k/v-like input, with its ragged offsets for THD.
   TensorPtr data(const char* name, Uid uid, const TensorDesc& d, Uid ragged_uid) {
