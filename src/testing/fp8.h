@@ -99,27 +99,37 @@ inline double MaxFinite(fusedattn_dtype dtype) {
 // Float64 attention, unquantized, on the descaled FP8 inputs (BSHD, masks none or causal), with
 // the per-element bounds of the header comment (*_bound), and for a float32 implementation
 // (*_f32) a bound F of how far what it quantizes may drift from the exact value before rounding,
-// carried through the GEMM that reads it: with gamma_n = n 2^-24 / (1 - n 2^-24) (a sum of n
-// float32 products of exact FP8 operands),
-//   score       es_ij  = gamma_D scale sum_x |q_ix k_jx| + 4 2^-24 |s_ij|
+// carried through the GEMM that reads it. A sum of n products of FP8 operands on the tensor
+// cores is bounded by g_n = n u_mma / (1 - n u_mma) times the sum of the products' magnitudes,
+// with u_mma = 2^-14, not float32's 2^-24: Hopper's FP8 MMA adds the products into its float32
+// accumulator keeping about 14 mantissa bits (DeepSeek-V3 technical report, section 3.3.2; on the
+// H100, cuDNN 9.19's amax_dp was off by 1.1x and amax_s by 1.8x a float32 bound). Sums on the CUDA
+// cores (the softmax's, gamma_n with 2^-24) stay float32:
+//   score       es_ij  = g_D scale sum_x |q_ix k_jx| + 4 2^-24 |s_ij|
 //   LSE (fwd)   el_i   = max_j es_ij + gamma_skv + 4 2^-24 |LSE_i|   (the backward reads it given)
 //   p           ep_ij  = 1.01 p_ij (es_ij + el_i + 2^-22)               (exp of a small error)
-//   dP          edp_ij = 1.01 scale (ep_ij |dpv_ij - D_i| + p_ij gamma_D (sum_x |dO_ix v_jx|
+//   dP          edp_ij = 1.01 scale (ep_ij |dpv_ij - D_i| + p_ij g_D (sum_x |dO_ix v_jx|
 //                        + sum_x |dO_ix o_ix|)) + 2^-22 |dP_ij|
 //   F: O[i,x] sum_j ep |v_jx|; dV[j,x] sum_i ep |dO_ix|; dQ[i,x] sum_j edp |k_jx|; dK[j,x]
-//   sum_i edp |q_ix|.
+//   sum_i edp |q_ix| (the GEMM's own sum: g_n, added by the test that reads F).
 struct Exact {
   // [b][s][h][x] like the BSHD tensors.
   std::vector<double> o, o_bound, dq, dq_bound, dk, dk_bound, dv, dv_bound;
   std::vector<double> o_f32, dq_f32, dk_f32, dv_f32;
   double amax_s = 0, amax_dp = 0;
-  double p_relative_f32 = 0;  // max of ep_ij / p_ij: a float32 amax_s's relative error
-  double dp_f32 = 0;          // max of edp_ij: a float32 amax_dp's error
+  double p_relative_f32 = 0;  // max of ep_ij / p_ij: amax_s's relative error
+  double dp_f32 = 0;          // max of edp_ij: amax_dp's error
 };
 
 // gamma_n of the comment above.
 inline double Gamma32(int64_t n) {
   const double nu = static_cast<double>(n) * std::ldexp(1.0, -24);
+  return nu / (1.0 - nu);
+}
+
+// g_n of the comment above: a sum of n products on the FP8 tensor cores.
+inline double GammaFp8Mma(int64_t n) {
+  const double nu = static_cast<double>(n) * std::ldexp(1.0, -14);
   return nu / (1.0 - nu);
 }
 
@@ -139,7 +149,7 @@ inline Exact ExactAttention(const fusedattn_config& c, const ProblemTensors& t, 
   e.o.assign(B * SQ * HQ * D, 0), e.o_bound.assign(e.o.size(), 0);
   e.dq = e.dq_bound = e.o_f32 = e.dq_f32 = e.o;
   e.dk.assign(B * SKV * HKV * D, 0), e.dk_bound = e.dv = e.dv_bound = e.dk_f32 = e.dv_f32 = e.dk;
-  const double u32 = std::ldexp(1.0, -24), gamma_d = Gamma32(D);
+  const double u32 = std::ldexp(1.0, -24), gamma_d = GammaFp8Mma(D);
   // q, k, v decoded once ([b, s, h, d] order, as at() reads them): reading them element by
   // element through at() in the loops below made one s512 case take minutes on the host.
   const std::vector<double> qv = t.q.to_vector(), kv = t.k.to_vector(), vv = t.v.to_vector();
