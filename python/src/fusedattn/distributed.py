@@ -763,8 +763,9 @@ class _AllGatherSequence(torch.autograd.Function):
     def forward(ctx, x, group, seq_dim, global_from_shard, shard_order):
         world = dist.get_world_size(group)
         x = x.contiguous()
-        gathered = x.new_empty((world,) + tuple(x.shape))
-        dist.all_gather_into_tensor(gathered, x, group=group)
+        gathered = x.new_empty((world * x.numel(),))  # flat: the ranks' parts end to end
+        dist.all_gather_into_tensor(gathered, x.view(-1), group=group)
+        gathered = gathered.view((world,) + tuple(x.shape))
         ctx.group, ctx.seq_dim, ctx.shard_order, ctx.local_shape = \
             group, seq_dim, shard_order, x.shape
         # [world, .., s_local, ..] -> [.., world * s_local, ..] in the ranks' order -> global
@@ -778,7 +779,7 @@ class _AllGatherSequence(torch.autograd.Function):
         s_local = ctx.local_shape[ctx.seq_dim]
         stacked = in_rank_order.unflatten(ctx.seq_dim, (world, s_local)).movedim(ctx.seq_dim, 0)
         out = grad.new_empty(ctx.local_shape)
-        dist.reduce_scatter_tensor(out, stacked.contiguous(), group=ctx.group)
+        dist.reduce_scatter_tensor(out.view(-1), stacked.contiguous().view(-1), group=ctx.group)
         return out, None, None, None, None
 
 
