@@ -416,6 +416,10 @@ class _DenseCall:
     def written(self, lse_block):
         return lse_block  # every row of the call is written
 
+    def covers(self, q, seq_dim):
+        """Whether the call's rows are all of q's."""
+        return self.q_start == 0 and self.q_len == q.shape[seq_dim]
+
     def add_rows(self, acc, part):
         self.rows(acc).add_(part)
 
@@ -458,6 +462,9 @@ class _PackedCall:
 
     def written(self, lse_block):
         return torch.where(self.row_mask[:, None], lse_block, -_INF)
+
+    def covers(self, q, seq_dim):
+        return False  # (rarely all rows: merged like the others)
 
     def add_rows(self, acc, part):
         acc.add_(part)
@@ -565,13 +572,14 @@ def _per_head(x, lse):
 def _merge(o_acc, lse_acc, o_block, lse_block, layout):
     """o_acc, lse_acc <- the attention over the keys of both, merged exactly by log-sum-exp.
     o_acc float32 in o's layout, lse_acc float32 in the LSE's (views of the rows a call wrote);
-    a row that has seen no key yet keeps O = 0 and LSE = -inf."""
+    a row that has seen no key yet keeps O = 0 and LSE = -inf. Two passes over O (it is 128
+    times the LSE's size): scale, then add the block's share."""
     lse_new = torch.logaddexp(lse_acc, lse_block)
     seen = lse_new > -_INF
     w_acc = torch.where(seen, torch.exp(lse_acc - lse_new), 0.0)
     w_block = torch.where(seen, torch.exp(lse_block - lse_new), 0.0)
     o_acc.mul_(_lse_in_o_order(w_acc, layout).unsqueeze(-1))
-    o_acc.add_(o_block.float() * _lse_in_o_order(w_block, layout).unsqueeze(-1))
+    o_acc.addcmul_(o_block, _lse_in_o_order(w_block, layout).unsqueeze(-1))
     lse_acc.copy_(lse_new)
 
 
@@ -592,12 +600,18 @@ def _ring_forward(prob, q, head_dim_v, blocks):
     o_acc = torch.zeros(tuple(q.shape[:-1]) + (head_dim_v,), dtype=torch.float32,
                         device=q.device)
     lse_acc = torch.full(_lse_shape(prob.layout, q), -_INF, dtype=torch.float32, device=q.device)
+    merged = False
     for kv_rank, k, v in blocks:
         for call in prob.plan(kv_rank):
             o_block, lse_block = _api.attention(call.rows(q), call.keys(k), call.keys(v),
                                                 return_lse=True, **call.kwargs, **prob.library)
-            _merge(call.rows(o_acc), call.lse_rows(lse_acc), o_block, call.written(lse_block),
-                   prob.layout)
+            if not merged and call.covers(q, prob.seq_dim):  # the first block of every row
+                o_acc.copy_(o_block)
+                lse_acc.copy_(lse_block)
+            else:
+                _merge(call.rows(o_acc), call.lse_rows(lse_acc), o_block,
+                       call.written(lse_block), prob.layout)
+            merged = True
     return o_acc, lse_acc
 
 
