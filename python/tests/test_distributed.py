@@ -238,6 +238,8 @@ REFUSALS = [
          error="NotSupportedError", says="mode 'all_to_all'"),
     dict(id="heads_not_a_multiple", mode="all_to_all", kind=dict(hq=3, hkv=1),
          error="InvalidArgumentError", says="heads_q = 3 is not a multiple"),
+    dict(id="heads_kv_not_dividing", mode="ring", kind=dict(hq=4, hkv=3),
+         error="InvalidArgumentError", says="heads_kv = 3 does not divide"),
     dict(id="padding_mask_dense", mode="ring", problem=dict(mask="padding_causal"),
          error="NotSupportedError", says="pack the sequences as layout 'thd'"),
     dict(id="seq_offsets", mode="ring", kind=dict(layout="thd", lengths_q=[8, 8]),

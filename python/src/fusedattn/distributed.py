@@ -56,11 +56,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import _api
+from . import _C, _api
 from ._errors import InvalidArgumentError, NotSupportedError
 from ._problem import normalize_options
 
-__all__ = ["context_parallel_attention", "shard", "unshard", "MODES"]
+__all__ = ["context_parallel_attention", "shard", "unshard", "simulate", "MODES"]
 
 MODES = ("ring", "all_to_all", "all_gather")
 
@@ -153,7 +153,7 @@ def _global_order(lengths, world_size, device):
     return _cached(_ORDER_CACHE, key, make)
 
 
-def _split_args(x, layout, seq_dim, cu_seqlens, world_size, what):
+def _split_args(x, layout, seq_dim, world_size, what):
     if not isinstance(x, torch.Tensor):
         raise InvalidArgumentError("%s takes a torch tensor, got %s" % (what, type(x).__name__))
     if seq_dim is None:
@@ -175,7 +175,7 @@ def shard(x, rank, world_size, *, layout="bshd", seq_dim=None, cu_seqlens=None):
     (of every sequence, for THD with cu_seqlens), N = world_size. layout names the axis ("bshd":
     1, "sbhd": 0, "bhsd": 2, "thd": 0); seq_dim overrides it (an LSE: 2 for [batch, heads, seq],
     0 for THD's [tokens, heads]). Differentiable; any device."""
-    dim = _split_args(x, layout, seq_dim, cu_seqlens, world_size, "shard")
+    dim = _split_args(x, layout, seq_dim, world_size, "shard")
     if not 0 <= rank < world_size:
         raise InvalidArgumentError("rank = %d is not in [0, world_size = %d)" % (rank, world_size))
     lengths = _whole_lengths(x.shape[dim], cu_seqlens, world_size)
@@ -189,7 +189,7 @@ def unshard(parts, *, layout="bshd", seq_dim=None, cu_seqlens=None):
     parts = list(parts)
     if not parts:
         raise InvalidArgumentError("unshard needs the parts of every rank, got none")
-    dim = _split_args(parts[0], layout, seq_dim, cu_seqlens, len(parts), "unshard")
+    dim = _split_args(parts[0], layout, seq_dim, len(parts), "unshard")
     joined = torch.cat(parts, dim)
     lengths = _whole_lengths(joined.shape[dim], cu_seqlens, len(parts))
     _, inverse = _global_order(lengths, len(parts), joined.device)
@@ -228,8 +228,8 @@ def _whole_lengths(tokens, cu_seqlens, world_size):
 # one library call can cover several pieces (their local concatenation is offset from the
 # global positions by a different constant per piece). A call then runs on the rows and keys
 # that see something (trimmed), where the band, aligned to the bottom right of the trimmed
-# rectangle, always has window_left, window_right >= 0 (or unbounded): the library's
-# mask=None/causal_bottom_right with a window.
+# rectangle, always has window_left, window_right >= 0 (or unbounded): the library's mask None
+# with that window, or a causal mask when window_right is 0.
 #
 # Everything is vectorized over sequences (NumPy float64: exact for positions < 2^53, with
 # +-inf for unbounded sides): one sequence for the dense layouts, every packed sequence for THD.
@@ -735,6 +735,18 @@ class _DkvSums:
         return self.sums[kv_rank]
 
 
+def _check_blocks_run(prob, q, k, v, training):
+    """Raises, on every rank alike and before any transfer, what the library would raise at the
+    first block (a bad shape, or no backend for it): a rank that fails in the middle of the ring
+    would leave its peers waiting."""
+    for kv_rank in range(prob.world):
+        for call in prob.plan(kv_rank)[:1]:
+            config = _api.problem_config(call.rows(q), call.keys(k), call.keys(v),
+                                         training=training, **call.kwargs, **prob.library)
+            _C.get_backend(config, None)
+            return
+
+
 class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, sinks, prob):
@@ -981,6 +993,9 @@ def context_parallel_attention(q, k, v, *, group=None, mode="ring", layout="bshd
         dropout_seed=dropout_seed, bias=bias, bias_type=bias_type, seq_offsets_q=seq_offsets_q,
         seq_offsets_kv=seq_offsets_kv, score_mod=score_mod, mask_mod=mask_mod))
     if mode == "ring":
+        training = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (q, k, v, sinks))
+        _check_blocks_run(prob, q, k, v, training)
         o, lse = _RingAttention.apply(q, k, v, sinks, prob)
     elif mode == "all_gather":
         o, lse = _all_gather_attention(prob, q, k, v, sinks)
