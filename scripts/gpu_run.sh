@@ -16,7 +16,7 @@
 # From then on, on that machine, the python and benchmark steps put /tmp/fa4site on PYTHONPATH
 # (use_fa4) so that bench.py times `flash_attn.cute`; without it bench.py records FA4 as n/a.
 set -uo pipefail
-export ROOT OUT BUILD JOBS SHARDS CUDNN_MEMCHECK SANITIZE_FILTER RACECHECK_FILTER NATIVE_BENCHES BENCH_ARGS BENCH_HOST_ARGS KERNEL_PROFILE_ARGS DECODE_BENCH_ARGS GTEST_FILTER PYTEST_ARGS FLEX_BENCH_ARGS DROPIN_TESTS 2>/dev/null
+export ROOT OUT BUILD JOBS SHARDS CP_BENCH_ARGS CUDNN_MEMCHECK SANITIZE_FILTER RACECHECK_FILTER NATIVE_BENCHES BENCH_ARGS BENCH_HOST_ARGS KERNEL_PROFILE_ARGS DECODE_BENCH_ARGS GTEST_FILTER PYTEST_ARGS FLEX_BENCH_ARGS DROPIN_TESTS 2>/dev/null
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/gpu-out}"
 mkdir -p "$OUT"
@@ -303,6 +303,41 @@ step_kernel_profile() {
   local IFS='|' rc=0
   for args in ${KERNEL_PROFILE_ARGS:---ours flash --theirs flash --d 128 --seqlen 1024}; do
     (IFS=' '; eval python3 "$ROOT/bench/kernel_profile.py" $args) || rc=1
+  done
+  return $rc
+}
+
+# Context parallelism (issue 23, fusedattn.distributed). NVLink multicast stays off (the device
+# notes: NCCL_NVLS_ENABLE=0 and its siblings). cp_tests: python/tests/test_distributed.py whole:
+# its gloo tests on this machine's CPUs (2 and 4 processes, every mode against one process), the
+# bf16 CUDA tests with every rank simulated on one GPU (expect: all pass), and the NCCL tests
+# when 2 or 4 GPUs are visible (else skipped, saying so). cp_bench: bench/cp_bench.py on one GPU
+# (simulated ranks, s = 128k/256k/512k, N = 2 and 4: rel_err < 1e-2, ratio = slowest rank /
+# (single / N), the target <= 1.1), then, per N in 2 4 that this machine has GPUs for, torchrun
+# over NCCL with a profile of one step (rank 0's trace in $OUT/cp_profile). About 3 minutes on
+# one H100 (the 512k single-GPU step takes ~9 s): give it TIMEOUT_cp_bench=540. CP_BENCH_ARGS
+# replaces the defaults of both (e.g. "--seqlens 131072 --modes ring all_to_all all_gather").
+step_cp_tests() {
+  step_python_build || return 1
+  export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  (cd "$ROOT/python" && python3 -m pytest -q -rs tests/test_distributed.py)
+}
+
+step_cp_bench() {
+  step_python_build >/dev/null || return 1
+  export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  local rc=0 gpus n
+  gpus="$(python3 -c 'import torch; print(torch.cuda.device_count())')"
+  eval python3 "$ROOT/bench/cp_bench.py" --out "$OUT" ${CP_BENCH_ARGS:-} || rc=1
+  for n in 2 4; do
+    if [ "$gpus" -ge "$n" ]; then
+      eval torchrun --nproc_per_node="$n" "$ROOT/bench/cp_bench.py" --out "$OUT" \
+        --profile "$OUT/cp_profile" ${CP_BENCH_ARGS:-} || rc=1
+    else
+      echo "cp_bench: $gpus GPU(s) here: torchrun over $n GPUs not run"
+    fi
   done
   return $rc
 }
