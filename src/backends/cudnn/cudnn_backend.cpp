@@ -18,9 +18,12 @@
 // chunks of plans already built for fewer sequences of the same tensors (plan_spec.h
 // BatchChunks; at most FUSEDATTN_CUDNN_BATCH_CHUNKS launches), so a new batch size builds nothing
 // unless it is no sum of built ones. THD problems plan for their longest sequence rounded up to a
-// bucket (plan_spec.h ThdSeqlenBucket). Per-shape plans are stored on disk after they are built
-// and read back by later processes instead of building (the plan store, README.md "The on-disk
-// caches"). That is the default. Dynamic shapes
+// bucket (plan_spec.h ThdSeqlenBucket). A dense BSHD problem of a new sequence length runs
+// through the ragged (THD) plan of its tensors built for power-of-two extents at least its own
+// (plan_spec.h RouteExtents, the sequence-length route), built when a structure meets its second
+// sequence length (GetPlan), so later lengths build nothing. Per-shape plans are stored on disk
+// after they are built and read back by later processes instead of building (the plan store,
+// README.md "The on-disk caches"). That is the default. Dynamic shapes
 // (FUSEDATTN_CUDNN_DYNAMIC_SHAPES=1; experimental, off by default: on cuDNN 9.19 they gave wrong
 // results after a shape change; README.md "Dynamic shapes: status") group the shapes of a
 // problem into a structure (the problem without its shape, plan_spec.h MakeStructureKey) whose
@@ -888,15 +891,15 @@ class CudnnBackendImpl final : public Backend {
     auto describe = [&](const char* direction, const SdpaGraphSpec& spec) {
       std::shared_ptr<PlanEntry> e = Cache().peek(MakePlanKey(spec, device));
       if (!e || !e->status.ok()) return;
-      text += Format("%s%s: %s", text.empty() ? "plans: " : "; ", direction, RouteName(e->route));
       if (e->routed) {
         const RouteExtents& x = e->route_extents;
-        text += Format(" of the THD form, run through the ragged plan for %lld sequences of up "
-                       "to %lld x %lld rows (sequence-length route: no plan of its own)",
-                       (long long)x.batch, (long long)x.seqlen_q, (long long)x.seqlen_kv);
-        if (e->routed->kernels_from_disk) text += " (kernels read from disk)";
+        text += Format("%s%s: through the ragged (THD) plan for %lld sequences of up to %lld x "
+                       "%lld rows (sequence-length route: no plan of its own; that plan: %s)",
+                       text.empty() ? "plans: " : "; ", direction, (long long)x.batch,
+                       (long long)x.seqlen_q, (long long)x.seqlen_kv, RouteName(e->route));
         return;
       }
+      text += Format("%s%s: %s", text.empty() ? "plans: " : "; ", direction, RouteName(e->route));
       if (e->kernels_from_disk) text += " (kernels read from disk)";
       if (e->chunks.count != 0) {
         text += " in batch chunks of";
