@@ -2,9 +2,9 @@
 //
 //   plans      cuDNN's start-up; the cold forward + backward build of a structure; each new batch
 //              size 1..8 of it (in batch chunks of the plans built before: the library's default);
-//              new sequence lengths (the first builds the structure's ragged plans, later ones run
-//              through them: the sequence-length route, the default; and with it off); a repeated
-//              size; the forward of a no-mask problem (the unified node's plans).
+//              new sequence lengths (the first builds its plans and the structure's ragged ones,
+//              later ones run through those: the sequence-length route, the default; and with it
+//              off); a repeated size; the forward of a no-mask problem (the unified node's plans).
 //   dynamic    only when FUSEDATTN_CUDNN_DYNAMIC_SHAPES asks for dynamic shapes (1, or
 //              no-override) in this program's environment: the same sweep with dynamic-shape
 //              plans from a structure's kernel cache, and a second process of this program started
@@ -157,18 +157,22 @@ int Child() {
   const double startup_ms = Ms(Clock::now() - t0);
   Build first = TimeBuild(Structure(1, 128));  // the parent's first plans of the structure
   Build batch5 = TimeBuild(Structure(5, 128));
-  // A new length: the ragged plans the parent built for 2 x 256 (sequence-length route; with
-  // dynamic shapes, which turn the route off, a dynamic-shape plan of its own).
-  Build seqlen = TimeBuild(Structure(2, 200));
-  if (start.ms < 0 || first.ms < 0 || batch5.ms < 0 || seqlen.ms < 0) return 1;
+  // New lengths (the sequence-length route; with dynamic shapes, which turn it off, dynamic-shape
+  // plans of their own): s=256 reads its plans and the ragged ones of 2 x 256 the parent stored,
+  // s=200 runs through those.
+  Build seqlen = TimeBuild(Structure(2, 256));
+  Build routed = TimeBuild(Structure(2, 200));
+  if (start.ms < 0 || first.ms < 0 || batch5.ms < 0 || seqlen.ms < 0 || routed.ms < 0) return 1;
   std::printf("CHILD startup_ms=%.3f build_ms=%.3f build_plans=%llu loaded=%llu dynamic=%llu "
-              "saved=%llu read=%llu new_batch_ms=%.3f new_seqlen_ms=%.3f new_seqlen_read=%llu\n",
+              "saved=%llu read=%llu new_batch_ms=%.3f new_seqlen_ms=%.3f new_seqlen_read=%llu "
+              "routed_seqlen_ms=%.3f routed_seqlen_plans=%llu\n",
               startup_ms, first.ms, (unsigned long long)first.delta.builds,
               (unsigned long long)first.delta.kernel_caches_loaded,
               (unsigned long long)first.delta.dynamic,
               (unsigned long long)first.delta.kernel_caches_saved,
               (unsigned long long)first.delta.plans_read, batch5.ms, seqlen.ms,
-              (unsigned long long)seqlen.delta.plans_read);
+              (unsigned long long)seqlen.delta.plans_read, routed.ms,
+              (unsigned long long)routed.delta.builds);
   return 0;
 }
 
@@ -176,17 +180,19 @@ int Child() {
 void SecondProcess(const char* self, const char* label) {
   const std::string command = std::string("'") + self + "' --child";
   FILE* p = popen(command.c_str(), "r");
-  double startup = -1, build = -1, new_batch = -1, new_seqlen = -1;
+  double startup = -1, build = -1, new_batch = -1, new_seqlen = -1, routed_seqlen = -1;
   unsigned long long plans = 0, loaded = 0, dynamic = 0, saved = 0, read = 0, seqlen_read = 0;
+  unsigned long long routed_plans = 0;
   if (p != nullptr) {
     char line[1024];
     while (std::fgets(line, sizeof line, p))
       if (std::strncmp(line, "CHILD ", 6) == 0)
         std::sscanf(line,
                     "CHILD startup_ms=%lf build_ms=%lf build_plans=%llu loaded=%llu dynamic=%llu "
-                    "saved=%llu read=%llu new_batch_ms=%lf new_seqlen_ms=%lf new_seqlen_read=%llu",
+                    "saved=%llu read=%llu new_batch_ms=%lf new_seqlen_ms=%lf new_seqlen_read=%llu "
+                    "routed_seqlen_ms=%lf routed_seqlen_plans=%llu",
                     &startup, &build, &plans, &loaded, &dynamic, &saved, &read, &new_batch,
-                    &new_seqlen, &seqlen_read);
+                    &new_seqlen, &seqlen_read, &routed_seqlen, &routed_plans);
     pclose(p);
   }
   if (build < 0) {
@@ -201,9 +207,11 @@ void SecondProcess(const char* self, const char* label) {
               "from the plan store |\n",
               label, build, plans, dynamic, loaded, saved, read);
   std::printf("| %ssecond process, then batch 5 | %.1f | | |\n", label, new_batch);
-  std::printf("| %ssecond process, then new sequence length s=200, b=2 | %.1f | | %llu plans "
+  std::printf("| %ssecond process, then new sequence length s=256, b=2 | %.1f | | %llu plans "
               "read from the plan store |\n",
               label, new_seqlen, seqlen_read);
+  std::printf("| %ssecond process, then new sequence length s=200, b=2 | %.1f | %llu | |\n",
+              label, routed_seqlen, routed_plans);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -445,9 +453,9 @@ int main(int argc, char** argv) {
                    : Format("new batch size b=%lld", (long long)batch),
         TimeBuild(Structure(batch, 128)));
   // Sequence lengths, with the sequence-length route (the default): the structure's second length
-  // builds its ragged plans (2 sequences of 256 x 256 rows), later lengths and batches within
-  // them (or twice their own extents) run through those.
-  Row("first new sequence length s=256, b=2 (builds the ragged plans of 2 x 256)",
+  // builds its plans and the ragged ones of its extents (2 sequences of 256 x 256 rows), later
+  // lengths and batches within them (or within twice their own extents) run through those.
+  Row("first new sequence length s=256, b=2 (its plans and the ragged ones of 2 x 256)",
       TimeBuild(Structure(2, 256)));
   Row("new sequence length s=200, b=2 (through them)", TimeBuild(Structure(2, 200)));
   Row("smaller batch b=1, s=256 (through them)", TimeBuild(Structure(1, 256)));
@@ -465,11 +473,12 @@ int main(int argc, char** argv) {
                 ms.size(), Median(ms), *std::max_element(ms.begin(), ms.end()),
                 (unsigned long long)built, (unsigned long long)routed);
   }
-  Row("new sequence length s=200, b=3 (a batch beyond them: builds the ragged plans of 4 x 256)",
+  Row("new sequence length s=200, b=3 (a batch beyond them: its plans and the ragged ones of "
+      "4 x 256)",
       TimeBuild(Structure(3, 200)));
   Row("new sequence length s=100, b=4 (through the ragged plans of 4 x 256)",
       TimeBuild(Structure(4, 100)));
-  Row("new sequence length s=300, b=2 (beyond them: builds the ragged plans of 2 x 512)",
+  Row("new sequence length s=300, b=2 (beyond them: its plans and the ragged ones of 2 x 512)",
       TimeBuild(Structure(2, 300)));
   Row("repeated size b=3, s=128 (selection cache)", TimeBuild(Structure(3, 128)));
   std::fflush(stdout);
@@ -539,15 +548,18 @@ int main(int argc, char** argv) {
               DeviceMsPerStep(five, 20) * 4 / 5);
   unsetenv("FUSEDATTN_CUDNN_BATCH_CHUNKS");
   cudnn::ReloadSettings();
-  // New lengths of it (b=4): through the ragged plans of 4 x 2048 x 2048 (the sequence-length
-  // route, the default: s=2048 built first, s=1900 builds the ragged plans), and on plans of
-  // their own; per 4 sequences of that length. s=2048 through them too (s=1024 built first).
+  // New lengths of it (b=4) through the ragged plans of 4 x 2048 x 2048 (the sequence-length
+  // route, the default: s=1024 builds the structure's first plans, s=1500 its own and those
+  // ragged ones), and on plans of their own (the route off); per 4 sequences of that length.
   {
-    fusedattn_config s1900 = big, s1100 = big, s1024 = big;
+    fusedattn_config s1900 = big, s1500 = big, s1100 = big, s1024 = big;
     s1900.max_seqlen_q = s1900.max_seqlen_kv = 1900;
+    s1500.max_seqlen_q = s1500.max_seqlen_kv = 1500;
     s1100.max_seqlen_q = s1100.max_seqlen_kv = 1100;
     s1024.max_seqlen_q = s1024.max_seqlen_kv = 1024;
-    DeviceMsPerStep(big, 1);  // the structure's first plans (s=2048)
+    DeviceMsPerStep(s1024, 1);
+    DeviceMsPerStep(s1500, 1);
+    const double routed_2048 = DeviceMsPerStep(big, 20);
     const double routed_1900 = DeviceMsPerStep(s1900, 20);
     const double routed_1100 = DeviceMsPerStep(s1100, 20);
     setenv("FUSEDATTN_CUDNN_SEQLEN_ROUTE", "0", 1);
@@ -556,9 +568,8 @@ int main(int argc, char** argv) {
     const double own_1100 = DeviceMsPerStep(s1100, 20);
     unsetenv("FUSEDATTN_CUDNN_SEQLEN_ROUTE");
     cudnn::ReloadSettings();
-    DeviceMsPerStep(s1024, 1);  // the structure's first plans (s=1024)
-    const double routed_2048 = DeviceMsPerStep(big, 20);
-    std::printf("| s=2048 through the ragged plans of 4 x 2048 (sequence-length route) | %.3f |\n",
+    std::printf("| s=2048 through the ragged plans of 4 x 2048 (sequence-length route; its own: "
+                "the first row) | %.3f |\n",
                 routed_2048);
     std::printf("| s=1900 through the ragged plans of 4 x 2048 | %.3f |\n", routed_1900);
     std::printf("| s=1900 on a plan of its own (FUSEDATTN_CUDNN_SEQLEN_ROUTE=0) | %.3f |\n",
@@ -566,7 +577,6 @@ int main(int argc, char** argv) {
     std::printf("| s=1100 through the ragged plans of 4 x 2048 | %.3f |\n", routed_1100);
     std::printf("| s=1100 on a plan of its own (FUSEDATTN_CUDNN_SEQLEN_ROUTE=0) | %.3f |\n",
                 own_1100);
-    cudnn::ReloadSettings();
   }
   if (dynamic_rows) {
     dynamic();
@@ -598,6 +608,8 @@ int main(int argc, char** argv) {
   cases[4].config.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
   cudnn::ReloadSettings();  // the dense structure's first length is s=128 below
   for (const HostCase& k : cases) {
+    // s=100 builds its plans and the ragged ones of 2 x 128, which s=120 then runs through.
+    if (k.routed) TimeBuild(Structure(2, 100));
     const HostCost cost = MeasureHost(k.config, iterations, k.routed);
     std::printf("| %s | %.2f | %.2f | %d / %d |\n", k.name, cost.fwd_us, cost.bwd_us,
                 cost.fwd_launches, cost.bwd_launches);

@@ -36,6 +36,7 @@
 #include "gpu/skip.h"
 #include "problem/problem.h"
 #include "fusedattn/fusedattn.h"
+#include "testing/scoped_env.h"
 #include "testing/tensors.h"
 
 namespace fusedattn::testing {
@@ -470,16 +471,21 @@ TEST(CudnnDeterministic, BackwardIsBitIdenticalRunToRun) {
 // ------------------------------------------------------------------------------------------------
 // Plan cache: batch changes, eviction, threads.
 // ------------------------------------------------------------------------------------------------
+// These tests count plans exactly, so every problem builds its own: the sequence-length route
+// (on by default) would run a structure's second length through a ragged plan and add its entries
+// (cudnn_plans_test.cpp tests the route).
 class CudnnCache : public ::testing::Test {
  protected:
   void SetUp() override {
     unsetenv("FUSEDATTN_PLAN_CACHE_SIZE");
     cudnn::ReloadPlanCacheCapacity();
+    env_.set("FUSEDATTN_CUDNN_SEQLEN_ROUTE", "0");  // restored (and re-read) after the test
   }
   void TearDown() override {
     unsetenv("FUSEDATTN_PLAN_CACHE_SIZE");
     cudnn::ReloadPlanCacheCapacity();
   }
+  ScopedEnv env_{&cudnn::ReloadSettings};
 };
 
 TEST(CudnnBatch, ChangingOnlyTheBatchSizeGivesRightResults) {

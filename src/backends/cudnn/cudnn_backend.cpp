@@ -20,8 +20,9 @@
 // unless it is no sum of built ones. THD problems plan for their longest sequence rounded up to a
 // bucket (plan_spec.h ThdSeqlenBucket). A dense BSHD problem of a new sequence length runs
 // through the ragged (THD) plan of its tensors built for power-of-two extents at least its own
-// (plan_spec.h RouteExtents, the sequence-length route), built when a structure meets its second
-// sequence length (GetPlan), so later lengths build nothing. Per-shape plans are stored on disk
+// (plan_spec.h RouteExtents, the sequence-length route); a length that builds its own plans
+// builds that ragged plan with them once its structure has had another length (GetPlan), so that
+// later lengths up to its extents build nothing. Per-shape plans are stored on disk
 // after they are built and read back by later processes instead of building (the plan store,
 // README.md "The on-disk caches"). That is the default. Dynamic shapes
 // (FUSEDATTN_CUDNN_DYNAMIC_SHAPES=1; experimental, off by default: on cuDNN 9.19 they gave wrong
@@ -304,7 +305,7 @@ struct Structure {
   std::string disk_key;
   // The sequence lengths of the structure's first plan, seqlen_q << 32 | seqlen_kv (-1: none
   // yet): a plan asked for other lengths means that this structure's lengths vary, and the
-  // sequence-length route builds a ragged plan for it (GetPlan). Written once under the mutex,
+  // sequence-length route builds a ragged plan with it (GetPlan). Written once under the mutex,
   // read without it.
   std::atomic<int64_t> first_seqlens{-1};
 };
@@ -605,7 +606,8 @@ Status MakeRaggedPlan(const DeviceInfo& device, const SeqlenRoute& route,
 }
 
 // Whether plans of spec's structure were asked for other sequence lengths than spec's: then its
-// lengths vary, and a new one builds a ragged plan that later ones run through too.
+// lengths vary, and a length that builds its own plan builds the ragged plan that later lengths
+// run through too.
 bool SeqlensVary(const SdpaGraphSpec& spec, const DeviceInfo& device) {
   std::shared_ptr<Structure> st = Structures().peek(MakeStructureKey(spec, device));
   if (!st) return false;
@@ -615,9 +617,9 @@ bool SeqlensVary(const SdpaGraphSpec& spec, const DeviceInfo& device) {
 
 // The plan of spec on the current device: from the cache (a warm call), else a smaller plan to
 // run in batch chunks, else (route given: a dense problem) a built ragged plan of larger extents
-// to run through, else built: for a dense problem whose structure already has a plan for other
-// sequence lengths, the ragged plan of its own extents (which later lengths run through too),
-// else its own plan (plus, with FUSEDATTN_CUDNN_SEQLEN_ROUTE=eager, that ragged plan).
+// to run through, else built. A call that builds gets its own plan (the dense kernels); when its
+// structure's lengths vary (FUSEDATTN_CUDNN_SEQLEN_ROUTE=eager: always), the ragged plan of its
+// extents is built with it, so that later lengths up to them build nothing.
 Status GetPlan(const SdpaGraphSpec& spec, const DeviceInfo& device, const SeqlenRoute* route,
                std::shared_ptr<PlanEntry>* entry) {
   PlanKey key = MakePlanKey(spec, device);
@@ -629,20 +631,11 @@ Status GetPlan(const SdpaGraphSpec& spec, const DeviceInfo& device, const Seqlen
   const SeqlenRouteMode mode = CurrentSettings()->seqlen_route;
   const bool routable = route != nullptr && mode != SeqlenRouteMode::kOff &&
                         SeqlenRouteRefusal(*route->problem, spec).ok();
-  if (routable) {
-    if ((*entry = FindRoutedPlan(device, key, *route))) return Status::Ok();
-    if (SeqlensVary(spec, device)) {
-      std::shared_ptr<PlanEntry> plan;
-      FUSEDATTN_RETURN_IF_ERROR(MakeRaggedPlan(device, *route, &plan));
-      if (plan->status.ok()) {  // else (cuDNN refused the ragged graph) a plan of its own
-        *entry = InsertRouted(key, RouteExtentsOf(*route->problem), std::move(plan));
-        return Status::Ok();
-      }
-    }
-  }
+  if (routable && (*entry = FindRoutedPlan(device, key, *route))) return Status::Ok();
   FUSEDATTN_RETURN_IF_ERROR(BuildPlan(spec, device, key, entry));
-  if (routable && mode == SeqlenRouteMode::kEager && (*entry)->status.ok()) {
-    std::shared_ptr<PlanEntry> plan;  // for the structure's later lengths; a refusal is cached
+  if (routable && (*entry)->status.ok() &&
+      (mode == SeqlenRouteMode::kEager || SeqlensVary(spec, device))) {
+    std::shared_ptr<PlanEntry> plan;  // for later lengths; cuDNN's refusal is cached with it
     FUSEDATTN_RETURN_IF_ERROR(MakeRaggedPlan(device, *route, &plan));
   }
   return Status::Ok();

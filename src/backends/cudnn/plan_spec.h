@@ -340,11 +340,12 @@ Problem RoutedProblem(const Problem& problem, const RouteExtents& e);
 int64_t RouteSequenceStep(const TensorView& view, int64_t batch, int64_t seqlen);
 
 // FUSEDATTN_CUDNN_SEQLEN_ROUTE (value: the variable's value, null when unset).
-//   unset, "", 1 / on / true / yes   on (the default): a new length of a structure that already
-//                                    has a plan for another runs through a ragged plan, built
-//                                    then if none is built yet
-//   eager                            also builds the ragged plans with a structure's first plans,
-//                                    so that its first new length builds nothing either
+//   unset, "", 1 / on / true / yes   on (the default): a call of a new length runs through a built
+//                                    ragged plan that covers it; a length that builds its own
+//                                    plans builds the ragged plans of its extents with them once
+//                                    its structure has had another length
+//   eager                            those ragged plans also with a structure's first plans, so
+//                                    that its first new length builds nothing either
 //   0 / off / false / no             off: every length builds plans of its own
 // Anything else is off, and *off_reason says why (also for off).
 enum class SeqlenRouteMode { kOff, kOn, kEager };
