@@ -950,6 +950,20 @@ TEST(CudnnRuntimeLayout, NamesTheTensorCudnnCannotTake) {
   bad = v;
   bad.stride_b = 0, bad.num_tokens = (int64_t{1} << 31) / 64;  // THD beyond int32 offsets
   EXPECT_FALSE(CheckRuntimeLayout("args.q", bad, 1, 4, 16, 64, true).ok());
+  // Inputs broadcast over an axis (stride 0, which validation allows): a graph reads no repeated
+  // elements (its stride would be taken for a packed one, past the tensor).
+  bad = v;
+  bad.stride_b = 0;
+  EXPECT_NE(CheckRuntimeLayout("args.k", bad, 2, 4, 16, 64, false).message().find(
+                "args.k has batch stride 0"),
+            std::string::npos);
+  EXPECT_TRUE(CheckRuntimeLayout("args.k", bad, 1, 4, 16, 64, false).ok()) << "one sequence";
+  bad = v;
+  bad.stride_h = 0;
+  EXPECT_NE(CheckRuntimeLayout("args.v", bad, 2, 4, 16, 64, false).message().find(
+                "args.v has head stride 0"),
+            std::string::npos);
+  EXPECT_TRUE(CheckRuntimeLayout("args.v", bad, 2, 1, 16, 64, false).ok()) << "one head";
 }
 
 }  // namespace

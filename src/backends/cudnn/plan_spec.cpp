@@ -1297,6 +1297,18 @@ Status CheckRuntimeLayout(const char* name, const TensorView& t, int64_t batch, 
     const char* axis;
     int64_t extent, stride;
   } axes[] = {{"head", heads, t.stride_h}, {"sequence", seqlen, t.stride_s}};
+  // A graph's tensor never repeats its elements: a stride of 0 (an input broadcast over an axis,
+  // which validation allows) would be read as a packed one (DescOf), past the tensor.
+  const bool batch_broadcast = !ragged && batch > 1 && t.stride_b == 0;
+  for (const auto& a : axes)
+    if (a.extent > 1 && a.stride == 0)
+      return NotSupported("%s has %s stride 0 (broadcast over %lld %ss): cuDNN SDPA reads no "
+                          "repeated elements",
+                          name, a.axis, (long long)a.extent, a.axis);
+  if (batch_broadcast)
+    return NotSupported("%s has batch stride 0 (broadcast over %lld sequences): cuDNN SDPA reads "
+                        "no repeated elements",
+                        name, (long long)batch);
   for (const auto& a : axes)
     if (a.extent > 1 && (a.stride * bytes) % 16 != 0)
       return NotSupported("%s has %s stride %lld (%lld bytes), not a multiple of 16 bytes as cuDNN "
