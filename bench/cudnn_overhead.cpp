@@ -116,7 +116,7 @@ Build TimeBuild(const fusedattn_config& c) {
   add(b.delta.kernel_caches_loaded, "kernel caches read");
   add(b.delta.kernel_caches_saved, "kernel caches written");
   add(b.delta.batch_chunked, "in batch chunks of a built plan");
-  add(b.delta.route_plans, "of them ragged, for the sequence-length route");
+  add(b.delta.route_plans, "ragged for the sequence-length route (of those above)");
   add(b.delta.seqlen_routed, "through a ragged plan");
   add(b.delta.plans_read, "read from the plan store");
   add(b.delta.plans_written, "stored");
