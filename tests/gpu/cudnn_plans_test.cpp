@@ -594,7 +594,6 @@ TEST(CudnnSeqlenRouteBounds, AThdCallReadsAndWritesNothingPastItsTokens) {
 }
 
 // Dynamic shapes (FUSEDATTN_TEST_CUDNN_DYNAMIC=1): every shape matches, and every plan after the
-// first shape's comes from the structure's kernel cache.// Dynamic shapes (FUSEDATTN_TEST_CUDNN_DYNAMIC=1): every shape matches, and every plan after the
 // first shape's comes from the structure's kernel cache.
 TEST_P(CudnnDynamicShapes, EveryShapeOfAStructureMatchesAndReusesItsKernels) {
   SKIP_UNLESS_DYNAMIC_TESTS_REQUESTED();

@@ -829,7 +829,8 @@ class CudnnBackendImpl final : public Backend {
     DeviceInfo device;
     FUSEDATTN_RETURN_IF_ERROR(CurrentDevice(&device));
     const FwdTensors canonical = CanonicalFwdTensors(p);
-    const SeqlenRoute route{&p, [&canonical](const Problem& r) { return ForwardSpec(r, canonical); }};
+    const SeqlenRoute route{&p,
+                            [&canonical](const Problem& r) { return ForwardSpec(r, canonical); }};
     std::shared_ptr<PlanEntry> entry;
     FUSEDATTN_RETURN_IF_ERROR(GetPlan(ForwardSpec(p, canonical), device, &route, &entry));
     FUSEDATTN_RETURN_IF_ERROR(PlanStatus(*entry, Direction::kForward));
@@ -851,7 +852,8 @@ class CudnnBackendImpl final : public Backend {
     DeviceInfo device;
     FUSEDATTN_RETURN_IF_ERROR(CurrentDevice(&device));
     const BwdTensors canonical = CanonicalBwdTensors(p);
-    const SeqlenRoute route{&p, [&canonical](const Problem& r) { return BackwardSpec(r, canonical); }};
+    const SeqlenRoute route{&p,
+                            [&canonical](const Problem& r) { return BackwardSpec(r, canonical); }};
     std::shared_ptr<PlanEntry> entry;
     FUSEDATTN_RETURN_IF_ERROR(GetPlan(BackwardSpec(p, canonical), device, &route, &entry));
     FUSEDATTN_RETURN_IF_ERROR(PlanStatus(*entry, Direction::kBackward));

@@ -75,8 +75,9 @@ const Problem& EffectiveProblem(const Problem& problem, Problem* storage);
 // The sequence extent of a THD graph for a longest sequence of n: n up to 16, then up to 64 in
 // steps of 16, then four steps per octave (at most a quarter more rows than n). A serving batch's
 // longest sequence changes every batch; a graph per bucket, not per length, is built. The rows
-// past a sequence's length are never read or written (cuDNN reads the lengths from tensors), so
-// the extent only sizes the grid (the extra tiles exit at once) and our staged LSE.
+// past a sequence's length are never written nor used (cuDNN reads the lengths from tensors), so
+// the extent only sizes the grid (the extra tiles exit at once), cuDNN's workspace and our staged
+// LSE.
 int64_t ThdSeqlenBucket(int64_t n);
 
 // At most this many score_mod tensors reach one cuDNN graph (each is one more graph input).
