@@ -105,7 +105,7 @@ step_cputests() {
 }
 
 # compute-sanitizer over a subset of the GPU tests (filters from each backend's tests).
-CUDNN_MEMCHECK='CudnnGrid/CudnnGridTest.Matches/bshd_causal_bf16_d64:CudnnGrid/CudnnGridTest.Matches/bshd_padding_uneven_zero_lengths:CudnnGrid/CudnnGridTest.Matches/thd_causal_gaps_packed_lse:CudnnGrid/CudnnGridTest.Matches/thd_learnable_sink_causal:CudnnGrid/CudnnGridTest.Matches/bshd_post_bias_1h_dbias_causal_fp16:CudnnStrides.AnLseLaidOutAsBatchSeqHeadsKeepsThePlanCheckBuilt'
+CUDNN_MEMCHECK='CudnnGrid/CudnnGridTest.Matches/bshd_causal_bf16_d64:CudnnGrid/CudnnGridTest.Matches/bshd_padding_uneven_zero_lengths:CudnnGrid/CudnnGridTest.Matches/thd_causal_gaps_packed_lse:CudnnGrid/CudnnGridTest.Matches/thd_learnable_sink_causal:CudnnGrid/CudnnGridTest.Matches/bshd_post_bias_1h_dbias_causal_fp16:CudnnStrides.AnLseLaidOutAsBatchSeqHeadsKeepsThePlanCheckBuilt:Structures/CudnnSeqlenRoute.NewLengthsOfABuiltStructureRunThroughOneRaggedPlan/causal_bottom_right_sq_gt_skv:Structures/CudnnSeqlenRoute.NewLengthsOfABuiltStructureRunThroughOneRaggedPlan/padding_causal'
 SANITIZE_FILTER="${SANITIZE_FILTER:-*Sanitize*:$CUDNN_MEMCHECK}"
 step_sanitize() {
   compute-sanitizer --tool memcheck --error-exitcode 9 \

@@ -530,6 +530,171 @@ TEST(CudnnBatchChunks, OnUnlessTheVariableTurnsThemOff) {
   EXPECT_NE(off.find("not a count"), std::string::npos) << off;
 }
 
+// ------------------------------------------------------------------------------------------------
+// Sequence-length route
+// ------------------------------------------------------------------------------------------------
+TEST(CudnnSeqlenRoute, ExtentsArePowersOfTwoFromSixteen) {
+  EXPECT_EQ(RouteSeqlenExtent(1), 16);
+  EXPECT_EQ(RouteSeqlenExtent(16), 16);
+  EXPECT_EQ(RouteSeqlenExtent(17), 32);
+  EXPECT_EQ(RouteSeqlenExtent(100), 128);
+  EXPECT_EQ(RouteSeqlenExtent(128), 128);
+  EXPECT_EQ(RouteSeqlenExtent(129), 256);
+  fusedattn_config c = BaseConfig();  // batch 3, sq 16, skv 24
+  EXPECT_EQ(RouteExtentsOf(MakeCuda(c)), (RouteExtents{4, 16, 32}));
+  c.batch = 1, c.max_seqlen_q = 1, c.max_seqlen_kv = 1000;
+  EXPECT_EQ(RouteExtentsOf(MakeCuda(c)), (RouteExtents{1, 16, 1024}));
+}
+
+TEST(CudnnSeqlenRoute, CandidatesAreTheOwnExtentsThenTheNextPowerOfTwoPerAxis) {
+  fusedattn_config c = BaseConfig();
+  c.batch = 2, c.max_seqlen_q = 100, c.max_seqlen_kv = 200;
+  const std::vector<RouteExtents> all = RouteCandidates(MakeCuda(c));
+  ASSERT_EQ(all.size(), 8u);
+  EXPECT_EQ(all.front(), (RouteExtents{2, 128, 256})) << "the own extents first";
+  EXPECT_EQ(all.back(), (RouteExtents{4, 256, 512}));
+  for (size_t i = 1; i < all.size(); ++i) {
+    EXPECT_LE(all[i - 1].batch * (all[i - 1].seqlen_q + all[i - 1].seqlen_kv),
+              all[i].batch * (all[i].seqlen_q + all[i].seqlen_kv))
+        << "fewest rows first";
+    EXPECT_LE(all[i].seqlen_q, 4 * c.max_seqlen_q);
+    EXPECT_LE(all[i].batch, 4 * c.batch);
+  }
+  // Extents whose ragged offsets would pass int32 are left out (64 heads of 256: 2^14 elements a
+  // row, so at most 2^17 - 1 rows a graph).
+  c.batch = 1, c.heads_q = c.heads_kv = 64, c.head_dim_qk = c.head_dim_v = 256;
+  c.max_seqlen_q = c.max_seqlen_kv = 100000;  // 131072 * 64 * 256 = 2^31: beyond int32
+  EXPECT_TRUE(RouteCandidates(MakeCuda(c)).empty());
+  c.max_seqlen_q = c.max_seqlen_kv = 60000;  // its own 65536 rows fit, twice that not
+  const std::vector<RouteExtents> fit = RouteCandidates(MakeCuda(c));
+  ASSERT_EQ(fit.size(), 1u);
+  EXPECT_EQ(fit[0], (RouteExtents{1, 65536, 65536}));
+}
+
+// The heart of the route: every dense call within a ragged plan's extents asks for that one plan
+// (equal keys), forward and backward, for any batch and lengths up to them, with sq != skv and
+// either alignment; and it is the plan of a THD problem with those extents.
+TEST(CudnnSeqlenRoute, DenseCallsWithinTheExtentsShareTheRaggedPlan) {
+  const DeviceInfo device{0, 90, 91900};
+  for (fusedattn_mask mask : {FUSEDATTN_MASK_NONE, FUSEDATTN_MASK_CAUSAL,
+                              FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT, FUSEDATTN_MASK_PADDING_CAUSAL}) {
+    SCOPED_TRACE(MaskName(mask));
+    fusedattn_config c = BaseConfig();  // heads 4 / 2, d 64
+    c.is_training = 1, c.mask = mask;
+    const RouteExtents e{4, 128, 256};
+    auto keys = [&](int64_t batch, int64_t sq, int64_t skv) {
+      fusedattn_config x = c;
+      x.batch = batch, x.max_seqlen_q = sq, x.max_seqlen_kv = skv;
+      const Problem p = MakeCuda(x);
+      EXPECT_TRUE(SeqlenRouteRefusal(p, ForwardSpec(p, CanonicalFwdTensors(p))).ok());
+      const Problem r = RoutedProblem(p, e);
+      return std::make_pair(MakePlanKey(ForwardSpec(r, CanonicalFwdTensors(p)), device),
+                            MakePlanKey(BackwardSpec(r, CanonicalBwdTensors(p)), device));
+    };
+    const auto first = keys(3, 100, 200);
+    for (const auto& other : {keys(4, 128, 256), keys(1, 17, 30), keys(2, 128, 129)}) {
+      EXPECT_EQ(other.first, first.first);
+      EXPECT_EQ(other.second, first.second);
+    }
+    // A THD problem of those extents (graph batch 4, buckets 128 and 256) has that plan too.
+    fusedattn_config thd = c;
+    SetThd(&thd);
+    thd.batch = 3, thd.max_seqlen_q = 128, thd.max_seqlen_kv = 256;
+    const Problem t = EffectiveProblem(MakeCuda(thd));
+    EXPECT_EQ(MakePlanKey(ForwardSpec(t, CanonicalFwdTensors(t)), device), first.first);
+  }
+}
+
+TEST(CudnnSeqlenRoute, TheThdFormKeepsTheBandAndPlansForTheExtents) {
+  fusedattn_config c = BaseConfig();
+  c.is_training = 1, c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT, c.window_left = 5;
+  const Problem p = MakeCuda(c);
+  const RouteExtents e{4, 32, 32};
+  const Problem r = RoutedProblem(p, e);
+  EXPECT_TRUE(r.thd && r.padding);
+  EXPECT_EQ(r.config.mask, FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT);
+  EXPECT_EQ(r.band(), p.band()) << "the same band, per sequence";
+  EXPECT_EQ(GraphBatch(r), 4);
+  const SdpaGraphSpec s = ForwardSpec(r, CanonicalFwdTensors(p));
+  EXPECT_TRUE(s.ragged && s.padding && s.bottom_right);
+  EXPECT_EQ(s.seqlen_q, 32);
+  EXPECT_EQ(s.seqlen_kv, 32);
+  EXPECT_EQ(s.q.stride[2], c.heads_q * c.head_dim_qk) << "the dense tensors' token stride";
+  // The routed call stages its LSE (the graph's stats are [4, heads, 32]) and writes the rows our
+  // semantics decide; its scratch holds the ragged offsets and stats of the graph's extents.
+  const CallPlan call = ForwardCallPlan(r, CanonicalFwdTensors(p));
+  EXPECT_TRUE(call.prep && call.padding && call.stage_stats && call.fixup);
+  EXPECT_FALSE(call.const_lengths);
+  const Scratch scratch = ForwardScratch(r, call);
+  EXPECT_NE(scratch.ragged[kRaggedQ], Scratch::kNone);
+  EXPECT_GE(scratch.bytes, sizeof(float) * 4 * c.heads_q * 32);
+  const CallPlan bwd = BackwardCallPlan(r, CanonicalBwdTensors(p));
+  EXPECT_TRUE(bwd.prep && bwd.stage_stats && bwd.fixup);
+}
+
+TEST(CudnnSeqlenRoute, RefusedWhereADenseTensorIsNoRaggedOneOrTheGraphHasTheLengths) {
+  fusedattn_config c = BaseConfig();
+  c.is_training = 1, c.mask = FUSEDATTN_MASK_CAUSAL;
+  auto refusal = [](const fusedattn_config& config, Direction direction = Direction::kForward) {
+    const Problem p = MakeCuda(config);
+    return SeqlenRouteRefusal(p, direction == Direction::kForward
+                                     ? ForwardSpec(p, CanonicalFwdTensors(p))
+                                     : BackwardSpec(p, CanonicalBwdTensors(p)));
+  };
+  EXPECT_TRUE(refusal(c).ok());
+  EXPECT_TRUE(refusal(c, Direction::kBackward).ok());
+  fusedattn_config other = c;
+  other.mask = FUSEDATTN_MASK_PADDING;  // padded BSHD: lengths from cu_seqlens
+  EXPECT_TRUE(refusal(other).ok());
+  other = c, other.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+  EXPECT_TRUE(refusal(other, Direction::kBackward).ok());
+  other = c;
+  SetThd(&other);
+  EXPECT_THAT_MESSAGE(refusal(other), "THD");
+  other = c, other.q_format = other.kv_format = other.o_format = FUSEDATTN_FORMAT_SBHD;
+  other.do_format = other.dqkv_format = FUSEDATTN_FORMAT_SBHD;
+  EXPECT_THAT_MESSAGE(refusal(other), "q_format = SBHD");
+  other = c, other.dqkv_format = FUSEDATTN_FORMAT_BHSD;
+  EXPECT_THAT_MESSAGE(refusal(other, Direction::kBackward), "dqkv_format = BHSD");
+  other.is_training = 0;
+  EXPECT_TRUE(refusal(other).ok()) << "an inference problem reads no gradient layout";
+  other = c, other.dropout = 0.1;
+  EXPECT_THAT_MESSAGE(refusal(other), "dropout");
+  other = c, other.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+  other.bias_batch = 1, other.bias_heads = 1;
+  EXPECT_THAT_MESSAGE(refusal(other), "bias");
+  // Tensors: sequences that overlap, and offsets beyond int32.
+  const Problem p = MakeCuda(c);
+  FwdTensors t = CanonicalFwdTensors(p);
+  t.k.stride_b = t.k.stride_s * (c.max_seqlen_kv - 1);
+  EXPECT_THAT_MESSAGE(SeqlenRouteRefusal(p, ForwardSpec(p, t)), "sequences of k overlap");
+  t = CanonicalFwdTensors(p);
+  t.v.stride_b = int64_t{1} << 30;  // batch 3 of them: beyond int32 offsets
+  EXPECT_THAT_MESSAGE(SeqlenRouteRefusal(p, ForwardSpec(p, t)), "v spans");
+}
+
+// The ragged offsets of a routed dense tensor step over whole sequences: its batch stride (padded
+// rows included), or for a batch of one its rows.
+TEST(CudnnSeqlenRoute, RaggedOffsetsStepOverWholeSequences) {
+  TensorView v;
+  v.stride_d = 1, v.stride_h = 64, v.stride_s = 4 * 64, v.stride_b = 40 * 4 * 64;
+  EXPECT_EQ(RouteSequenceStep(v, 3, 32), 40 * 4 * 64) << "rows padded to 40";
+  EXPECT_EQ(RouteSequenceStep(v, 1, 32), 32 * 4 * 64);
+}
+
+TEST(CudnnSeqlenRoute, OnByDefaultEagerOrOffByTheVariable) {
+  std::string off;
+  EXPECT_EQ(ParseSeqlenRoute(nullptr, &off), SeqlenRouteMode::kOn);
+  EXPECT_TRUE(off.empty());
+  EXPECT_EQ(ParseSeqlenRoute("", &off), SeqlenRouteMode::kOn);
+  EXPECT_EQ(ParseSeqlenRoute("1", &off), SeqlenRouteMode::kOn);
+  EXPECT_EQ(ParseSeqlenRoute("Eager", &off), SeqlenRouteMode::kEager);
+  EXPECT_EQ(ParseSeqlenRoute("0", &off), SeqlenRouteMode::kOff);
+  EXPECT_NE(off.find("every sequence length builds plans of its own"), std::string::npos) << off;
+  EXPECT_EQ(ParseSeqlenRoute("sometimes", &off), SeqlenRouteMode::kOff);
+  EXPECT_NE(off.find("is not 1, eager or 0"), std::string::npos) << off;
+}
+
 TEST(CudnnThdBuckets, FourStepsPerOctaveAbove64) {
   EXPECT_EQ(ThdSeqlenBucket(1), 1);
   EXPECT_EQ(ThdSeqlenBucket(16), 16);
@@ -785,6 +950,20 @@ TEST(CudnnRuntimeLayout, NamesTheTensorCudnnCannotTake) {
   bad = v;
   bad.stride_b = 0, bad.num_tokens = (int64_t{1} << 31) / 64;  // THD beyond int32 offsets
   EXPECT_FALSE(CheckRuntimeLayout("args.q", bad, 1, 4, 16, 64, true).ok());
+  // Inputs broadcast over an axis (stride 0, which validation allows): a graph reads no repeated
+  // elements (its stride would be taken for a packed one, past the tensor).
+  bad = v;
+  bad.stride_b = 0;
+  EXPECT_NE(CheckRuntimeLayout("args.k", bad, 2, 4, 16, 64, false).message().find(
+                "args.k has batch stride 0"),
+            std::string::npos);
+  EXPECT_TRUE(CheckRuntimeLayout("args.k", bad, 1, 4, 16, 64, false).ok()) << "one sequence";
+  bad = v;
+  bad.stride_h = 0;
+  EXPECT_NE(CheckRuntimeLayout("args.v", bad, 2, 4, 16, 64, false).message().find(
+                "args.v has head stride 0"),
+            std::string::npos);
+  EXPECT_TRUE(CheckRuntimeLayout("args.v", bad, 2, 1, 16, 64, false).ok()) << "one head";
 }
 
 }  // namespace

@@ -2,8 +2,14 @@
 // skips, saying why, without a device or the cuDNN backend):
 //   * shapes (default, per-shape plans): a structure run at several batch sizes and sequence
 //     lengths matches the reference at every one, each new shape building plans of its own
-//     (none of them dynamic) except a larger batch, which runs in batch chunks of a built plan;
+//     (none of them dynamic) except a larger batch, which runs in batch chunks of a built plan,
+//     and a new length that runs through a ragged plan built before;
 //     the variable's values that keep plans per shape; FUSEDATTN_CUDNN_BATCH_CHUNKS;
+//   * the sequence-length route (default): new lengths of a built dense structure (causal and
+//     not, sq != skv with either alignment, windows, GQA, padding masks, sinks, inference) match
+//     the reference and build nothing once its ragged plans exist, found within 5 ms;
+//     FUSEDATTN_CUDNN_SEQLEN_ROUTE=0 / eager; NaN after the last sequence of every tensor (of a
+//     routed call, and of a THD call) is neither read nor overwritten;
 //   * the plan store (default): a second process reads the plans the first stored (within the
 //     100 ms target), a truncated store is rebuilt and rewritten;
 //   * dynamic shapes (CudnnDynamic*, experimental): the same structures with
@@ -17,7 +23,7 @@
 //     reproduce the 2026-11-24 failure, else 1);
 //   * host path: strided sink logits staged for cuDNN, and dsink from the one-launch backward
 //     epilogue, bit-identical run to run.
-// Run them: build/tests/fusedattn_gpu_tests --gtest_filter='*CudnnShapes*:CudnnBatchChunks*:CudnnPlanStore*:CudnnSink*'
+// Run them: build/tests/fusedattn_gpu_tests --gtest_filter='*CudnnShapes*:CudnnBatchChunks*:*CudnnSeqlenRoute*:CudnnPlanStore*:CudnnSink*'
 //           FUSEDATTN_TEST_CUDNN_DYNAMIC=1 build/tests/fusedattn_gpu_tests --gtest_filter='*CudnnDynamic*'
 #ifdef FUSEDATTN_WITH_CUDNN
 
@@ -28,6 +34,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -59,6 +66,8 @@ PlanBuildStats Delta(const PlanBuildStats& after, const PlanBuildStats& before) 
   d.per_shape = after.per_shape - before.per_shape;
   d.failed = after.failed - before.failed;
   d.batch_chunked = after.batch_chunked - before.batch_chunked;
+  d.seqlen_routed = after.seqlen_routed - before.seqlen_routed;
+  d.route_plans = after.route_plans - before.route_plans;
   d.plans_read = after.plans_read - before.plans_read;
   d.plan_read_failures = after.plan_read_failures - before.plan_read_failures;
   d.plans_written = after.plans_written - before.plans_written;
@@ -91,6 +100,7 @@ class ScopedCudnnEnv : public ScopedEnv {
 // ------------------------------------------------------------------------------------------------
 constexpr const char* kDynamicTestsVariable = "FUSEDATTN_TEST_CUDNN_DYNAMIC";
 constexpr const char* kDynamicVariable = "FUSEDATTN_CUDNN_DYNAMIC_SHAPES";
+constexpr const char* kRouteVariable = "FUSEDATTN_CUDNN_SEQLEN_ROUTE";
 
 bool DynamicTestsRequested() {
   const char* v = std::getenv(kDynamicTestsVariable);
@@ -118,8 +128,10 @@ bool TurnDynamicShapesOn(ScopedCudnnEnv* env) {
           ? std::string(current)
           : std::string("1");
   env->set(kDynamicVariable, value.c_str());
-  // Every new shape builds: batch chunks would run a larger batch on a plan already built.
+  // Every new shape builds: batch chunks would run a larger batch on a plan already built, the
+  // sequence-length route a new length on a ragged plan.
   env->set("FUSEDATTN_CUDNN_BATCH_CHUNKS", "1");
+  env->set(kRouteVariable, "0");
   const std::string off = cudnn::DynamicShapesOffReason();
   if (!off.empty()) std::printf("[ dynamic  ] %s\n", off.c_str());
   else std::printf("[ dynamic  ] %s=%s\n", kDynamicVariable, value.c_str());
@@ -136,6 +148,13 @@ struct Shape {
   // BatchChunks): dense problems without dropout or a bias gradient summed over the batch, whose
   // batch is a sum of built batches (b=3 after 2 and 1).
   int chunked = 0;
+  // Directions that run through a ragged plan an earlier shape built (by default; plan_spec.h
+  // RouteExtents, the sequence-length route) instead of building: BSHD problems without dropout
+  // or a bias, of a length within a built ragged plan's extents.
+  int routed = 0;
+  // Directions that build the ragged plans of their extents besides their own: BSHD problems as
+  // above that build, of a length that is not their structure's first.
+  int ragged = 0;
 };
 
 struct ShapeCase {
@@ -157,14 +176,16 @@ std::vector<ShapeCase> ShapeCases() {
   const auto bf16 = FUSEDATTN_DTYPE_BFLOAT16, fp16 = FUSEDATTN_DTYPE_FLOAT16;
   fusedattn_config c = Config(2, 4, 4, 128, 128, 64, bf16);
   c.mask = FUSEDATTN_MASK_CAUSAL, c.is_training = 1;
+  // s=256 builds its plans and the ragged ones of batch 2 and 256 x 256 rows; s=96 runs through
+  // those.
   cases.push_back({"bshd_causal_bf16_d64", c, {},
                    {{2, 128, 128}, {1, 128, 128}, {3, 128, 128, 2}, {8, 128, 128, 2},
-                    {2, 256, 256}, {2, 96, 96}},
+                    {2, 256, 256, 0, 0, 2}, {2, 96, 96, 0, 2}},
                    ShapeCase::kDynamic});
   c = Config(4, 4, 2, 96, 96, 128, fp16);
   c.mask = FUSEDATTN_MASK_PADDING_CAUSAL, c.is_training = 1;
   cases.push_back({"bshd_padding_causal_gqa_fp16_d128", c, {},
-                   {{4, 96, 96}, {1, 96, 96}, {6, 96, 96, 2}, {4, 160, 160}}});
+                   {{4, 96, 96}, {1, 96, 96}, {6, 96, 96, 2}, {4, 160, 160, 0, 0, 2}}});
   c = Config(3, 4, 4, 64, 64, 64, bf16);
   SetFormats(&c, FUSEDATTN_FORMAT_THD);
   c.mask = FUSEDATTN_MASK_PADDING_CAUSAL, c.is_training = 1;
@@ -191,10 +212,10 @@ std::vector<ShapeCase> ShapeCases() {
   c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK, c.mask = FUSEDATTN_MASK_CAUSAL;
   c.is_training = 1;
   cases.push_back({"bshd_learnable_sink_causal", c, {},
-                   {{2, 96, 96}, {6, 96, 96, 2}, {2, 64, 64}}});
+                   {{2, 96, 96}, {6, 96, 96, 2}, {2, 64, 64, 0, 0, 2}}});
   c = Config(2, 4, 4, 128, 128, 64, bf16);  // no mask, inference: the unified node where it runs
-  cases.push_back({"bshd_nomask_forward", c, {}, {{2, 128, 128}, {4, 128, 128, 1}, {2, 64, 64}},
-                   ShapeCase::kAny});
+  cases.push_back({"bshd_nomask_forward", c, {},
+                   {{2, 128, 128}, {4, 128, 128, 1}, {2, 64, 64, 0, 0, 1}}, ShapeCase::kAny});
   return cases;
 }
 
@@ -219,23 +240,27 @@ std::vector<PlanBuildStats> RunShapes(const ShapeCase& k) {
     per_shape.push_back(Delta(GetPlanBuildStats(), before));
     const PlanBuildStats& d = per_shape.back();
     std::printf("[ shapes   ] %-36s b=%lld sq=%lld skv=%lld: %llu plans (%llu dynamic, %llu "
-                "unified, %llu per shape) in %.1f ms, %llu in batch chunks\n",
+                "unified, %llu per shape; %llu ragged for the sequence-length route) in %.1f "
+                "ms, %llu in batch chunks, %llu through a ragged plan\n",
                 k.name.c_str(), (long long)shape.batch, (long long)shape.seqlen_q,
                 (long long)shape.seqlen_kv, (unsigned long long)d.builds,
                 (unsigned long long)d.dynamic, (unsigned long long)d.unified,
-                (unsigned long long)d.per_shape, d.build_ms,
-                (unsigned long long)d.batch_chunked);
+                (unsigned long long)d.per_shape, (unsigned long long)d.route_plans, d.build_ms,
+                (unsigned long long)d.batch_chunked, (unsigned long long)d.seqlen_routed);
   }
   return per_shape;
 }
 
-// The default: every shape builds plans of its own (per-shape composite graphs, or the unified
-// node for a forward it takes), none of them dynamic, except a larger batch that runs in batch
-// chunks of a built plan; every shape matches the reference.
+// The default: every shape builds plans (per-shape composite graphs, or the unified node for a
+// forward it takes), none of them dynamic, except a larger batch that runs in batch chunks of a
+// built plan and a new length that runs through a ragged plan built before; every shape matches
+// the reference.
 TEST_P(CudnnShapes, EveryShapeOfAStructureMatchesWithPlansOfItsOwn) {
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   ScopedCudnnEnv env;
-  env.set(kDynamicVariable, nullptr);  // the default, whatever the environment says
+  env.set(kDynamicVariable, nullptr);  // the defaults, whatever the environment says
+  env.set(kRouteVariable, nullptr);
+  env.set("FUSEDATTN_CUDNN_BATCH_CHUNKS", nullptr);
   env.set("FUSEDATTN_CACHE_DIR", "off");  // builds, not plans an earlier run stored
   const ShapeCase& k = GetParam();
   cudnn::ClearPlanCache();
@@ -245,9 +270,12 @@ TEST_P(CudnnShapes, EveryShapeOfAStructureMatchesWithPlansOfItsOwn) {
   for (size_t i = 0; i < stats.size(); ++i) {
     SCOPED_TRACE(Format("shape %zu", i));
     const int chunked = k.shapes[i].chunked;
-    EXPECT_EQ(stats[i].builds, static_cast<uint64_t>(directions - chunked))
-        << "a new shape, new plans, except in batch chunks";
+    const int routed = k.shapes[i].routed, ragged = k.shapes[i].ragged;
+    EXPECT_EQ(stats[i].builds, static_cast<uint64_t>(directions - chunked - routed + ragged))
+        << "a new shape, new plans, except in batch chunks or through a built ragged plan";
     EXPECT_EQ(stats[i].batch_chunked, static_cast<uint64_t>(chunked));
+    EXPECT_EQ(stats[i].seqlen_routed, static_cast<uint64_t>(routed));
+    EXPECT_EQ(stats[i].route_plans, static_cast<uint64_t>(ragged));
     EXPECT_EQ(stats[i].dynamic, 0u);
     EXPECT_EQ(stats[i].failed, 0u);
     EXPECT_EQ(stats[i].kernel_caches_saved, 0u);
@@ -346,6 +374,223 @@ TEST(CudnnThdBuckets, LongestSequencesInOneBucketShareThePlans) {
   ASSERT_EQ(stats.size(), 4u);
   EXPECT_EQ(stats[0].builds, 2u);
   for (size_t i = 1; i < 4; ++i) EXPECT_EQ(stats[i].builds, 0u) << "shape " << i;
+}
+
+// ------------------------------------------------------------------------------------------------
+// The sequence-length route (default): new lengths of a built dense structure run through one
+// ragged plan (plan_spec.h RouteExtents)
+// ------------------------------------------------------------------------------------------------
+// A structure's shapes: the first builds its own plans; the second, a new length, builds its own
+// and the ragged plans of its extents (powers of two); every later one is within those extents (or
+// within twice its own) and runs through them, building nothing.
+struct RouteCase {
+  std::string name;
+  fusedattn_config config;  // its batch and lengths are replaced by each shape's
+  std::vector<Shape> shapes;
+  TensorOptions options;
+};
+
+std::vector<RouteCase> RouteCases() {
+  std::vector<RouteCase> cases;
+  const auto bf16 = FUSEDATTN_DTYPE_BFLOAT16, fp16 = FUSEDATTN_DTYPE_FLOAT16;
+  fusedattn_config c = Config(2, 4, 4, 128, 128, 64, bf16);
+  c.mask = FUSEDATTN_MASK_CAUSAL, c.is_training = 1;
+  // Ragged plans for 2 x 256 x 256 (with s=200's own); then lengths under them, a smaller batch,
+  // 256 itself, and 72 (whose own extents are 128: twice them is 256).
+  cases.push_back({"causal", c,
+                   {{2, 128, 128}, {2, 200, 200}, {2, 160, 160}, {1, 129, 129}, {2, 256, 256},
+                    {2, 72, 72}}});
+  // Top-left causal with sq != skv: the diagonal starts at key 0 of every sequence.
+  cases.push_back({"causal_sq_lt_skv", c,
+                   {{2, 64, 128}, {2, 100, 200}, {2, 80, 130}, {2, 128, 250}, {1, 33, 70}}});
+  cases.push_back({"causal_sq_gt_skv", c,
+                   {{2, 128, 64}, {2, 200, 100}, {2, 150, 90}, {2, 256, 128}}});
+  c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+  cases.push_back({"causal_bottom_right_sq_lt_skv", c,
+                   {{2, 64, 192}, {2, 100, 300}, {2, 90, 260}, {2, 128, 512}}});
+  // The first sq - skv rows of every sequence see no key: O = 0, LSE = -inf, dQ = 0.
+  cases.push_back({"causal_bottom_right_sq_gt_skv", c,
+                   {{2, 128, 64}, {2, 200, 100}, {2, 180, 70}}});
+  c.mask = FUSEDATTN_MASK_NONE, c.window_left = 32;  // a sliding window, bottom-right aligned
+  cases.push_back({"sliding_window_left_32", c, {{2, 128, 128}, {2, 200, 200}, {2, 150, 150}}});
+  c = Config(2, 8, 2, 128, 128, 128, fp16);  // GQA, fp16, d128, no mask
+  c.is_training = 1;
+  cases.push_back({"nomask_gqa_fp16_d128", c, {{2, 128, 128}, {2, 96, 96}, {2, 112, 120}}});
+  c = Config(2, 4, 4, 96, 96, 64, bf16);
+  c.mask = FUSEDATTN_MASK_PADDING_CAUSAL, c.is_training = 1;  // padded BSHD: cu_seqlens lengths
+  cases.push_back({"padding_causal", c, {{2, 96, 96}, {2, 128, 128}, {2, 100, 100}}});
+  c.mask = FUSEDATTN_MASK_CAUSAL, c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+  cases.push_back({"learnable_sink_causal", c, {{2, 96, 96}, {2, 64, 64}, {2, 50, 50}}});
+  c = Config(2, 4, 4, 128, 128, 64, bf16);  // inference: the forward alone, no LSE
+  cases.push_back({"nomask_forward", c, {{2, 128, 128}, {2, 64, 64}, {2, 40, 40}}});
+  return cases;
+}
+
+void PrintTo(const RouteCase& c, std::ostream* os) { *os << c.name; }
+
+class CudnnSeqlenRoute : public ::testing::TestWithParam<RouteCase> {};
+
+// Runs each shape of k (check() first, timed: it builds or finds the plans), compared with the
+// reference; the build statistics of each shape.
+std::vector<PlanBuildStats> RunRouteShapes(const RouteCase& k, std::vector<double>* check_ms) {
+  std::vector<PlanBuildStats> per_shape;
+  RunOptions run;
+  run.backward = k.config.is_training != 0;
+  for (const Shape& shape : k.shapes) {
+    fusedattn_config c = k.config;
+    c.batch = shape.batch, c.max_seqlen_q = shape.seqlen_q, c.max_seqlen_kv = shape.seqlen_kv;
+    SCOPED_TRACE(Format("%s at batch %lld, seqlen %lld / %lld", k.name.c_str(),
+                        (long long)shape.batch, (long long)shape.seqlen_q,
+                        (long long)shape.seqlen_kv));
+    const PlanBuildStats before = GetPlanBuildStats();
+    char msg[4096];
+    fusedattn_backend chosen = FUSEDATTN_BACKEND_AUTO;
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_EQ(fusedattn_get_backend(&c, &chosen, msg, sizeof msg), FUSEDATTN_SUCCESS) << msg;
+    check_ms->push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+            .count());
+    RunAndCompare(c, k.options, run);
+    per_shape.push_back(Delta(GetPlanBuildStats(), before));
+    const PlanBuildStats& d = per_shape.back();
+    std::printf("[ route    ] %-30s b=%lld sq=%lld skv=%lld: check %.2f ms, %llu plans built "
+                "(%llu ragged), %llu through a ragged plan: %s\n",
+                k.name.c_str(), (long long)shape.batch, (long long)shape.seqlen_q,
+                (long long)shape.seqlen_kv, check_ms->back(), (unsigned long long)d.builds,
+                (unsigned long long)d.route_plans, (unsigned long long)d.seqlen_routed,
+                Diagnostic(c).c_str());
+  }
+  return per_shape;
+}
+
+// Every shape matches the reference; the first builds its own plans, the second its own and the
+// ragged ones, every later one builds nothing and its check() finds its plans within 5 ms (the
+// target of issue 15); the diagnostic says which plan runs.
+TEST_P(CudnnSeqlenRoute, NewLengthsOfABuiltStructureRunThroughOneRaggedPlan) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
+  ScopedCudnnEnv env;
+  env.set(kDynamicVariable, nullptr);
+  env.set(kRouteVariable, nullptr);  // the default
+  env.set("FUSEDATTN_CACHE_DIR", "off");  // builds, not plans an earlier run stored
+  const RouteCase& k = GetParam();
+  cudnn::ClearPlanCache();
+  std::vector<double> check_ms;
+  const std::vector<PlanBuildStats> stats = RunRouteShapes(k, &check_ms);
+  if (::testing::Test::HasFailure()) return;
+  const uint64_t directions = k.config.is_training ? 2 : 1;
+  ASSERT_GE(stats.size(), 3u);
+  EXPECT_EQ(stats[0].builds, directions) << "the structure's first plans";
+  EXPECT_EQ(stats[0].route_plans, 0u);
+  EXPECT_EQ(stats[1].builds, 2 * directions) << "a second length: its plans and the ragged ones";
+  EXPECT_EQ(stats[1].route_plans, directions);
+  EXPECT_EQ(stats[1].seqlen_routed, 0u) << "a length that builds runs on its own plans";
+  EXPECT_EQ(stats[1].failed, 0u) << "cuDNN refused a ragged graph";
+  for (size_t i = 2; i < stats.size(); ++i) {
+    SCOPED_TRACE(Format("shape %zu", i));
+    EXPECT_EQ(stats[i].builds, 0u) << "a new length within the ragged plans' extents";
+    EXPECT_EQ(stats[i].seqlen_routed, directions);
+    EXPECT_LE(check_ms[i], 5.0) << "the target for a new length of a built structure";
+    fusedattn_config c = k.config;
+    c.batch = k.shapes[i].batch, c.max_seqlen_q = k.shapes[i].seqlen_q;
+    c.max_seqlen_kv = k.shapes[i].seqlen_kv;
+    const std::string diagnostic = Diagnostic(c);
+    EXPECT_NE(diagnostic.find("sequence-length route"), std::string::npos) << diagnostic;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Structures, CudnnSeqlenRoute, ::testing::ValuesIn(RouteCases()),
+                         [](const ::testing::TestParamInfo<RouteCase>& info) {
+                           return info.param.name;
+                         });
+
+// FUSEDATTN_CUDNN_SEQLEN_ROUTE=0: every length builds plans of its own; eager: the structure's
+// first plans come with their ragged plans, and its first new length already builds nothing.
+TEST(CudnnSeqlenRouteSetting, OffBuildsEveryLengthEagerBuildsTheRaggedPlansFirst) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
+  ScopedCudnnEnv env;
+  env.set(kDynamicVariable, nullptr);
+  env.set("FUSEDATTN_CACHE_DIR", "off");
+  RouteCase k = RouteCases()[0];  // BSHD causal, training
+  k.shapes = {{2, 128, 128}, {2, 200, 200}, {2, 160, 160}};
+  std::vector<double> check_ms;
+  env.set(kRouteVariable, "0");  // re-read settings, cleared plans
+  std::vector<PlanBuildStats> stats = RunRouteShapes(k, &check_ms);
+  ASSERT_EQ(stats.size(), 3u);
+  for (const PlanBuildStats& d : stats) {
+    EXPECT_EQ(d.builds, 2u) << "off: every length builds its own plans, and only them";
+    EXPECT_EQ(d.seqlen_routed, 0u);
+  }
+  env.set(kRouteVariable, "eager");
+  k.shapes = {{2, 128, 128}, {2, 100, 100}, {1, 128, 128}};
+  stats = RunRouteShapes(k, &check_ms);
+  ASSERT_EQ(stats.size(), 3u);
+  EXPECT_EQ(stats[0].builds, 4u) << "eager: the plans of 2 x 128 x 128 and their ragged ones";
+  EXPECT_EQ(stats[0].route_plans, 2u);
+  for (size_t i = 1; i < 3; ++i) {
+    EXPECT_EQ(stats[i].builds, 0u) << "shape " << i;
+    EXPECT_EQ(stats[i].seqlen_routed, 2u) << "shape " << i;
+  }
+}
+
+// The same tensor with `extra` more elements of storage after its own, NaN (poison): inputs keep
+// their values, outputs are poison throughout.
+HostTensor WithNanTail(const HostTensor& t, int64_t extra, bool is_output) {
+  if (t.empty()) return t;
+  HostTensor out(t.dtype(), t.shape(), t.strides(), t.storage_elements() + extra);
+  out.poison();
+  if (!is_output) std::memcpy(out.data(), t.data(), t.storage_bytes());
+  return out;
+}
+
+// NaN right after the last sequence of every q/k/v/o/dO/dQ/dK/dV tensor (as much again as the
+// tensor, at least 256 rows): cuDNN's ragged kernels read the rows of a tile past a sequence's
+// length and multiply them by P = 0 (cudnn-frontend issues 624 and 706: those rows must be
+// finite), and the tile past the last sequence's end lies outside the tensor. A read there shows
+// as NaN in the outputs, a write as a changed tail. Lengths 200 and 100 leave partial tiles.
+void RunWithNanTails(const fusedattn_config& c, const TensorOptions& options) {
+  RunOptions run;
+  run.edit = [](ProblemTensors* t) {
+    for (HostTensor* in : {&t->q, &t->k, &t->v, &t->d_o})
+      *in = WithNanTail(*in, std::max<int64_t>(in->storage_elements(), 256 * 512), false);
+    for (HostTensor* out : {&t->o, &t->dq, &t->dk, &t->dv})
+      *out = WithNanTail(*out, std::max<int64_t>(out->storage_elements(), 256 * 512), true);
+  };
+  RunAndCompare(c, options, run);
+}
+
+TEST(CudnnSeqlenRouteBounds, ARoutedCallReadsAndWritesNothingPastTheLastSequence) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
+  ScopedCudnnEnv env;
+  env.set(kDynamicVariable, nullptr);
+  env.set(kRouteVariable, nullptr);
+  env.set("FUSEDATTN_CACHE_DIR", "off");
+  cudnn::ClearPlanCache();
+  for (fusedattn_mask mask : {FUSEDATTN_MASK_NONE, FUSEDATTN_MASK_CAUSAL}) {
+    SCOPED_TRACE(MaskName(mask));
+    fusedattn_config c = Config(2, 4, 2, 128, 256, 64);
+    c.mask = mask, c.is_training = 1;
+    RunAndCompare(c, {}, RunOptions{});  // the structure's first plans
+    c.max_seqlen_q = 256, c.max_seqlen_kv = 128;  // its own and the ragged ones of 256 x 128
+    RunAndCompare(c, {}, RunOptions{});
+    for (const auto& [sq, skv] : {std::pair<int64_t, int64_t>{200, 100}, {150, 70}}) {
+      c.max_seqlen_q = sq, c.max_seqlen_kv = skv;  // through the ragged plans
+      const PlanBuildStats before = GetPlanBuildStats();
+      RunWithNanTails(c, {});
+      EXPECT_EQ(Delta(GetPlanBuildStats(), before).seqlen_routed, 2u) << Diagnostic(c);
+    }
+  }
+}
+
+// The same for a THD problem (the layout the route turns a dense one into): its last sequence
+// ends where the tensor does.
+TEST(CudnnSeqlenRouteBounds, AThdCallReadsAndWritesNothingPastItsTokens) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
+  fusedattn_config c = Config(3, 4, 2, 200, 200, 64);
+  SetFormats(&c, FUSEDATTN_FORMAT_THD);
+  c.mask = FUSEDATTN_MASK_PADDING_CAUSAL, c.is_training = 1;
+  TensorOptions o;
+  o.len_q = {200, 77, 133}, o.len_kv = {200, 77, 133};  // the last ends inside a tile
+  RunWithNanTails(c, o);
 }
 
 // Dynamic shapes (FUSEDATTN_TEST_CUDNN_DYNAMIC=1): every shape matches, and every plan after the

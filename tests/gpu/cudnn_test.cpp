@@ -10,8 +10,9 @@
 // and backward use one mask.
 //
 // compute-sanitizer subset (memcheck): every kernel of the backend (prepare, forward and
-// backward fix-ups, dbias fix-up, dsink) and THD ragged offsets, in a few cuDNN plans:
-//   compute-sanitizer --tool memcheck build/tests/fusedattn_gpu_tests --gtest_filter='CudnnGrid/CudnnGridTest.Matches/bshd_causal_bf16_d64:CudnnGrid/CudnnGridTest.Matches/bshd_padding_uneven_zero_lengths:CudnnGrid/CudnnGridTest.Matches/thd_causal_gaps_packed_lse:CudnnGrid/CudnnGridTest.Matches/thd_learnable_sink_causal:CudnnGrid/CudnnGridTest.Matches/bshd_post_bias_1h_dbias_causal_fp16:CudnnStrides.AnLseLaidOutAsBatchSeqHeadsKeepsThePlanCheckBuilt'
+// backward fix-ups, dbias fix-up, dsink), THD ragged offsets and dense calls run through ragged
+// plans (cudnn_plans_test.cpp's sequence-length route), in a few cuDNN plans:
+//   compute-sanitizer --tool memcheck build/tests/fusedattn_gpu_tests --gtest_filter='CudnnGrid/CudnnGridTest.Matches/bshd_causal_bf16_d64:CudnnGrid/CudnnGridTest.Matches/bshd_padding_uneven_zero_lengths:CudnnGrid/CudnnGridTest.Matches/thd_causal_gaps_packed_lse:CudnnGrid/CudnnGridTest.Matches/thd_learnable_sink_causal:CudnnGrid/CudnnGridTest.Matches/bshd_post_bias_1h_dbias_causal_fp16:CudnnStrides.AnLseLaidOutAsBatchSeqHeadsKeepsThePlanCheckBuilt:Structures/CudnnSeqlenRoute.NewLengthsOfABuiltStructureRunThroughOneRaggedPlan/causal_bottom_right_sq_gt_skv:Structures/CudnnSeqlenRoute.NewLengthsOfABuiltStructureRunThroughOneRaggedPlan/padding_causal'
 // Compiled when the cuDNN backend is built (its test hooks live in it).
 #ifdef FUSEDATTN_WITH_CUDNN
 
@@ -35,6 +36,7 @@
 #include "gpu/skip.h"
 #include "problem/problem.h"
 #include "fusedattn/fusedattn.h"
+#include "testing/scoped_env.h"
 #include "testing/tensors.h"
 
 namespace fusedattn::testing {
@@ -469,16 +471,21 @@ TEST(CudnnDeterministic, BackwardIsBitIdenticalRunToRun) {
 // ------------------------------------------------------------------------------------------------
 // Plan cache: batch changes, eviction, threads.
 // ------------------------------------------------------------------------------------------------
+// These tests count plans exactly, so every problem builds its own: the sequence-length route
+// (on by default) would run a structure's second length through a ragged plan and add its entries
+// (cudnn_plans_test.cpp tests the route).
 class CudnnCache : public ::testing::Test {
  protected:
   void SetUp() override {
     unsetenv("FUSEDATTN_PLAN_CACHE_SIZE");
     cudnn::ReloadPlanCacheCapacity();
+    env_.set("FUSEDATTN_CUDNN_SEQLEN_ROUTE", "0");  // restored (and re-read) after the test
   }
   void TearDown() override {
     unsetenv("FUSEDATTN_PLAN_CACHE_SIZE");
     cudnn::ReloadPlanCacheCapacity();
   }
+  ScopedEnv env_{&cudnn::ReloadSettings};
 };
 
 TEST(CudnnBatch, ChangingOnlyTheBatchSizeGivesRightResults) {

@@ -18,9 +18,13 @@
 // chunks of plans already built for fewer sequences of the same tensors (plan_spec.h
 // BatchChunks; at most FUSEDATTN_CUDNN_BATCH_CHUNKS launches), so a new batch size builds nothing
 // unless it is no sum of built ones. THD problems plan for their longest sequence rounded up to a
-// bucket (plan_spec.h ThdSeqlenBucket). Per-shape plans are stored on disk after they are built
-// and read back by later processes instead of building (the plan store, README.md "The on-disk
-// caches"). That is the default. Dynamic shapes
+// bucket (plan_spec.h ThdSeqlenBucket). A dense BSHD problem of a new sequence length runs
+// through the ragged (THD) plan of its tensors built for power-of-two extents at least its own
+// (plan_spec.h RouteExtents, the sequence-length route); a length that builds its own plans
+// builds that ragged plan with them once its structure has had another length (GetPlan), so that
+// later lengths up to its extents build nothing. Per-shape plans are stored on disk
+// after they are built and read back by later processes instead of building (the plan store,
+// README.md "The on-disk caches"). That is the default. Dynamic shapes
 // (FUSEDATTN_CUDNN_DYNAMIC_SHAPES=1; experimental, off by default: on cuDNN 9.19 they gave wrong
 // results after a shape change; README.md "Dynamic shapes: status") group the shapes of a
 // problem into a structure (the problem without its shape, plan_spec.h MakeStructureKey) whose
@@ -41,6 +45,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -200,6 +205,9 @@ struct Settings {
   // FUSEDATTN_CUDNN_BATCH_CHUNKS (plan_spec.h ParseMaxBatchChunks): 1 when off.
   int max_batch_chunks = kMaxBatchChunks;
   std::string batch_chunks_off;
+  // FUSEDATTN_CUDNN_SEQLEN_ROUTE (plan_spec.h ParseSeqlenRoute): on by default.
+  SeqlenRouteMode seqlen_route = SeqlenRouteMode::kOn;
+  std::string seqlen_route_off;
 };
 
 // The on-disk store in <cache dir>/<subdirectory>; a disabled one when *off already says why
@@ -228,6 +236,8 @@ std::shared_ptr<const Settings> MakeSettings() {
   s->dynamic_off = dynamic.off_reason;
   s->max_batch_chunks =
       ParseMaxBatchChunks(std::getenv("FUSEDATTN_CUDNN_BATCH_CHUNKS"), &s->batch_chunks_off);
+  s->seqlen_route =
+      ParseSeqlenRoute(std::getenv("FUSEDATTN_CUDNN_SEQLEN_ROUTE"), &s->seqlen_route_off);
   if (s->dynamic == DynamicShapesMode::kOff) {
     s->disk_off = "the on-disk kernel cache applies only with dynamic shapes "
                   "(FUSEDATTN_CUDNN_DYNAMIC_SHAPES=1, experimental), which are off";
@@ -293,6 +303,11 @@ struct Structure {
   bool kernel_cache_from_disk = false;
   bool save = false;  // the kernel cache has kernels its file lacks (or the file was bad)
   std::string disk_key;
+  // The sequence lengths of the structure's first plan, seqlen_q << 32 | seqlen_kv (-1: none
+  // yet): a plan asked for other lengths means that this structure's lengths vary, and the
+  // sequence-length route builds a ragged plan with it (GetPlan). Written once under the mutex,
+  // read without it.
+  std::atomic<int64_t> first_seqlens{-1};
 };
 
 using StructureCache = LruCache<PlanKey, Structure, PlanKeyHash>;
@@ -313,6 +328,11 @@ struct PlanEntry {
   // largest of theirs.
   BatchChunks chunks;
   std::vector<std::shared_ptr<const PlanEntry>> chunk_plans;
+  // The entry of a dense spec whose calls run through a ragged plan (plan_spec.h RouteExtents,
+  // the sequence-length route): routed is the plan of RoutedProblem(problem, route_extents) for
+  // the call's own views; graph is null, workspace routed's.
+  RouteExtents route_extents;
+  std::shared_ptr<const PlanEntry> routed;
 };
 
 using PlanCache = LruCache<PlanKey, PlanEntry, PlanKeyHash>;
@@ -326,6 +346,7 @@ PlanCache& Cache() {
 struct Counters {
   std::atomic<uint64_t> builds{0}, unified{0}, dynamic{0}, per_shape{0}, failed{0};
   std::atomic<uint64_t> batch_chunked{0};
+  std::atomic<uint64_t> seqlen_routed{0}, route_plans{0};
   std::atomic<uint64_t> plans_read{0}, plan_read_failures{0}, plans_written{0};
   std::atomic<uint64_t> plan_write_failures{0}, read_us{0};
   std::atomic<uint64_t> loaded{0}, load_failures{0}, saved{0}, save_failures{0};
@@ -395,6 +416,9 @@ const char* DirectionName(Direction d) {
   return d == Direction::kForward ? "forward" : "backward";
 }
 
+// The sequence lengths of a spec as one word (Structure::first_seqlens).
+int64_t SeqlensWord(const SdpaGraphSpec& spec) { return spec.seqlen_q << 32 | spec.seqlen_kv; }
+
 // Builds the plan of spec (key) under its structure's lock; cuDNN's refusals are cached like
 // plans (check() of that graph fails fast next time), a missing handle is not.
 Status BuildPlan(const SdpaGraphSpec& spec, const DeviceInfo& device, const PlanKey& key,
@@ -412,6 +436,7 @@ Status BuildPlan(const SdpaGraphSpec& spec, const DeviceInfo& device, const Plan
       });
   std::lock_guard<std::mutex> lock(st->mutex);
   if ((*entry = Cache().peek(key))) return Status::Ok();  // another thread built it meanwhile
+  if (st->first_seqlens.load() < 0) st->first_seqlens = SeqlensWord(spec);
 
   HandleLease handle;
   FUSEDATTN_RETURN_IF_ERROR(handle.acquire(device.ordinal));
@@ -534,9 +559,68 @@ std::shared_ptr<PlanEntry> FindChunkPlans(const SdpaGraphSpec& spec, const Devic
   return Cache().insert(key, std::move(alias));
 }
 
+// What the sequence-length route needs of a call besides its spec: the dense problem (its
+// effective problem) and the spec of the ragged plan that runs it for the THD form of it with
+// some extents (RoutedProblem), made from the call's own views.
+struct SeqlenRoute {
+  const Problem* problem = nullptr;
+  std::function<SdpaGraphSpec(const Problem& routed)> spec_of;
+};
+
+// The entry of a dense spec (key) whose calls run through the ragged plan `plan` of extents e.
+std::shared_ptr<PlanEntry> InsertRouted(const PlanKey& key, const RouteExtents& e,
+                                        std::shared_ptr<const PlanEntry> plan) {
+  auto alias = std::make_shared<PlanEntry>();
+  alias->route_extents = e;
+  alias->workspace = plan->workspace;
+  alias->route = plan->route;
+  alias->routed = std::move(plan);
+  ++Count().seqlen_routed;
+  return Cache().insert(key, std::move(alias));
+}
+
+// A built ragged plan of the route's candidates (plan_spec.h RouteCandidates, cheapest first)
+// for the call of spec (key): found, the choice is cached under key, so a warm call finds it at
+// once. Null when none is built.
+std::shared_ptr<PlanEntry> FindRoutedPlan(const DeviceInfo& device, const PlanKey& key,
+                                          const SeqlenRoute& route) {
+  for (const RouteExtents& e : RouteCandidates(*route.problem)) {
+    std::shared_ptr<PlanEntry> plan =
+        Cache().peek(MakePlanKey(route.spec_of(RoutedProblem(*route.problem, e)), device));
+    if (!plan || !plan->status.ok() || plan->routed || plan->chunks.count != 0) continue;
+    return InsertRouted(key, e, std::move(plan));
+  }
+  return nullptr;
+}
+
+// The ragged plan of the problem's own extents (plan_spec.h RouteExtentsOf): cached, else built
+// (or read from the plan store). Its status says whether cuDNN built it.
+Status MakeRaggedPlan(const DeviceInfo& device, const SeqlenRoute& route,
+                      std::shared_ptr<PlanEntry>* plan) {
+  const SdpaGraphSpec spec =
+      route.spec_of(RoutedProblem(*route.problem, RouteExtentsOf(*route.problem)));
+  const PlanKey key = MakePlanKey(spec, device);
+  if ((*plan = Cache().find(key))) return Status::Ok();
+  ++Count().route_plans;
+  return BuildPlan(spec, device, key, plan);
+}
+
+// Whether plans of spec's structure were asked for other sequence lengths than spec's: then its
+// lengths vary, and a length that builds its own plan builds the ragged plan that later lengths
+// run through too.
+bool SeqlensVary(const SdpaGraphSpec& spec, const DeviceInfo& device) {
+  std::shared_ptr<Structure> st = Structures().peek(MakeStructureKey(spec, device));
+  if (!st) return false;
+  const int64_t first = st->first_seqlens.load();
+  return first >= 0 && first != SeqlensWord(spec);
+}
+
 // The plan of spec on the current device: from the cache (a warm call), else a smaller plan to
-// run in batch chunks, else built.
-Status GetPlan(const SdpaGraphSpec& spec, const DeviceInfo& device,
+// run in batch chunks, else (route given: a dense problem) a built ragged plan of larger extents
+// to run through, else built. A call that builds gets its own plan (the dense kernels); when its
+// structure's lengths vary (FUSEDATTN_CUDNN_SEQLEN_ROUTE=eager: always), the ragged plan of its
+// extents is built with it, so that later lengths up to them build nothing.
+Status GetPlan(const SdpaGraphSpec& spec, const DeviceInfo& device, const SeqlenRoute* route,
                std::shared_ptr<PlanEntry>* entry) {
   PlanKey key = MakePlanKey(spec, device);
   if (key.used > PlanKey::kWords)
@@ -544,7 +628,34 @@ Status GetPlan(const SdpaGraphSpec& spec, const DeviceInfo& device,
                          PlanKey::kWords);
   if ((*entry = Cache().find(key))) return Status::Ok();
   if ((*entry = FindChunkPlans(spec, device, key))) return Status::Ok();
-  return BuildPlan(spec, device, key, entry);
+  const SeqlenRouteMode mode = CurrentSettings()->seqlen_route;
+  const bool routable = route != nullptr && mode != SeqlenRouteMode::kOff &&
+                        SeqlenRouteRefusal(*route->problem, spec).ok();
+  if (routable && (*entry = FindRoutedPlan(device, key, *route))) return Status::Ok();
+  FUSEDATTN_RETURN_IF_ERROR(BuildPlan(spec, device, key, entry));
+  if (routable && (*entry)->status.ok() &&
+      (mode == SeqlenRouteMode::kEager || SeqlensVary(spec, device))) {
+    std::shared_ptr<PlanEntry> plan;  // for later lengths; cuDNN's refusal is cached with it
+    FUSEDATTN_RETURN_IF_ERROR(MakeRaggedPlan(device, *route, &plan));
+  }
+  return Status::Ok();
+}
+
+// The problem a call's graph runs: p itself, or for an entry that runs p through a ragged plan
+// (the sequence-length route) the THD form of p with that plan's extents, made in *storage.
+const Problem& GraphProblem(const Problem& p, const PlanEntry& entry, Problem* storage) {
+  if (!entry.routed) return p;
+  *storage = RoutedProblem(p, entry.route_extents);
+  return *storage;
+}
+
+// The stride the prepare kernel multiplies a sequence's start by for a tensor's ragged offsets:
+// THD: its token stride (starts in tokens); a dense tensor through a ragged plan: its step from
+// one sequence to the next (starts in sequences; plan_spec.h RouteSequenceStep).
+int64_t RaggedStride(const Problem& p, const TensorView& view, bool kv_side) {
+  if (p.thd) return view.stride_s;
+  return RouteSequenceStep(view, p.config.batch,
+                           kv_side ? p.config.max_seqlen_kv : p.config.max_seqlen_q);
 }
 
 Status PlanStatus(const PlanEntry& entry, Direction direction) {
@@ -564,13 +675,19 @@ DeviceView ViewOf(const TensorView& t) {
   return v;
 }
 
+// The sequences of the caller's problem (its batch, lengths and tensors) in the graph of `graph`
+// (its sequence extents): the effective problem (a THD bucket), or the THD form of a dense
+// problem run through a ragged plan (RoutedProblem).
 template <typename Tensors>
-Sequences SequencesOf(const Problem& p, const Tensors& t, bool const_lengths) {
+Sequences SequencesOf(const Problem& p, const Problem& graph, const Tensors& t,
+                      bool const_lengths) {
   const auto& c = p.config;
   Sequences s;
   s.batch = c.batch;
-  s.max_seqlen_q = c.max_seqlen_q;
-  s.max_seqlen_kv = c.max_seqlen_kv;
+  s.max_seqlen_q = graph.config.max_seqlen_q;
+  s.max_seqlen_kv = graph.config.max_seqlen_kv;
+  s.rows_q = c.max_seqlen_q;
+  s.rows_kv = c.max_seqlen_kv;
   s.thd = p.thd;
   if (p.padding && !const_lengths) {
     s.cu_seqlens_q = t.cu_seqlens_q;
@@ -692,12 +809,15 @@ class CudnnBackendImpl final : public Backend {
     FUSEDATTN_RETURN_IF_ERROR(PreCheck(p));
     DeviceInfo device;
     FUSEDATTN_RETURN_IF_ERROR(CurrentDevice(&device));
+    const FwdTensors fwd = CanonicalFwdTensors(p);
+    const SeqlenRoute fwd_route{&p, [&fwd](const Problem& r) { return ForwardSpec(r, fwd); }};
     std::shared_ptr<PlanEntry> entry;
-    FUSEDATTN_RETURN_IF_ERROR(GetPlan(ForwardSpec(p, CanonicalFwdTensors(p)), device, &entry));
+    FUSEDATTN_RETURN_IF_ERROR(GetPlan(ForwardSpec(p, fwd), device, &fwd_route, &entry));
     FUSEDATTN_RETURN_IF_ERROR(PlanStatus(*entry, Direction::kForward));
     if (p.config.is_training) {
-      FUSEDATTN_RETURN_IF_ERROR(
-          GetPlan(BackwardSpec(p, CanonicalBwdTensors(p)), device, &entry));
+      const BwdTensors bwd = CanonicalBwdTensors(p);
+      const SeqlenRoute bwd_route{&p, [&bwd](const Problem& r) { return BackwardSpec(r, bwd); }};
+      FUSEDATTN_RETURN_IF_ERROR(GetPlan(BackwardSpec(p, bwd), device, &bwd_route, &entry));
       FUSEDATTN_RETURN_IF_ERROR(PlanStatus(*entry, Direction::kBackward));
     }
     return Status::Ok();
@@ -708,15 +828,21 @@ class CudnnBackendImpl final : public Backend {
     const Problem& p = EffectiveProblem(problem, &storage);
     DeviceInfo device;
     FUSEDATTN_RETURN_IF_ERROR(CurrentDevice(&device));
+    const FwdTensors canonical = CanonicalFwdTensors(p);
+    const SeqlenRoute route{&p,
+                            [&canonical](const Problem& r) { return ForwardSpec(r, canonical); }};
     std::shared_ptr<PlanEntry> entry;
-    FUSEDATTN_RETURN_IF_ERROR(GetPlan(ForwardSpec(p, CanonicalFwdTensors(p)), device, &entry));
+    FUSEDATTN_RETURN_IF_ERROR(GetPlan(ForwardSpec(p, canonical), device, &route, &entry));
     FUSEDATTN_RETURN_IF_ERROR(PlanStatus(*entry, Direction::kForward));
-    // The scratch for the largest call plan: a caller's LSE that is not packed, or sink logits
-    // that are strided or misaligned, need staging.
-    CallPlan call = ForwardCallPlan(p, CanonicalFwdTensors(p));
+    // The scratch for the largest call plan (of the problem the graph runs: p, or its THD form
+    // for a ragged plan): a caller's LSE that is not packed, or sink logits that are strided or
+    // misaligned, need staging.
+    Problem routed_storage;
+    const Problem& run = GraphProblem(p, *entry, &routed_storage);
+    CallPlan call = ForwardCallPlan(run, canonical);
     if (p.needs_lse()) call.stage_stats = true;
     if (p.config.softmax_type != FUSEDATTN_SOFTMAX_VANILLA) call.stage_sink = true;
-    *bytes = WorkspaceBytes(ForwardScratch(p, call).bytes, entry->workspace);
+    *bytes = WorkspaceBytes(ForwardScratch(run, call).bytes, entry->workspace);
     return Status::Ok();
   }
 
@@ -725,14 +851,19 @@ class CudnnBackendImpl final : public Backend {
     const Problem& p = EffectiveProblem(problem, &storage);
     DeviceInfo device;
     FUSEDATTN_RETURN_IF_ERROR(CurrentDevice(&device));
-    BwdTensors canonical = CanonicalBwdTensors(p);
+    const BwdTensors canonical = CanonicalBwdTensors(p);
+    const SeqlenRoute route{&p,
+                            [&canonical](const Problem& r) { return BackwardSpec(r, canonical); }};
     std::shared_ptr<PlanEntry> entry;
-    FUSEDATTN_RETURN_IF_ERROR(GetPlan(BackwardSpec(p, canonical), device, &entry));
+    FUSEDATTN_RETURN_IF_ERROR(GetPlan(BackwardSpec(p, canonical), device, &route, &entry));
     FUSEDATTN_RETURN_IF_ERROR(PlanStatus(*entry, Direction::kBackward));
-    // The scratch for the largest call plan: a caller's LSE that is not packed needs staging.
-    CallPlan call = BackwardCallPlan(p, canonical);
+    // The scratch for the largest call plan (as in fwd_workspace_size): a caller's LSE that is
+    // not packed needs staging.
+    Problem routed_storage;
+    const Problem& run = GraphProblem(p, *entry, &routed_storage);
+    CallPlan call = BackwardCallPlan(run, canonical);
     call.stage_stats = true;
-    *bytes = WorkspaceBytes(BackwardScratch(p, call).bytes, entry->workspace);
+    *bytes = WorkspaceBytes(BackwardScratch(run, call).bytes, entry->workspace);
     return Status::Ok();
   }
 
@@ -755,6 +886,14 @@ class CudnnBackendImpl final : public Backend {
     auto describe = [&](const char* direction, const SdpaGraphSpec& spec) {
       std::shared_ptr<PlanEntry> e = Cache().peek(MakePlanKey(spec, device));
       if (!e || !e->status.ok()) return;
+      if (e->routed) {
+        const RouteExtents& x = e->route_extents;
+        text += Format("%s%s: through the ragged (THD) plan for %lld sequences of up to %lld x "
+                       "%lld rows (sequence-length route: no plan of its own; that plan: %s)",
+                       text.empty() ? "plans: " : "; ", direction, (long long)x.batch,
+                       (long long)x.seqlen_q, (long long)x.seqlen_kv, RouteName(e->route));
+        return;
+      }
       text += Format("%s%s: %s", text.empty() ? "plans: " : "; ", direction, RouteName(e->route));
       if (e->kernels_from_disk) text += " (kernels read from disk)";
       if (e->chunks.count != 0) {
@@ -862,29 +1001,36 @@ Status CudnnBackendImpl::forward(const Problem& problem, const FwdTensors& t, vo
   FUSEDATTN_RETURN_IF_ERROR(CurrentDevice(&device));
   const SdpaGraphSpec spec = ForwardSpec(p, t);
   std::shared_ptr<PlanEntry> entry;
-  FUSEDATTN_RETURN_IF_ERROR(GetPlan(spec, device, &entry));
+  const SeqlenRoute route{&p, [&t](const Problem& routed) { return ForwardSpec(routed, t); }};
+  FUSEDATTN_RETURN_IF_ERROR(GetPlan(spec, device, &route, &entry));
   FUSEDATTN_RETURN_IF_ERROR(PlanStatus(*entry, Direction::kForward));
 
-  const CallPlan call = ForwardCallPlan(p, t);
+  // The problem the graph runs: p, or the THD form of it for a ragged plan (the sequence-length
+  // route), whose call plan and scratch the call then has.
+  Problem routed_storage;
+  const Problem& run = GraphProblem(p, *entry, &routed_storage);
+  const PlanEntry& plan = entry->routed ? *entry->routed : *entry;
+  const CallPlan call = ForwardCallPlan(run, t);
   FUSEDATTN_RETURN_IF_ERROR(Fp8CallRefusal(p, call));
-  const Scratch scratch = ForwardScratch(p, call);
+  const Scratch scratch = ForwardScratch(run, call);
   WorkspaceLayout ws;
-  FUSEDATTN_RETURN_IF_ERROR(LayOut(workspace, workspace_bytes, scratch, entry->workspace, &ws));
+  FUSEDATTN_RETURN_IF_ERROR(LayOut(workspace, workspace_bytes, scratch, plan.workspace, &ws));
 
-  const Sequences seq = SequencesOf(p, t, call.const_lengths);
+  const Sequences seq = SequencesOf(problem, run, t, call.const_lengths);
   const cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
   if (call.prep) {
     PrepareParams prep;
     prep.seq = seq;
-    prep.graph_batch = spec.batch;
+    prep.graph_batch = GraphBatch(run);
     prep.seq_len_q = At<int32_t>(ws, scratch.seq_len_q);
     prep.seq_len_kv = At<int32_t>(ws, scratch.seq_len_kv);
     prep.chunks = entry->chunks;
     const TensorView* ragged_views[kRaggedSlots] = {&t.q, &t.k, &t.v, &t.o};
     for (int slot : {kRaggedQ, kRaggedK, kRaggedV, kRaggedO}) {
       prep.ragged[slot] = At<int32_t>(ws, scratch.ragged[slot]);
-      prep.ragged_stride[slot] = ragged_views[slot]->stride_s;
       prep.ragged_kv_side[slot] = slot == kRaggedK || slot == kRaggedV;
+      prep.ragged_stride[slot] =
+          RaggedStride(p, *ragged_views[slot], prep.ragged_kv_side[slot]);
     }
     prep.sink = At<float>(ws, scratch.sink);
     prep.sink_src = c.softmax_type == FUSEDATTN_SOFTMAX_LEARNABLE_SINK ? t.sink_logits : nullptr;
@@ -914,7 +1060,7 @@ Status CudnnBackendImpl::forward(const Problem& problem, const FwdTensors& t, vo
   ptrs.at[kUidRaggedO] = At<int32_t>(ws, scratch.ragged[kRaggedO]);
   SetScoreModPointers(t, scratch, ws, &ptrs);
   if (p.fp8) SetFp8Pointers(t.fp8, &ptrs);
-  FUSEDATTN_RETURN_IF_ERROR(Execute(*entry, spec, device.ordinal, stream, ptrs, ws.cudnn));
+  FUSEDATTN_RETURN_IF_ERROR(Execute(plan, spec, device.ordinal, stream, ptrs, ws.cudnn));
 
   if (call.fixup) {
     ForwardFixupParams fix;
@@ -926,7 +1072,6 @@ Status CudnnBackendImpl::forward(const Problem& problem, const FwdTensors& t, vo
     fix.stats = At<float>(ws, scratch.stats);
     fix.lse = ViewOf(t.lse);
     fix.lse_packed = t.lse_packed;
-    fix.lse_rows = problem.config.max_seqlen_q;  // the caller's, not the bucket's
     fix.empty_by_stats = call.empty_by_stats;
     FUSEDATTN_CUDA_CHECK(LaunchForwardFixup(fix, cuda_stream));
   }
@@ -959,22 +1104,26 @@ Status CudnnBackendImpl::backward(const Problem& problem, const BwdTensors& t, v
   FUSEDATTN_RETURN_IF_ERROR(CurrentDevice(&device));
   const SdpaGraphSpec spec = BackwardSpec(p, t);
   std::shared_ptr<PlanEntry> entry;
-  FUSEDATTN_RETURN_IF_ERROR(GetPlan(spec, device, &entry));
+  const SeqlenRoute route{&p, [&t](const Problem& routed) { return BackwardSpec(routed, t); }};
+  FUSEDATTN_RETURN_IF_ERROR(GetPlan(spec, device, &route, &entry));
   FUSEDATTN_RETURN_IF_ERROR(PlanStatus(*entry, Direction::kBackward));
 
-  const CallPlan call = BackwardCallPlan(p, t);
+  Problem routed_storage;  // as in forward()
+  const Problem& run = GraphProblem(p, *entry, &routed_storage);
+  const PlanEntry& plan = entry->routed ? *entry->routed : *entry;
+  const CallPlan call = BackwardCallPlan(run, t);
   FUSEDATTN_RETURN_IF_ERROR(Fp8CallRefusal(p, call));
-  const Scratch scratch = BackwardScratch(p, call);
+  const Scratch scratch = BackwardScratch(run, call);
   WorkspaceLayout ws;
-  FUSEDATTN_RETURN_IF_ERROR(LayOut(workspace, workspace_bytes, scratch, entry->workspace, &ws));
+  FUSEDATTN_RETURN_IF_ERROR(LayOut(workspace, workspace_bytes, scratch, plan.workspace, &ws));
 
-  const Sequences seq = SequencesOf(p, t, call.const_lengths);
+  const Sequences seq = SequencesOf(problem, run, t, call.const_lengths);
   const Band band = BandOf(p);
   const cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
   if (call.prep) {
     PrepareParams prep;
     prep.seq = seq;
-    prep.graph_batch = spec.batch;
+    prep.graph_batch = GraphBatch(run);
     prep.seq_len_q = At<int32_t>(ws, scratch.seq_len_q);
     prep.seq_len_kv = At<int32_t>(ws, scratch.seq_len_kv);
     prep.chunks = entry->chunks;
@@ -982,9 +1131,10 @@ Status CudnnBackendImpl::backward(const Problem& problem, const BwdTensors& t, v
                                                     &t.d_o, &t.dq, &t.dk, &t.dv};
     for (int slot = 0; slot < kRaggedSlots; ++slot) {
       prep.ragged[slot] = At<int32_t>(ws, scratch.ragged[slot]);
-      prep.ragged_stride[slot] = ragged_views[slot]->stride_s;
       prep.ragged_kv_side[slot] =
           slot == kRaggedK || slot == kRaggedV || slot == kRaggedDK || slot == kRaggedDV;
+      prep.ragged_stride[slot] =
+          RaggedStride(p, *ragged_views[slot], prep.ragged_kv_side[slot]);
     }
     prep.heads_q = c.heads_q;
     prep.stats = At<float>(ws, scratch.stats);
@@ -1019,7 +1169,7 @@ Status CudnnBackendImpl::backward(const Problem& problem, const BwdTensors& t, v
     ptrs.at[ragged_uids[slot]] = At<int32_t>(ws, scratch.ragged[slot]);
   SetScoreModPointers(t, scratch, ws, &ptrs);
   if (p.fp8) SetFp8Pointers(t.fp8, &ptrs);
-  FUSEDATTN_RETURN_IF_ERROR(Execute(*entry, spec, device.ordinal, stream, ptrs, ws.cudnn));
+  FUSEDATTN_RETURN_IF_ERROR(Execute(plan, spec, device.ordinal, stream, ptrs, ws.cudnn));
 
   BackwardEpilogueParams after;
   after.do_fixup = call.fixup;
@@ -1091,6 +1241,7 @@ PlanBuildStats GetPlanBuildStats() {
   s.builds = c.builds.load(), s.unified = c.unified.load(), s.dynamic = c.dynamic.load();
   s.per_shape = c.per_shape.load(), s.failed = c.failed.load();
   s.batch_chunked = c.batch_chunked.load();
+  s.seqlen_routed = c.seqlen_routed.load(), s.route_plans = c.route_plans.load();
   s.plans_read = c.plans_read.load(), s.plan_read_failures = c.plan_read_failures.load();
   s.plans_written = c.plans_written.load(), s.plan_write_failures = c.plan_write_failures.load();
   s.read_ms = static_cast<double>(c.read_us.load()) / 1000.0;

@@ -28,6 +28,10 @@ struct PlanBuildStats {
   uint64_t per_shape = 0;  // ... as per-shape composite graphs
   uint64_t failed = 0;     // ... refused by cuDNN
   uint64_t batch_chunked = 0;  // specs given a plan for fewer sequences to run in batch chunks
+  // The sequence-length route (plan_spec.h RouteExtents):
+  uint64_t seqlen_routed = 0;  // dense specs given a ragged plan of larger extents to run through
+  uint64_t route_plans = 0;    // ragged plans asked for by it (built or read from the plan
+                               // store: also counted above and below)
   uint64_t kernel_caches_loaded = 0;  // structures whose kernel cache came from disk
   uint64_t kernel_cache_load_failures = 0;  // damaged files, or kernel caches cuDNN refused
   uint64_t kernel_caches_saved = 0;   // files written

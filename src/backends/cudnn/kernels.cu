@@ -26,7 +26,7 @@ __device__ int64_t Clamp(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo
 // Sequence b's token starts (THD) and lengths, clamped so that nothing is read out of bounds.
 // Entries past the problem's batch (THD graph capacity) are empty and start at the end.
 __device__ Seq SequenceOf(const Sequences& s, int64_t b) {
-  Seq q{0, s.max_seqlen_q, 0, s.max_seqlen_kv};
+  Seq q{0, s.rows_q, 0, s.rows_kv};
   if (b >= s.batch) {
     q.len_q = q.len_kv = 0;
     q.start_q = s.thd ? s.tokens_q : 0;
@@ -34,9 +34,9 @@ __device__ Seq SequenceOf(const Sequences& s, int64_t b) {
     return q;
   }
   if (s.cu_seqlens_q != nullptr)
-    q.len_q = Clamp(int64_t{s.cu_seqlens_q[b + 1]} - s.cu_seqlens_q[b], 0, s.max_seqlen_q);
+    q.len_q = Clamp(int64_t{s.cu_seqlens_q[b + 1]} - s.cu_seqlens_q[b], 0, s.rows_q);
   if (s.cu_seqlens_kv != nullptr)
-    q.len_kv = Clamp(int64_t{s.cu_seqlens_kv[b + 1]} - s.cu_seqlens_kv[b], 0, s.max_seqlen_kv);
+    q.len_kv = Clamp(int64_t{s.cu_seqlens_kv[b + 1]} - s.cu_seqlens_kv[b], 0, s.rows_kv);
   if (s.thd) {
     const int32_t* starts_q = s.seq_offsets_q != nullptr ? s.seq_offsets_q : s.cu_seqlens_q;
     const int32_t* starts_kv = s.seq_offsets_kv != nullptr ? s.seq_offsets_kv : s.cu_seqlens_kv;
@@ -46,6 +46,13 @@ __device__ Seq SequenceOf(const Sequences& s, int64_t b) {
     q.len_kv = Clamp(q.len_kv, 0, s.tokens_kv - q.start_kv);
   }
   return q;
+}
+
+// Whether row i of a sequence is in the caller's tensors: a THD tensor holds the sequence's rows
+// only, a dense one its max_seqlen rows (fewer than the graph's extent for a dense problem run
+// through a ragged plan).
+__device__ bool InTensor(const Sequences& s, int64_t i, int64_t len, int64_t rows) {
+  return s.thd ? i < len : i < rows;
 }
 
 // Element offset of (b, h, i, x); start is the THD token start (0 otherwise).
@@ -87,9 +94,14 @@ __global__ void PrepareKernel(PrepareParams p) {
     }
     for (int slot = 0; slot < kRaggedSlots; ++slot) {
       if (p.ragged[slot] == nullptr) continue;
-      int64_t token = p.ragged_kv_side[slot] ? s.start_kv : s.start_q;
-      if (b == p.graph_batch) token = p.ragged_kv_side[slot] ? p.seq.tokens_kv : p.seq.tokens_q;
-      int64_t offset = token * p.ragged_stride[slot];
+      int64_t offset;
+      if (p.seq.thd) {
+        int64_t token = p.ragged_kv_side[slot] ? s.start_kv : s.start_q;
+        if (b == p.graph_batch) token = p.ragged_kv_side[slot] ? p.seq.tokens_kv : p.seq.tokens_q;
+        offset = token * p.ragged_stride[slot];
+      } else {  // a dense tensor: sequence b at b steps; entries past the batch at its end
+        offset = (b < p.seq.batch ? b : p.seq.batch) * p.ragged_stride[slot];
+      }
       p.ragged[slot][b] = static_cast<int32_t>(offset > kInt32Max ? kInt32Max : offset);
     }
   }
@@ -128,12 +140,12 @@ __global__ void ForwardFixupKernel(ForwardFixupParams p) {
   for (int64_t r = GridStart(); r < rows; r += GridStride()) {
     const int64_t i = r % sq, h = (r / sq) % p.heads_q, b = r / (sq * p.heads_q);
     Seq s = SequenceOf(p.seq, b);
-    const bool in_tensor = !p.seq.thd || i < s.len_q;  // THD holds only the sequence's rows
+    const bool in_tensor = InTensor(p.seq, i, s.len_q, p.seq.rows_q);
     const bool empty = p.band.row_empty(i, s.len_q, s.len_kv) ||
                        (p.empty_by_stats && !(p.stats[r] > kEmptyStats));
     if (in_tensor && empty) ZeroRow16(p.o, b, h, i, s.start_q, p.head_dim_v);
     if (p.lse.data == nullptr) continue;
-    if (p.lse_packed ? !in_tensor : i >= p.lse_rows) continue;
+    if (p.lse_packed ? !in_tensor : i >= p.seq.rows_q) continue;
     float value = -INFINITY;
     if (!empty && p.stats != nullptr) value = p.stats[r];  // staged rows share r's layout
     float* lse = static_cast<float*>(p.lse.data);
@@ -155,13 +167,13 @@ __device__ void BackwardFixupPart(const BackwardFixupParams& p, int64_t block, i
     if (r < rows_q) {
       const int64_t i = r % sq, h = (r / sq) % p.heads_q, b = r / (sq * p.heads_q);
       Seq s = SequenceOf(p.seq, b);
-      if (p.seq.thd && i >= s.len_q) continue;
+      if (!InTensor(p.seq, i, s.len_q, p.seq.rows_q)) continue;
       if (p.band.row_empty(i, s.len_q, s.len_kv)) ZeroRow16(p.dq, b, h, i, s.start_q, p.head_dim_qk);
     } else {
       const int64_t k = r - rows_q;
       const int64_t j = k % skv, h = (k / skv) % p.heads_kv, b = k / (skv * p.heads_kv);
       Seq s = SequenceOf(p.seq, b);
-      if (p.seq.thd && j >= s.len_kv) continue;
+      if (!InTensor(p.seq, j, s.len_kv, p.seq.rows_kv)) continue;
       if (p.band.key_unseen(j, s.len_q, s.len_kv)) {
         ZeroRow16(p.dk, b, h, j, s.start_kv, p.head_dim_qk);
         ZeroRow16(p.dv, b, h, j, s.start_kv, p.head_dim_v);
@@ -171,7 +183,7 @@ __device__ void BackwardFixupPart(const BackwardFixupParams& p, int64_t block, i
 }
 
 __device__ void DbiasFixupPart(const DbiasFixupParams& p, int64_t block, int64_t blocks) {
-  const int64_t sq = p.seq.max_seqlen_q, skv = p.seq.max_seqlen_kv;
+  const int64_t sq = p.seq.rows_q, skv = p.seq.rows_kv;  // the bias's extents: the caller's
   const int64_t count = p.bias_batch * p.bias_heads * sq * skv;
   const int64_t stride = blocks * blockDim.x;
   for (int64_t e = block * blockDim.x + threadIdx.x; e < count; e += stride) {
@@ -303,7 +315,7 @@ cudaError_t LaunchBackwardEpilogue(const BackwardEpilogueParams& p, cudaStream_t
   }
   if (p.do_dbias) {
     const auto& d = p.dbias_fixup;
-    dbias_blocks = Blocks(d.bias_batch * d.bias_heads * d.seq.max_seqlen_q * d.seq.max_seqlen_kv);
+    dbias_blocks = Blocks(d.bias_batch * d.bias_heads * d.seq.rows_q * d.seq.rows_kv);
   }
   if (p.do_dsink) {
     if (p.dsink.heads_q > 65535 || p.dsink.done == nullptr) return cudaErrorInvalidConfiguration;

@@ -17,12 +17,19 @@
 
 namespace fusedattn::cudnn {
 
-// Where each sequence is, as the problem says. Lengths are clamped to [0, max_seqlen] and, for
-// THD, to the tensor's tokens, so no kernel reads out of bounds whatever cu_seqlens hold.
+// Where each sequence is, as the problem says. Lengths are clamped to [0, rows] and, for THD, to
+// the tensor's tokens, so no kernel reads out of bounds whatever cu_seqlens hold.
 struct Sequences {
   int64_t batch = 0;  // the problem's batch (graph batch entries past it are empty)
+  // The graph's sequence extents: the rows per sequence and head of our staged stats, and the
+  // rows the kernels visit.
   int64_t max_seqlen_q = 0, max_seqlen_kv = 0;
-  const int32_t* cu_seqlens_q = nullptr;   // null: every length is the maximum
+  // The caller's max_seqlen: the rows of a sequence in dense tensors and in a [batch, heads,
+  // rows] LSE, and every sequence's length without cu_seqlens. Below the graph's extents for a
+  // THD bucket and for a dense problem run through a ragged plan (plan_spec.h RouteExtents),
+  // whose rows past them are not the caller's.
+  int64_t rows_q = 0, rows_kv = 0;
+  const int32_t* cu_seqlens_q = nullptr;   // null: every length is rows
   const int32_t* cu_seqlens_kv = nullptr;
   const int32_t* seq_offsets_q = nullptr;  // THD token starts (null: cu_seqlens)
   const int32_t* seq_offsets_kv = nullptr;
@@ -46,7 +53,9 @@ struct PrepareParams {
   // sequences chunks.first[i] ... + chunks.batch[i] - 1.
   BatchChunks chunks;
   int32_t* ragged[kRaggedSlots] = {};        // [graph_batch + 1] element offsets, or null
-  int64_t ragged_stride[kRaggedSlots] = {};  // token stride of that tensor
+  // THD: the tensor's token stride (offset = token start * stride). A dense tensor run through a
+  // ragged plan (seq.thd false): its step from one sequence to the next (offset = b * step).
+  int64_t ragged_stride[kRaggedSlots] = {};
   bool ragged_kv_side[kRaggedSlots] = {};
   // The softmax sink as cuDNN reads it, contiguous [heads_q]: the caller's sink logits (strided),
   // or zeros for the off-by-one softmax when sink_src is null.
@@ -75,9 +84,6 @@ struct ForwardFixupParams {
   const float* stats = nullptr;   // staged [graph_batch, heads_q, max_seqlen_q], or null
   DeviceView lse;                 // float32 output, data null when not asked for
   bool lse_packed = false;
-  // Rows of the caller's [batch, heads, rows] LSE: its max_seqlen_q, which the graph's extent
-  // (seq.max_seqlen_q, a THD bucket) may exceed.
-  int64_t lse_rows = 0;
   // A score_mod decided visibility: a row is also empty where its staged stats show that no key
   // was visible (-inf, NaN, or cuDNN's "lowest" mask value plus a log; see kEmptyStats).
   bool empty_by_stats = false;

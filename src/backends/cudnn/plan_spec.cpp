@@ -1041,6 +1041,149 @@ DynamicShapesSetting ParseDynamicShapes(const char* value, int64_t cudnn_version
   return s;
 }
 
+// ------------------------------------------------------------------------------------------------
+// Sequence-length route
+// ------------------------------------------------------------------------------------------------
+namespace {
+int64_t PowerOfTwoAtLeast(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+
+// Whether a ragged graph of these extents keeps its element offsets within int32, as PreCheck
+// asks of every THD problem.
+bool RouteFits(const Problem& p, const RouteExtents& e) {
+  const auto& c = p.config;
+  const int64_t dim = c.head_dim_qk > c.head_dim_v ? c.head_dim_qk : c.head_dim_v;
+  return e.batch * e.seqlen_q * c.heads_q * dim <= kInt32Max &&
+         e.batch * e.seqlen_kv * c.heads_kv * dim <= kInt32Max;
+}
+}  // namespace
+
+int64_t RouteSeqlenExtent(int64_t seqlen) {
+  return PowerOfTwoAtLeast(seqlen < kMinRouteSeqlen ? kMinRouteSeqlen : seqlen);
+}
+
+RouteExtents RouteExtentsOf(const Problem& p) {
+  const auto& c = p.config;
+  return RouteExtents{PowerOfTwoAtLeast(c.batch), RouteSeqlenExtent(c.max_seqlen_q),
+                      RouteSeqlenExtent(c.max_seqlen_kv)};
+}
+
+std::vector<RouteExtents> RouteCandidates(const Problem& p) {
+  const RouteExtents own = RouteExtentsOf(p);
+  std::vector<RouteExtents> out;
+  for (int64_t b : {own.batch, 2 * own.batch})
+    for (int64_t sq : {own.seqlen_q, 2 * own.seqlen_q})
+      for (int64_t skv : {own.seqlen_kv, 2 * own.seqlen_kv})
+        if (RouteFits(p, RouteExtents{b, sq, skv})) out.push_back(RouteExtents{b, sq, skv});
+  // Fewest rows a graph sizes its grid and workspace by first; then the smaller batch.
+  std::stable_sort(out.begin(), out.end(), [](const RouteExtents& x, const RouteExtents& y) {
+    const int64_t rx = x.batch * (x.seqlen_q + x.seqlen_kv), ry = y.batch * (y.seqlen_q + y.seqlen_kv);
+    return rx != ry ? rx < ry : x.batch < y.batch;
+  });
+  return out;
+}
+
+Status SeqlenRouteRefusal(const Problem& p, const SdpaGraphSpec& s) {
+  const auto& c = p.config;
+  if (p.thd) return NotSupported("THD plans already serve every longest sequence of a bucket");
+  if (p.fp8 || s.fp8) return NotSupported("FP8 graphs take no ragged offsets in this backend");
+  const struct {
+    const char* name;
+    fusedattn_format format;
+    bool used;
+  } formats[] = {{"q_format", c.q_format, true},
+                 {"kv_format", c.kv_format, true},
+                 {"o_format", c.o_format, true},
+                 {"do_format", c.do_format, c.is_training != 0},
+                 {"dqkv_format", c.dqkv_format, c.is_training != 0}};
+  for (const auto& f : formats) {
+    if (f.used && f.format != FUSEDATTN_FORMAT_BSHD)
+      return NotSupported(
+          "%s = %s: only a BSHD tensor is a THD tensor with ragged offsets b * stride_b (SBHD's "
+          "sequence stride holds the batch, BHSD's head stride the sequence length)",
+          f.name, FormatName(f.format));
+  }
+  if (p.has_score_mod() || s.score_mod)
+    return NotSupported("a score_mod on cuDNN's callbacks holds the sequence lengths as graph "
+                        "constants");
+  if (p.has_tensor_bias() || s.bias)
+    return NotSupported("a bias tensor has the sequence lengths as dimensions");
+  if (c.dropout > 0.0 || s.dropout > 0.0f)
+    return NotSupported(
+        "dropout: cuDNN numbers its random stream over the graph's extents, so a forward and a "
+        "backward run through plans of other extents would draw other masks");
+  if (RouteCandidates(p).empty())
+    return NotSupported("batch * max_seqlen * heads * head_dim at the ragged plan's extents "
+                        "exceeds int32 (cuDNN's ragged offsets)");
+  const bool bwd = s.direction == Direction::kBackward;
+  const struct {
+    const char* name;
+    const TensorDesc& desc;
+    bool used;
+  } tensors[] = {{"q", s.q, true},       {"k", s.k, true},     {"v", s.v, true},
+                 {"o", s.o, true},       {"dO", s.d_o, bwd},   {"dQ", s.dq, bwd},
+                 {"dK", s.dk, bwd},      {"dV", s.dv, bwd}};
+  for (const auto& t : tensors) {
+    if (!t.used) continue;
+    const int64_t batch = t.desc.dim[0], rows = t.desc.dim[2] * t.desc.stride[2];
+    if (batch > 1 && t.desc.stride[0] < rows)
+      return NotSupported(
+          "the sequences of %s overlap (batch stride %lld < %lld rows of %lld elements): a "
+          "ragged tensor's sequences are disjoint blocks of rows",
+          t.name, (long long)t.desc.stride[0], (long long)t.desc.dim[2],
+          (long long)t.desc.stride[2]);
+    const int64_t step = batch > 1 ? t.desc.stride[0] : rows;
+    if (batch * step > kInt32Max)
+      return NotSupported("%s spans %lld elements: cuDNN's ragged offsets are int32", t.name,
+                          (long long)(batch * step));
+  }
+  return Status::Ok();
+}
+
+Problem RoutedProblem(const Problem& p, const RouteExtents& e) {
+  Problem r = p;
+  fusedattn_config& c = r.config;
+  c.batch = e.batch;
+  c.max_seqlen_q = e.seqlen_q;
+  c.max_seqlen_kv = e.seqlen_kv;
+  c.q_format = c.kv_format = c.o_format = c.do_format = c.dqkv_format = FUSEDATTN_FORMAT_THD;
+  // The same band, with per-sequence lengths (every band is per sequence: common/band.h).
+  switch (c.mask) {
+    case FUSEDATTN_MASK_NONE: c.mask = FUSEDATTN_MASK_PADDING; break;
+    case FUSEDATTN_MASK_CAUSAL: c.mask = FUSEDATTN_MASK_PADDING_CAUSAL; break;
+    case FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT:
+      c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
+      break;
+    default: break;  // already a padding mask
+  }
+  r.thd = true;
+  r.padding = true;
+  return r;
+}
+
+int64_t RouteSequenceStep(const TensorView& v, int64_t batch, int64_t seqlen) {
+  return batch > 1 ? v.stride_b : seqlen * v.stride_s;
+}
+
+SeqlenRouteMode ParseSeqlenRoute(const char* value, std::string* off_reason) {
+  off_reason->clear();
+  if (value == nullptr || *value == '\0' || IsOneOf(value, {"1", "on", "true", "yes"}))
+    return SeqlenRouteMode::kOn;
+  if (IsOneOf(value, {"eager"})) return SeqlenRouteMode::kEager;
+  if (IsOneOf(value, {"0", "off", "false", "no"}))
+    *off_reason = Format("FUSEDATTN_CUDNN_SEQLEN_ROUTE = '%s': every sequence length builds "
+                         "plans of its own",
+                         value);
+  else
+    *off_reason = Format("FUSEDATTN_CUDNN_SEQLEN_ROUTE = '%s' is not 1, eager or 0: off (every "
+                         "sequence length builds plans of its own)",
+                         value);
+  return SeqlenRouteMode::kOff;
+}
+
 std::string KernelCacheDiskKey(const SdpaGraphSpec& s, const MachineIdentity& m) {
   PlanKey structure;
   KeyWriter w(&structure);
@@ -1154,6 +1297,18 @@ Status CheckRuntimeLayout(const char* name, const TensorView& t, int64_t batch, 
     const char* axis;
     int64_t extent, stride;
   } axes[] = {{"head", heads, t.stride_h}, {"sequence", seqlen, t.stride_s}};
+  // A graph's tensor never repeats its elements: a stride of 0 (an input broadcast over an axis,
+  // which validation allows) would be read as a packed one (DescOf), past the tensor.
+  const bool batch_broadcast = !ragged && batch > 1 && t.stride_b == 0;
+  for (const auto& a : axes)
+    if (a.extent > 1 && a.stride == 0)
+      return NotSupported("%s has %s stride 0 (broadcast over %lld %ss): cuDNN SDPA reads no "
+                          "repeated elements",
+                          name, a.axis, (long long)a.extent, a.axis);
+  if (batch_broadcast)
+    return NotSupported("%s has batch stride 0 (broadcast over %lld sequences): cuDNN SDPA reads "
+                        "no repeated elements",
+                        name, (long long)batch);
   for (const auto& a : axes)
     if (a.extent > 1 && (a.stride * bytes) % 16 != 0)
       return NotSupported("%s has %s stride %lld (%lld bytes), not a multiple of 16 bytes as cuDNN "

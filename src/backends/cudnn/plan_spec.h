@@ -75,8 +75,9 @@ const Problem& EffectiveProblem(const Problem& problem, Problem* storage);
 // The sequence extent of a THD graph for a longest sequence of n: n up to 16, then up to 64 in
 // steps of 16, then four steps per octave (at most a quarter more rows than n). A serving batch's
 // longest sequence changes every batch; a graph per bucket, not per length, is built. The rows
-// past a sequence's length are never read or written (cuDNN reads the lengths from tensors), so
-// the extent only sizes the grid (the extra tiles exit at once) and our staged LSE.
+// past a sequence's length are never written nor used (cuDNN reads the lengths from tensors), so
+// the extent only sizes the grid (the extra tiles exit at once), cuDNN's workspace and our staged
+// LSE.
 int64_t ThdSeqlenBucket(int64_t n);
 
 // At most this many score_mod tensors reach one cuDNN graph (each is one more graph input).
@@ -288,6 +289,68 @@ SequenceBytes SequenceBytesOf(const SdpaGraphSpec& spec);
 // its own (default and maximum kMaxBatchChunks; 0 or 1 turns batch chunks off). value: the
 // variable's value, null when unset. *off_reason says why, when off.
 int ParseMaxBatchChunks(const char* value, std::string* off_reason);
+
+// ------------------------------------------------------------------------------------------------
+// Sequence-length route: a new sequence length of a built dense problem without a new plan.
+// ------------------------------------------------------------------------------------------------
+// A graph bakes in its sequence lengths too. A BSHD tensor holds sequence b as a block of rows
+// starting b * stride_b elements in, with the token and head strides of a THD tensor: it is the
+// memory of a THD tensor whose ragged offsets are b * stride_b. So a dense BSHD call can run
+// through the ragged (THD) plan of the same tensors built for a batch and sequence extents at
+// least its own, with cuDNN's padding mask giving each sequence the call's lengths (its
+// max_seqlen, or cu_seqlens under a padding mask) and the graph entries past its batch empty:
+// exactly a THD call whose sequences are packed without gaps, which this backend runs anyway.
+// That plan's extents are powers of two (RouteExtentsOf), so one plan serves every length up to
+// its extents. README.md "Sequence-length route" has the policy (when such a plan is built, when
+// a call uses it) and what it costs.
+struct RouteExtents {
+  int64_t batch = 0;                    // the ragged graph's batch (a power of two)
+  int64_t seqlen_q = 0, seqlen_kv = 0;  // its sequence extents
+  bool operator==(const RouteExtents& o) const {
+    return batch == o.batch && seqlen_q == o.seqlen_q && seqlen_kv == o.seqlen_kv;
+  }
+};
+// A ragged plan built for a call has the extents of RouteExtentsOf: the batch and each length
+// rounded up to a power of two (lengths to at least kMinRouteSeqlen).
+constexpr int64_t kMinRouteSeqlen = 16;
+int64_t RouteSeqlenExtent(int64_t seqlen);
+RouteExtents RouteExtentsOf(const Problem& problem);
+// The ragged plans a call may run through, cheapest first: its own extents and, on each of the
+// three axes, the next power of two (at most 4x the call's rows on an axis, so that the tiles and
+// workspace a graph sizes by its extents stay within a small factor of the call's); those whose
+// ragged offsets fit int32 (cuDNN's) only.
+std::vector<RouteExtents> RouteCandidates(const Problem& problem);
+
+// Why calls of this dense problem, with the tensors of spec (its own plan's spec), cannot run
+// through a ragged plan, or OK: THD (its plans already serve a bucket of lengths), formats other
+// than BSHD (SBHD's sequence stride holds the batch, BHSD's head stride the sequence length),
+// FP8, a score_mod on cuDNN's callbacks (they hold the lengths as graph constants), a bias tensor
+// (the lengths are its dims), dropout (cuDNN numbers its random stream over the graph's extents:
+// a routed forward and an exact backward would draw different masks), tensors whose sequences
+// overlap, or ragged offsets beyond int32.
+Status SeqlenRouteRefusal(const Problem& problem, const SdpaGraphSpec& spec);
+
+// The THD form of a dense problem for the ragged plan of extents e: THD formats, a padding
+// mask (the same band), batch e.batch and max_seqlen e.seqlen_q / e.seqlen_kv. ForwardSpec /
+// BackwardSpec of it with the dense call's own views (a ragged spec reads their token and head
+// strides only) is the ragged plan's spec; its call plans and scratch are the routed call's.
+Problem RoutedProblem(const Problem& problem, const RouteExtents& e);
+
+// The elements from one sequence's first row to the next's in a dense tensor run through a
+// ragged plan: its batch stride (a batch of one: its rows), the step of its ragged offsets.
+int64_t RouteSequenceStep(const TensorView& view, int64_t batch, int64_t seqlen);
+
+// FUSEDATTN_CUDNN_SEQLEN_ROUTE (value: the variable's value, null when unset).
+//   unset, "", 1 / on / true / yes   on (the default): a call of a new length runs through a built
+//                                    ragged plan that covers it; a length that builds its own
+//                                    plans builds the ragged plans of its extents with them once
+//                                    its structure has had another length
+//   eager                            those ragged plans also with a structure's first plans, so
+//                                    that its first new length builds nothing either
+//   0 / off / false / no             off: every length builds plans of its own
+// Anything else is off, and *off_reason says why (also for off).
+enum class SeqlenRouteMode { kOff, kOn, kEager };
+SeqlenRouteMode ParseSeqlenRoute(const char* value, std::string* off_reason);
 
 // Canonical (contiguous) views of every tensor of a problem, the ones check() plans for. Data
 // pointers are null.
