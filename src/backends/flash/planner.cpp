@@ -291,7 +291,7 @@ Status PlanCheck(const Problem& p, const DeviceFacts& d) {
         "run it)",
         DtypeName(c.qkv_dtype));
   if (p.paged) {  // only the decode kernel reads pages (decode.h)
-    Status fits = DecodeFits(p);
+    Status fits = DecodeFits(p, d);
     if (!fits.ok())
       return NotSupported("paged K/V (page_size = %lld) runs on flash's decode kernel only: %s",
                           (long long)c.page_size, fits.message().c_str());
@@ -336,8 +336,8 @@ FwdWorkspaceLayout PlanFwdWorkspace(const Problem& p, const DeviceFacts& d) {
   }
   // The decode kernel's split partials; a contiguous problem may still take the other kernels
   // when its tensors do not suit the decode kernel, so it keeps their size too.
-  if (p.device == Device::kCuda && DecodeFits(p).ok()) {
-    w.decode_bytes = DecodeWorkspaceBytes(p);
+  if (p.device == Device::kCuda && DecodeFits(p, d).ok()) {
+    w.decode_bytes = DecodeWorkspaceBytes(p, d);
     w.total = std::max(w.total, w.decode_bytes);
   }
   return w;
@@ -399,9 +399,9 @@ ForwardPlan PlanForward(const Problem& p, const FwdTensors& t, const DeviceFacts
   // Paged K/V (PlanCheck: the decode kernel fits), and contiguous problems with max_seqlen_q <=
   // 16 that it fits: it reads each kv head's keys once for its whole GQA group and splits long
   // sequences over the GPU. It reads q, k, v rows with 16-byte copies.
-  if (p.paged || WantsDecode(p)) {
+  if (p.paged || WantsDecode(p, d)) {
     if (aligned) {
-      const DecodePlan decode = PlanDecode(p);
+      const DecodePlan decode = PlanDecode(p, d);
       plan.path = KernelPath::kDecode;
       plan.instance = decode.head_dim;
       plan.decode_splits = decode.splits;
