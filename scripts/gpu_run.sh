@@ -125,8 +125,8 @@ step_cli() {
   "$bin" explain --b 30720 --h 8 --sq 1 --skv 16 --d 128
   "$bin" explain --b 30720 --h 8 --sq 1 --skv 17 --d 128
   "$bin" explain --b 2 --h 8 --sq 1024 --skv 1024 --d 512
-  # Paged K/V: every GPU backend refuses it (naming it) until it has a kernel; the reference runs
-  # it on CUDA tensors when forced, checked against its host run.
+  # Paged K/V: flash's decode kernel runs it (the other GPU backends say why not); the reference
+  # runs it on CUDA tensors when forced, checked against its host run.
   "$bin" explain --b 8 --h 32 --hkv 8 --sq 1 --skv 4096 --d 128 --page-size 16 \
     --mask causal_bottom_right
   "$bin" run --b 3 --h 8 --hkv 2 --sq 4 --skv 300 --d 64 --page-size 16 --layout thd \
