@@ -15,7 +15,6 @@
 // (batch = tokens / seqlen, heads = hidden / d), causal and not. Exits 0 without a GPU.
 #include <cuda_runtime_api.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -23,13 +22,18 @@
 #include <string>
 #include <vector>
 
-#include "common/dtype.h"
 #include "fusedattn/fusedattn.h"
+#include "native_bench_util.h"
 #ifdef FUSEDATTN_WITH_FLASH
 #include "backends/flash/planner.h"  // which kernels run (FUSEDATTN_FLASH_WGMMA=0|1)
 #endif
 
 namespace {
+
+using fusedattn::bench::ApiOk;
+using fusedattn::bench::CudaOk;
+using fusedattn::bench::DeviceTensor;
+using fusedattn::bench::TimeMs;
 
 #ifdef FUSEDATTN_WITH_FLASH
 // The kernel flash's plan runs for these arguments (planner.h), e.g. "hopper-wgmma d128 plain".
@@ -61,79 +65,6 @@ struct Options {
   int iters = 10;
   bool fwd_only = false, deterministic = false;
 };
-
-bool CudaOk(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return true;
-  std::printf("%s: %s\n", what, cudaGetErrorString(err));
-  return false;
-}
-
-bool ApiOk(fusedattn_status status, const char* what, const char* msg) {
-  if (status == FUSEDATTN_SUCCESS) return true;
-  std::printf("%s: %s: %s\n", what, fusedattn_status_string(status), msg);
-  return false;
-}
-
-// A contiguous device buffer filled with uniform values in [-1, 1] of `dtype`.
-struct DeviceTensor {
-  void* data = nullptr;
-  fusedattn_tensor desc{};
-  DeviceTensor(fusedattn_dtype dtype, std::vector<int64_t> shape, std::mt19937& rng, bool fill) {
-    int64_t n = 1;
-    for (int64_t s : shape) n *= s;
-    const size_t element = dtype == FUSEDATTN_DTYPE_FLOAT32 ? 4 : 2;
-    if (!CudaOk(cudaMalloc(&data, n * element), "cudaMalloc")) return;
-    if (fill) {
-      std::vector<uint16_t> host(n);
-      std::uniform_real_distribution<float> dist(-1.f, 1.f);
-      for (auto& x : host)
-        x = dtype == FUSEDATTN_DTYPE_BFLOAT16 ? fusedattn::FloatToBf16(dist(rng))
-                                              : fusedattn::FloatToHalf(dist(rng));
-      CudaOk(cudaMemcpy(data, host.data(), n * element, cudaMemcpyHostToDevice), "upload");
-    }
-    desc.data = data;
-    desc.dtype = dtype;
-    desc.ndim = static_cast<int32_t>(shape.size());
-    int64_t stride = 1;
-    for (int d = desc.ndim - 1; d >= 0; --d) {
-      desc.shape[d] = shape[d];
-      desc.strides[d] = stride;
-      stride *= shape[d];
-    }
-  }
-  ~DeviceTensor() {
-    if (data) cudaFree(data);
-  }
-  DeviceTensor(const DeviceTensor&) = delete;
-  DeviceTensor& operator=(const DeviceTensor&) = delete;
-};
-
-// Milliseconds per call of `run`, after warm-up; *host_ms (when given): the host's time per call
-// to return, which bounds the device time from below when it is the larger (host-bound calls).
-template <typename Run>
-double TimeMs(int iters, Run&& run, double* host_ms = nullptr) {
-  for (int i = 0; i < 2; ++i)
-    if (!run()) return -1;
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  cudaEventRecord(start);
-  const auto host_start = std::chrono::steady_clock::now();
-  for (int i = 0; i < iters; ++i)
-    if (!run()) return -1;
-  if (host_ms)
-    *host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
-                                                         host_start)
-                   .count() /
-               iters;
-  cudaEventRecord(stop);
-  if (!CudaOk(cudaEventSynchronize(stop), "kernel")) return -1;
-  float ms = 0;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return ms / iters;
-}
 
 void RunOne(const Options& o, fusedattn_dtype dtype, int64_t d, int64_t seqlen, int causal) {
   const int64_t batch = o.tokens / seqlen > 0 ? o.tokens / seqlen : 1;

@@ -22,83 +22,16 @@
 #include <string>
 #include <vector>
 
-#include "common/dtype.h"
 #include "fusedattn/fusedattn.h"
+#include "native_bench_util.h"
 #include "testing/fp8.h"
 
 namespace {
 
-bool CudaOk(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return true;
-  std::printf("%s: %s\n", what, cudaGetErrorString(err));
-  return false;
-}
-
-bool ApiOk(fusedattn_status status, const char* what, const char* msg) {
-  if (status == FUSEDATTN_SUCCESS) return true;
-  std::printf("%s: %s: %s\n", what, fusedattn_status_string(status), msg);
-  return false;
-}
-
-size_t ElementBytes(fusedattn_dtype dtype) {
-  switch (dtype) {
-    case FUSEDATTN_DTYPE_FLOAT32: return 4;
-    case FUSEDATTN_DTYPE_FLOAT16:
-    case FUSEDATTN_DTYPE_BFLOAT16: return 2;
-    default: return 1;
-  }
-}
-
-// A contiguous device tensor of `dtype` with uniform values in [-1, 1] (rounded to the dtype).
-struct DeviceTensor {
-  void* data = nullptr;
-  fusedattn_tensor desc{};
-  DeviceTensor(fusedattn_dtype dtype, std::vector<int64_t> shape, std::mt19937& rng, bool fill) {
-    int64_t n = 1;
-    for (int64_t s : shape) n *= s;
-    const size_t element = ElementBytes(dtype);
-    if (!CudaOk(cudaMalloc(&data, n * element), "cudaMalloc")) return;
-    if (fill) {
-      std::vector<unsigned char> host(n * element);
-      std::uniform_real_distribution<double> dist(-1.0, 1.0);
-      for (int64_t i = 0; i < n; ++i) fusedattn::StoreFromDouble(host.data(), dtype, i, dist(rng));
-      CudaOk(cudaMemcpy(data, host.data(), host.size(), cudaMemcpyHostToDevice), "upload");
-    }
-    desc.data = data;
-    desc.dtype = dtype;
-    desc.ndim = static_cast<int32_t>(shape.size());
-    int64_t stride = 1;
-    for (int d = desc.ndim - 1; d >= 0; --d) {
-      desc.shape[d] = shape[d];
-      desc.strides[d] = stride;
-      stride *= shape[d];
-    }
-  }
-  ~DeviceTensor() {
-    if (data) cudaFree(data);
-  }
-  DeviceTensor(const DeviceTensor&) = delete;
-  DeviceTensor& operator=(const DeviceTensor&) = delete;
-};
-
-template <typename Run>
-double TimeMs(int iters, Run&& run) {
-  for (int i = 0; i < 2; ++i)
-    if (!run()) return -1;
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  cudaEventRecord(start);
-  for (int i = 0; i < iters; ++i)
-    if (!run()) return -1;
-  cudaEventRecord(stop);
-  if (!CudaOk(cudaEventSynchronize(stop), "kernel")) return -1;
-  float ms = 0;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return ms / iters;
-}
+using fusedattn::bench::ApiOk;
+using fusedattn::bench::CudaOk;
+using fusedattn::bench::DeviceTensor;
+using fusedattn::bench::TimeMs;
 
 struct Timing {
   double fwd_ms = -1, both_ms = -1;

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "fusedattn/fusedattn.h"
+#include "native_bench_util.h"
 
 namespace {
 
@@ -107,8 +108,6 @@ Options ParseOptions(int argc, char** argv) {
   return o;
 }
 
-size_t ElementBytes(fusedattn_dtype dtype) { return dtype == FUSEDATTN_DTYPE_FLOAT32 ? 4 : 2; }
-
 const char* DtypeName(fusedattn_dtype dtype) {
   return dtype == FUSEDATTN_DTYPE_FLOAT32 ? "fp32" : dtype == FUSEDATTN_DTYPE_FLOAT16 ? "fp16"
                                                                                        : "bf16";
@@ -138,33 +137,17 @@ __global__ void FillKernel(void* data, size_t count, fusedattn_dtype dtype, uint
   }
 }
 
-// A contiguous device tensor of `shape`, filled with random values (or left as is).
-struct DeviceTensor {
-  void* data = nullptr;
-  fusedattn_tensor desc{};
-  size_t bytes = 0;
-
-  DeviceTensor(fusedattn_dtype dtype, std::vector<int64_t> shape, uint32_t seed, bool fill) {
-    desc.dtype = dtype;
-    desc.ndim = static_cast<int32_t>(shape.size());
-    int64_t stride = 1;
-    for (int d = desc.ndim - 1; d >= 0; --d) {
-      desc.shape[d] = shape[d];
-      desc.strides[d] = stride;
-      stride *= shape[d];
-    }
-    size_t count = static_cast<size_t>(stride);
-    bytes = count * ElementBytes(dtype);
-    CHECK_CUDA(cudaMalloc(&data, bytes));
-    desc.data = data;
+// A dense device tensor (native_bench_util.h) filled on the device from `seed` (or left as is);
+// exits when the allocation fails.
+struct SeededTensor : fusedattn::bench::DeviceTensor {
+  SeededTensor(fusedattn_dtype dtype, const std::vector<int64_t>& shape, uint32_t seed, bool fill)
+      : DeviceTensor(dtype, shape) {
+    if (!data) std::exit(1);
     if (fill) {
-      FillKernel<<<1024, 256>>>(data, count, dtype, seed);
+      FillKernel<<<1024, 256>>>(data, static_cast<size_t>(count), dtype, seed);
       CHECK_CUDA(cudaGetLastError());
     }
   }
-  ~DeviceTensor() { cudaFree(data); }
-  DeviceTensor(const DeviceTensor&) = delete;
-  DeviceTensor& operator=(const DeviceTensor&) = delete;
 };
 
 // Median milliseconds per call of `body` (which enqueues one call on `stream`).
@@ -233,7 +216,7 @@ int main(int argc, char** argv) {
     std::printf("%5s %4s | %10s %8s %7s | %10s %8s %7s | %s\n", "d", "skv", "fwd us", "TB/s",
                 "of copy", "bwd us", "TB/s", "of copy", "backend chosen automatically");
 
-  const size_t e = ElementBytes(o.dtype);
+  const size_t e = fusedattn::bench::ElementBytes(o.dtype);
   for (int64_t d : o.dims)
     for (int64_t skv : o.keys) {
       fusedattn_config c = FUSEDATTN_CONFIG_INIT;
@@ -253,7 +236,7 @@ int main(int argc, char** argv) {
       c.backend = FUSEDATTN_BACKEND_SMALL_SEQ;
 
       const int64_t b = o.batch, hq = o.heads_q, hkv = o.heads_kv;
-      DeviceTensor q(o.dtype, {b, 1, hq, d}, 1, true), k(o.dtype, {b, skv, hkv, d}, 2, true),
+      SeededTensor q(o.dtype, {b, 1, hq, d}, 1, true), k(o.dtype, {b, skv, hkv, d}, 2, true),
           v(o.dtype, {b, skv, hkv, d}, 3, true), out(o.dtype, {b, 1, hq, d}, 0, false),
           d_o(o.dtype, {b, 1, hq, d}, 4, true), dq(o.dtype, {b, 1, hq, d}, 0, false),
           dk(o.dtype, {b, skv, hkv, d}, 0, false), dv(o.dtype, {b, skv, hkv, d}, 0, false),

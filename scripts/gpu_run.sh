@@ -125,8 +125,8 @@ step_cli() {
   "$bin" explain --b 30720 --h 8 --sq 1 --skv 16 --d 128
   "$bin" explain --b 30720 --h 8 --sq 1 --skv 17 --d 128
   "$bin" explain --b 2 --h 8 --sq 1024 --skv 1024 --d 512
-  # Paged K/V: every GPU backend refuses it (naming it) until it has a kernel; the reference runs
-  # it on CUDA tensors when forced, checked against its host run.
+  # Paged K/V: flash's decode kernel runs it (the other GPU backends say why not); the reference
+  # runs it on CUDA tensors when forced, checked against its host run.
   "$bin" explain --b 8 --h 32 --hkv 8 --sq 1 --skv 4096 --d 128 --page-size 16 \
     --mask causal_bottom_right
   "$bin" run --b 3 --h 8 --hkv 2 --sq 4 --skv 300 --d 64 --page-size 16 --layout thd \
@@ -141,7 +141,9 @@ step_cli() {
 # and mma.sync backward ("hopper backward: instances 64 and 128 only"); mma.sync d128 full
 # ("plain variant only") for softcap; simple
 # ("float16/bfloat16") for fp32; with FUSEDATTN_FLASH_WGMMA=0, mma.sync ("FUSEDATTN_FLASH_WGMMA=0");
-# both runs PASS.
+# for the paged decode line (132 SMs), "decode d128 plain, 4 splits, workspace 528384 B" (the
+# split count from the planner's DeviceFacts, as tests/cpu/flash_plan_test.cpp plans it); the
+# runs PASS.
 step_flash_plan() {
   local bin="$BUILD/tools/fusedattn" rc=0
   "$bin" explain --backend flash --b 4 --h 16 --hkv 4 --sq 1024 --skv 1024 --d 128 --layout thd \
@@ -151,6 +153,10 @@ step_flash_plan() {
   "$bin" explain --backend flash --b 2 --h 8 --sq 512 --skv 512 --d 64 --dtype fp32 || rc=1
   FUSEDATTN_FLASH_WGMMA=0 "$bin" explain --backend flash --b 2 --h 8 --sq 512 --skv 512 --d 128 \
     || rc=1
+  "$bin" explain --backend flash --b 8 --h 32 --hkv 8 --sq 1 --skv 4096 --d 128 --page-size 16 \
+    --mask causal_bottom_right || rc=1
+  "$bin" run --backend flash --b 3 --h 8 --hkv 2 --sq 1 --skv 700 --d 128 --page-size 16 \
+    --mask causal_bottom_right --check --iters 1 || rc=1
   "$bin" run --backend flash --b 3 --h 8 --hkv 2 --sq 300 --skv 300 --d 128 --layout thd \
     --mask causal --bwd --check --iters 1 || rc=1
   "$bin" run --backend flash --b 2 --h 4 --sq 200 --skv 260 --d 64 --dtype fp16 \

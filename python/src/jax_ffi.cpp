@@ -39,11 +39,15 @@
 #include <vector>
 
 #include "fusedattn/fusedattn.h"
+#include "layout_axes.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
+
+using fusedattn_python::Axes;
+using fusedattn_python::AxesOf;
 
 constexpr size_t kMessageBytes = 16384;
 
@@ -311,17 +315,6 @@ void SetCommon(const Inputs& in, Args* args) {
 }
 
 // ---- the config ----------------------------------------------------------------------------
-
-struct Axes {
-  int b, s, h;
-};
-Axes AxesOf(fusedattn_format format) {
-  switch (format) {
-    case FUSEDATTN_FORMAT_SBHD: return {1, 0, 2};
-    case FUSEDATTN_FORMAT_BHSD: return {0, 2, 1};
-    default: return {0, 1, 2};
-  }
-}
 
 ffi::Error MakeConfig(const Options& o, const Inputs& in, bool is_training, bool return_lse,
                       fusedattn_device device, fusedattn_config* out) {

@@ -37,8 +37,12 @@
 #include <vector>
 
 #include "fusedattn/fusedattn.h"
+#include "layout_axes.h"
 
 namespace {
+
+using fusedattn_python::Axes;
+using fusedattn_python::AxesOf;
 
 using at::Tensor;
 using OptionalTensor = std::optional<Tensor>;
@@ -283,18 +287,6 @@ void DescribeInputs(const CommonInputs& in, Args* args) {
   args->cu_seqlens_kv = Describe("cu_seqlens_kv", in.cu_seqlens_kv, q);
   args->seq_offsets_q = Describe("seq_offsets_q", in.seq_offsets_q, q);
   args->seq_offsets_kv = Describe("seq_offsets_kv", in.seq_offsets_kv, q);
-}
-
-// The layout's axes of [batch, seq, heads] in a 4-d q/k/v (THD is [tokens, heads, dim]).
-struct Axes {
-  int b, s, h;
-};
-Axes AxesOf(fusedattn_format format) {
-  switch (format) {
-    case FUSEDATTN_FORMAT_SBHD: return {1, 0, 2};
-    case FUSEDATTN_FORMAT_BHSD: return {0, 2, 1};
-    default: return {0, 1, 2};
-  }
 }
 
 const char* LayoutName(fusedattn_format format) {

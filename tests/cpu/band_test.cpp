@@ -7,6 +7,7 @@
 
 #include <vector>
 
+#include "backends/flash/params.h"
 #include "common/band.h"
 #include "common/status.h"
 #include "problem/problem.h"
@@ -101,6 +102,28 @@ TEST(Band, RawBoundsOfABlockOfRowsCoverEveryRowInIt) {
           EXPECT_GE(j, b.raw_lo(i, shift));
           EXPECT_LT(j, b.raw_hi(i, shift));
         }
+  });
+}
+
+TEST(Band, AFlashTileIsFullyVisibleExactlyWhenEveryRowSeesEveryKeyOfIt) {
+  // flash's kernels run no mask code on such tiles (flash/params.h, TileFullyVisible).
+  ForEachCase([](const Band& b, int64_t sq, int64_t skv) {
+    flash::FlashParams p;
+    p.window_left = b.left, p.window_right = b.right, p.bottom_right = b.bottom_right;
+    const int64_t shift = b.shift(sq, skv);
+    for (int row0 = 0; row0 <= sq; ++row0)
+      for (int rows = 1; rows <= 3; ++rows)
+        for (int key0 = 0; key0 <= skv; ++key0)
+          for (int keys = 1; keys <= 3; ++keys) {
+            bool all = true;
+            for (int i = row0; i < row0 + rows; ++i)
+              for (int j = key0; j < key0 + keys; ++j) all = all && Sees(b, i, j, sq, skv);
+            EXPECT_EQ(flash::TileFullyVisible(p, row0, rows, key0, keys, static_cast<int>(sq),
+                                              static_cast<int>(skv), shift),
+                      all)
+                << "rows [" << row0 << ", " << row0 + rows << ") keys [" << key0 << ", "
+                << key0 + keys << ")";
+          }
   });
 }
 

@@ -19,17 +19,20 @@ namespace {
 DeviceFacts H100() {
   DeviceFacts d;
   d.compute_capability = 90, d.sm_count = 132, d.smem_per_block = 227 * 1024;
+  d.smem_per_sm = 228 * 1024, d.reserved_smem_per_block = 1024;
   d.sm90a_kernels = true, d.wgmma_allowed = true;
   return d;
 }
 DeviceFacts A100() {
   DeviceFacts d = H100();
   d.compute_capability = 80, d.sm_count = 108, d.smem_per_block = 163 * 1024;
+  d.smem_per_sm = 164 * 1024;
   return d;
 }
 DeviceFacts L40() {  // sm_89: 99 KB of shared memory per block
   DeviceFacts d = H100();
   d.compute_capability = 89, d.sm_count = 142, d.smem_per_block = 99 * 1024;
+  d.smem_per_sm = 100 * 1024;
   return d;
 }
 
@@ -289,24 +292,52 @@ TEST(FlashPlanRefusal, PagedKvTheDecodeKernelCannotRun) {
   EXPECT_TRUE(Contains(plan.status.message(), "{64, 128}")) << plan.status.message();
 }
 
-// (Which device runs the decode kernel is read by decode.h from the current device, so this
-// holds with or without a GPU.)
-TEST(FlashPlanForward, PagedKvRunsOnTheDecodeKernelOrIsRefusedNamingIt) {
-  fusedattn_config c = Config(128);
+fusedattn_config PagedDecode() {
+  fusedattn_config c = Config(128);  // batch 2, heads 4 / 2, 256 keys: 4 tiles of 64
   c.page_size = 16;
   c.max_seqlen_q = 1;
   c.mask = FUSEDATTN_MASK_PADDING;
-  Problem p;
-  ASSERT_TRUE(MakeProblem(&c, true, &p).ok());
-  ForwardPlan plan = PlanForward(p, DenseFwdTensors(p), H100());
-  if (plan.status.ok()) {
-    EXPECT_EQ(plan.path, KernelPath::kDecode);
-    EXPECT_EQ(plan.instance, 128);
-    EXPECT_GE(plan.decode_splits, 1);
-  } else {
-    EXPECT_TRUE(Contains(plan.status.message(), "runs on flash's decode kernel only"))
-        << plan.status.message();
-  }
+  return c;
+}
+
+// The decode kernel's fit and split count come from the DeviceFacts the plan is given, not from
+// the device the process sees (the same plans with or without a GPU).
+TEST(FlashPlanForward, PagedKvRunsOnTheDecodeKernel) {
+  ForwardPlan plan = Forward(PagedDecode());
+  ASSERT_TRUE(plan.status.ok()) << plan.status.message();
+  EXPECT_EQ(plan.path, KernelPath::kDecode);
+  EXPECT_EQ(plan.instance, 128);
+}
+
+TEST(FlashPlanRefusal, PagedKvBeforeComputeCapability80) {
+  DeviceFacts turing = H100();
+  turing.compute_capability = 75;
+  ForwardPlan plan = Forward(PagedDecode(), turing);
+  EXPECT_EQ(plan.status.code(), FUSEDATTN_ERROR_NOT_SUPPORTED);
+  EXPECT_TRUE(Contains(plan.status.message(), "runs on flash's decode kernel only"))
+      << plan.status.message();
+  EXPECT_TRUE(Contains(plan.status.message(), "compute capability 8.0")) << plan.status.message();
+}
+
+TEST(FlashPlanForward, ShortQueriesAgainstContiguousKvRunOnTheDecodeKernel) {
+  fusedattn_config c = Config(128);
+  c.max_seqlen_q = 1;
+  EXPECT_EQ(Forward(c).path, KernelPath::kDecode);
+  DeviceFacts turing = H100();
+  turing.compute_capability = 75;
+  EXPECT_NE(Forward(c, turing).path, KernelPath::kDecode);  // the others run it there
+}
+
+TEST(FlashPlanForward, DecodeSplitsFillTheDevicesSms) {
+  // 4 blocks (2 sequences x 2 kv heads) and 4 key tiles: on the H100's 132 SMs (two 107 KB
+  // blocks each) one split per tile; on a device of one SM the 4 blocks fill it already.
+  const Problem p = Make(PagedDecode());
+  EXPECT_EQ(Forward(PagedDecode()).decode_splits, 4);
+  EXPECT_GT(PlanFwdWorkspace(p, H100()).decode_bytes, 0u);  // the splits' partials
+  DeviceFacts one_sm = H100();
+  one_sm.sm_count = 1;
+  EXPECT_EQ(Forward(PagedDecode(), one_sm).decode_splits, 1);
+  EXPECT_EQ(PlanFwdWorkspace(p, one_sm).decode_bytes, 0u);
 }
 
 TEST(FlashPlanRefusal, HeadDimsWhoseSimpleKernelsDoNotFitSharedMemory) {

@@ -83,6 +83,58 @@ struct DeviceFactors {
   }
 };
 
+// One FP8 call, the forward or the backward, on the reference: on the host tensors *t with the
+// factors *f (its outputs and amax outputs written there).
+void RunOnReference(const fusedattn_config& ref_c, bool backward, ProblemTensors* t,
+                    Fp8Factors* f) {
+  char msg[2048];
+  if (backward) {
+    fusedattn_bwd_args a = t->bwd_args();
+    PointBwdArgsAt(ref_c, f, &a);
+    ASSERT_EQ(fusedattn_bwd(&ref_c, &a, nullptr, 0, nullptr, msg, sizeof msg), FUSEDATTN_SUCCESS)
+        << msg;
+  } else {
+    fusedattn_fwd_args a = t->fwd_args();
+    PointFwdArgsAt(ref_c, f, &a);
+    ASSERT_EQ(fusedattn_fwd(&ref_c, &a, nullptr, 0, nullptr, msg, sizeof msg), FUSEDATTN_SUCCESS)
+        << msg;
+  }
+}
+
+// The same call on cuDNN: `inputs` and the factors `f` uploaded, with a workspace of the size
+// the call asks for; its outputs read back into *got (a copy of `inputs`), the factors block
+// (with its amax outputs) into *got_f.
+void RunOnCudnn(const fusedattn_config& c, bool backward, const ProblemTensors& inputs,
+                const Fp8Factors& f, ProblemTensors* got, Fp8Factors* got_f) {
+  DeviceProblem dev;
+  std::string error;
+  ASSERT_TRUE(dev.upload(inputs, &error)) << error;
+  DeviceFactors df;
+  df.upload(f);
+  char why[4096];
+  size_t bytes = 0;
+  ASSERT_EQ(backward ? fusedattn_bwd_workspace_size(&c, &bytes, why, sizeof why)
+                     : fusedattn_fwd_workspace_size(&c, &bytes, why, sizeof why),
+            FUSEDATTN_SUCCESS)
+      << why;
+  DeviceBuffer workspace(std::max<size_t>(bytes, 16));
+  fusedattn_status status;
+  if (backward) {
+    fusedattn_bwd_args a = dev.bwd_args();
+    PointBwdArgsAt(c, df.ptr(), &a);
+    status = fusedattn_bwd(&c, &a, workspace.ptr, bytes, nullptr, why, sizeof why);
+  } else {
+    fusedattn_fwd_args a = dev.fwd_args();
+    PointFwdArgsAt(c, df.ptr(), &a);
+    status = fusedattn_fwd(&c, &a, workspace.ptr, bytes, nullptr, why, sizeof why);
+  }
+  ASSERT_EQ(status, FUSEDATTN_SUCCESS) << why;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  *got = inputs;
+  ASSERT_TRUE(dev.download_outputs(got, &error)) << error;
+  *got_f = df.download();
+}
+
 double MaxAbsOf(const HostTensor& t) {
   double m = 0;
   for (double x : t.to_vector()) m = std::max(m, std::fabs(x));
@@ -157,32 +209,10 @@ TEST_P(CudnnFp8, ForwardAndBackwardMatchTheReferenceEmulation) {
   // The reference's forward on host copies, then cuDNN's on the device.
   ProblemTensors ref = host;
   Fp8Factors ref_f = f;
-  {
-    fusedattn_fwd_args a = ref.fwd_args();
-    PointFwdArgsAt(ref_c, &ref_f, &a);
-    char msg[2048];
-    ASSERT_EQ(fusedattn_fwd(&ref_c, &a, nullptr, 0, nullptr, msg, sizeof msg), FUSEDATTN_SUCCESS)
-        << msg;
-  }
-  DeviceProblem dev;
-  std::string error;
-  ASSERT_TRUE(dev.upload(host, &error)) << error;
-  DeviceFactors df;
-  df.upload(f);
-  size_t bytes = 0;
-  ASSERT_EQ(fusedattn_fwd_workspace_size(&c, &bytes, why, sizeof why), FUSEDATTN_SUCCESS) << why;
-  DeviceBuffer workspace(std::max<size_t>(bytes, 16));
-  {
-    fusedattn_fwd_args a = dev.fwd_args();
-    PointFwdArgsAt(c, df.ptr(), &a);
-    ASSERT_EQ(fusedattn_fwd(&c, &a, workspace.ptr, bytes, nullptr, why, sizeof why),
-              FUSEDATTN_SUCCESS)
-        << why;
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  }
-  ProblemTensors got = host;
-  ASSERT_TRUE(dev.download_outputs(&got, &error)) << error;
-  const Fp8Factors got_f = df.download();
+  ASSERT_NO_FATAL_FAILURE(RunOnReference(ref_c, /*backward=*/false, &ref, &ref_f));
+  ProblemTensors got;
+  Fp8Factors got_f;
+  ASSERT_NO_FATAL_FAILURE(RunOnCudnn(c, /*backward=*/false, host, f, &got, &got_f));
 
   // Forward: O against the reference (both e4m3), LSE, amax.
   const Exact fwd = ExactAttention(c, host, f, false);
@@ -211,11 +241,7 @@ TEST_P(CudnnFp8, ForwardAndBackwardMatchTheReferenceEmulation) {
   {
     ProblemTensors probe = bwd_host;
     Fp8Factors pf = f;
-    fusedattn_bwd_args a = probe.bwd_args();
-    PointBwdArgsAt(ref_c, &pf, &a);
-    char msg[2048];
-    ASSERT_EQ(fusedattn_bwd(&ref_c, &a, nullptr, 0, nullptr, msg, sizeof msg), FUSEDATTN_SUCCESS)
-        << msg;
+    ASSERT_NO_FATAL_FAILURE(RunOnReference(ref_c, /*backward=*/true, &probe, &pf));
     const double top = MaxFinite(c.dqkv_dtype);
     f.scale_dp = PowerOfTwoScale(pf.amax_dp, MaxFinite(c.do_dtype));
     f.descale_dp = 1.0f / f.scale_dp;
@@ -225,29 +251,10 @@ TEST_P(CudnnFp8, ForwardAndBackwardMatchTheReferenceEmulation) {
   }
   ProblemTensors ref_b = bwd_host;
   Fp8Factors ref_bf = f;
-  {
-    fusedattn_bwd_args a = ref_b.bwd_args();
-    PointBwdArgsAt(ref_c, &ref_bf, &a);
-    char msg[2048];
-    ASSERT_EQ(fusedattn_bwd(&ref_c, &a, nullptr, 0, nullptr, msg, sizeof msg), FUSEDATTN_SUCCESS)
-        << msg;
-  }
-  DeviceProblem dev_b;
-  ASSERT_TRUE(dev_b.upload(bwd_host, &error)) << error;
-  df.upload(f);
-  ASSERT_EQ(fusedattn_bwd_workspace_size(&c, &bytes, why, sizeof why), FUSEDATTN_SUCCESS) << why;
-  DeviceBuffer bwd_workspace(std::max<size_t>(bytes, 16));
-  {
-    fusedattn_bwd_args a = dev_b.bwd_args();
-    PointBwdArgsAt(c, df.ptr(), &a);
-    ASSERT_EQ(fusedattn_bwd(&c, &a, bwd_workspace.ptr, bytes, nullptr, why, sizeof why),
-              FUSEDATTN_SUCCESS)
-        << why;
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  }
-  ProblemTensors got_b = bwd_host;
-  ASSERT_TRUE(dev_b.download_outputs(&got_b, &error)) << error;
-  const Fp8Factors got_bf = df.download();
+  ASSERT_NO_FATAL_FAILURE(RunOnReference(ref_c, /*backward=*/true, &ref_b, &ref_bf));
+  ProblemTensors got_b;
+  Fp8Factors got_bf;
+  ASSERT_NO_FATAL_FAILURE(RunOnCudnn(c, /*backward=*/true, bwd_host, f, &got_b, &got_bf));
 
   const Exact bwd = ExactAttention(c, bwd_host, f, true);
   const fusedattn_dtype dp_type = c.do_dtype;

@@ -58,13 +58,17 @@ def _compile(why):
     """Compiles _csrc/jax_ffi.cpp against this jaxlib's FFI headers and the package's
     libfusedattn into the cache directory (written atomically: concurrent first uses are safe)."""
     source = os.path.join(_HERE, "_csrc", "jax_ffi.cpp")
+    header = os.path.join(_HERE, "_csrc", "layout_axes.h")  # the one it includes from _csrc/
     library = [f for f in sorted(os.listdir(_HERE)) if f.startswith("libfusedattn.so")]
-    if not os.path.exists(source) or not library:
+    if not (os.path.exists(source) and os.path.exists(header)) or not library:
         raise ImportError("fusedattn.jax's XLA FFI handlers are %s, and their source is not in "
                           "the package to compile them: reinstall fusedattn with "
                           "`pip install --no-build-isolation .` where jax is installed" % why)
-    with open(source, "rb") as f:
-        key = hashlib.sha256(f.read() + jaxlib.__version__.encode() + _HERE.encode())
+    key = hashlib.sha256()
+    for path in (source, header):
+        with open(path, "rb") as f:
+            key.update(f.read())
+    key.update(jaxlib.__version__.encode() + _HERE.encode())
     tag = "%s-jaxlib%s-%s" % (_C.version(), jaxlib.__version__, key.hexdigest()[:16])
     folder = os.path.join(cache_root(), "jax_ffi", tag)
     path = os.path.join(folder, _LIBRARY)

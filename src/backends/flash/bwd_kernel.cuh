@@ -197,9 +197,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     // P^T = 2^(S^T scale log2(e) - LSE): rows past the sequence or without keys have LSE +inf
     // (P = 0); keys the mask hides get P = 0 on tiles that cross the mask's boundary (tiles
     // inside it run no mask code).
-    const bool interior = m0 + kBlockM <= seq.len_q && n0 + kBlockN <= seq.len_kv &&
-                          (p.window_left < 0 || n0 >= RawLo(p, m0 + kBlockM - 1, shift)) &&
-                          (p.window_right < 0 || n0 + kBlockN <= RawHi(p, m0, shift));
+    const bool interior =
+        TileFullyVisible(p, m0, kBlockM, n0, kBlockN, seq.len_q, seq.len_kv, shift);
     // dcap: d s / d t of the softcap; dmod: d score_mod / d s; spipe: the pipeline's s (the
     // score_mod's input, for the tensor gradients).
     float dcap[kFull ? kNT1 : 1][4];
@@ -537,9 +536,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
 
-    const bool interior = m0 + kBlockM <= seq.len_q && n0 + kBlockN <= seq.len_kv &&
-                          (p.window_left < 0 || n0 >= RawLo(p, m0 + kBlockM - 1, shift)) &&
-                          (p.window_right < 0 || n0 + kBlockN <= RawHi(p, m0, shift));
+    const bool interior =
+        TileFullyVisible(p, m0, kBlockM, n0, kBlockN, seq.len_q, seq.len_kv, shift);
     float dcap[kFull ? kNTiles : 1][4];
     float dmod[Mod::kActive ? kNTiles : 1][4];  // d score_mod / d s
 #pragma unroll

@@ -441,9 +441,8 @@ __global__ void __launch_bounds__(384, 1)
         else
           exponentials(sm90::Static<kSlices>());
         // Hidden keys: P = 0, only where these 64 keys x the step's queries cross a mask boundary.
-        const bool interior = m0 + kBlockM <= seq.len_q && key0 + 64 <= seq.len_kv &&
-                              (p.window_left < 0 || key0 >= RawLo(p, m0 + kBlockM - 1, shift)) &&
-                              (p.window_right < 0 || key0 + 64 <= RawHi(p, m0, shift));
+        const bool interior =
+            TileFullyVisible(p, m0, kBlockM, key0, 64, seq.len_q, seq.len_kv, shift);
         if (!interior) {
 #pragma unroll
           for (int i = 0; i < kSlices; ++i)

@@ -1,12 +1,12 @@
 // Host side of flash's decode kernel (decode.h) and the combine kernel of its splits.
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <cmath>
 
 #include "backends/flash/decode.h"
 #include "backends/flash/device_common.cuh"
 #include "backends/flash/kernels.h"
+#include "backends/flash/planner.h"
 #include "common/cuda_util.h"
 #include "problem/problem.h"
 
@@ -102,44 +102,6 @@ size_t SmemBytes(int head_dim, int block_rows) {
   return block_rows == 16 ? DecodeSmemBytes<128, 16>() : DecodeSmemBytes<128, 32>();
 }
 
-// What the current device gives: SMs, shared memory per SM and per block (opt-in), and what the
-// driver reserves per block. Read once per device.
-struct DeviceShape {
-  int sms = 0;
-  size_t smem_per_sm = 0, smem_per_block = 0, reserved_per_block = 0;
-};
-DeviceShape CurrentDeviceShape() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> sms[kMaxDevices];
-  static std::atomic<int> per_sm[kMaxDevices], per_block[kMaxDevices], reserved[kMaxDevices];
-  int device = 0;
-  DeviceShape shape{132, 228 * 1024, 227 * 1024, 1024};  // H100, if the device cannot be read
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) {
-    cudaGetLastError();
-    return shape;
-  }
-  if (sms[device].load(std::memory_order_relaxed) == 0) {
-    int value[4] = {0, 0, 0, 0};
-    const cudaDeviceAttr attrs[4] = {
-        cudaDevAttrMultiProcessorCount, cudaDevAttrMaxSharedMemoryPerMultiprocessor,
-        cudaDevAttrMaxSharedMemoryPerBlockOptin, cudaDevAttrReservedSharedMemoryPerBlock};
-    for (int k = 0; k < 4; ++k)
-      if (cudaDeviceGetAttribute(&value[k], attrs[k], device) != cudaSuccess) {
-        cudaGetLastError();
-        return shape;
-      }
-    per_sm[device].store(value[1], std::memory_order_relaxed);
-    per_block[device].store(value[2], std::memory_order_relaxed);
-    reserved[device].store(value[3], std::memory_order_relaxed);
-    sms[device].store(std::max(value[0], 1), std::memory_order_relaxed);
-  }
-  shape.sms = sms[device].load(std::memory_order_relaxed);
-  shape.smem_per_sm = static_cast<size_t>(per_sm[device].load(std::memory_order_relaxed));
-  shape.smem_per_block = static_cast<size_t>(per_block[device].load(std::memory_order_relaxed));
-  shape.reserved_per_block = static_cast<size_t>(reserved[device].load(std::memory_order_relaxed));
-  return shape;
-}
-
 // cp.async reads 16-byte pieces of rows: the head dim innermost and every row 16-byte aligned.
 bool RowsAligned16(const TensorView& t) {
   return t.stride_d == 1 && reinterpret_cast<uintptr_t>(t.data) % 16 == 0 &&
@@ -148,7 +110,7 @@ bool RowsAligned16(const TensorView& t) {
 
 }  // namespace
 
-Status DecodeFits(const Problem& p) {
+Status DecodeFits(const Problem& p, const DeviceFacts& device) {
   const auto& c = p.config;
   if (!HalfType(c.qkv_dtype) || c.o_dtype != c.qkv_dtype)
     return NotSupported("flash's decode kernel takes float16 or bfloat16 with o_dtype equal, but "
@@ -167,14 +129,14 @@ Status DecodeFits(const Problem& p) {
     return NotSupported("flash's decode kernel has no dropout (dropout = %g)", c.dropout);
   if (p.score_mod)
     return NotSupported("flash's decode kernel does not compile score_mod graphs yet");
-  const int cc = CurrentDeviceComputeCapability();
+  const int cc = device.compute_capability;
   if (cc < 80)
     return NotSupported("flash's decode kernel needs compute capability 8.0 or later (mma.sync, "
                         "cp.async); this GPU has %d.%d",
                         cc / 10, cc % 10);
-  const DecodePlan plan = PlanDecode(p);
+  const DecodePlan plan = PlanDecode(p, device);
   const size_t need = SmemBytes(plan.head_dim, plan.block_rows);
-  const size_t limit = CurrentDeviceShape().smem_per_block;
+  const size_t limit = device.smem_per_block;
   if (need > limit)
     return NotSupported("flash's decode kernel at head dim %d needs %zu bytes of shared memory "
                         "per block, more than the %zu this GPU gives",
@@ -187,11 +149,11 @@ Status DecodeFits(const Problem& p) {
   return Status::Ok();
 }
 
-bool WantsDecode(const Problem& p) {
-  return p.device == Device::kCuda && DecodeFits(p).ok();
+bool WantsDecode(const Problem& p, const DeviceFacts& device) {
+  return p.device == Device::kCuda && DecodeFits(p, device).ok();
 }
 
-DecodePlan PlanDecode(const Problem& p) {
+DecodePlan PlanDecode(const Problem& p, const DeviceFacts& device) {
   const auto& c = p.config;
   DecodePlan plan;
   plan.head_dim = c.head_dim_qk <= 64 ? 64 : 128;
@@ -206,10 +168,9 @@ DecodePlan PlanDecode(const Problem& p) {
   // share of busy block slots over the waves is within 0.85 of the best (FlashAttention's rule:
   // fewer splits mean less combining).
   const int64_t tiles = std::max<int64_t>(1, (c.max_seqlen_kv + 63) / 64);
-  const DeviceShape dev = CurrentDeviceShape();
-  const size_t smem = SmemBytes(plan.head_dim, plan.block_rows) + dev.reserved_per_block;
-  const int64_t per_sm = std::max<int64_t>(1, std::min<int64_t>(2, dev.smem_per_sm / smem));
-  const int64_t slots = int64_t{dev.sms} * per_sm;
+  const size_t smem = SmemBytes(plan.head_dim, plan.block_rows) + device.reserved_smem_per_block;
+  const int64_t per_sm = std::max<int64_t>(1, std::min<int64_t>(2, device.smem_per_sm / smem));
+  const int64_t slots = int64_t{device.sm_count} * per_sm;  // 0 SMs (no device): one split
   const int64_t base = c.batch * c.heads_kv * plan.row_chunks;
   auto efficiency = [&](int64_t splits) {
     const int64_t blocks = base * splits;
@@ -240,17 +201,20 @@ DecodePlan PlanDecode(const Problem& p) {
   return plan;
 }
 
-size_t DecodeWorkspaceBytes(const Problem& p) { return PlanDecode(p).workspace; }
+size_t DecodeWorkspaceBytes(const Problem& p, const DeviceFacts& device) {
+  return PlanDecode(p, device).workspace;
+}
 
 
 Status RunDecode(const Problem& problem, const FwdTensors& t, const FlashParams& common,
-                 void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+                 const DeviceFacts& device, void* workspace, size_t workspace_bytes,
+                 cudaStream_t stream) {
   const auto& c = problem.config;
   if (!RowsAligned16(t.q) || !RowsAligned16(t.k) || !RowsAligned16(t.v))
     return NotSupported(
         "flash's decode kernel reads q, k and v rows with 16-byte copies: they must be "
         "contiguous along the head dim (stride 1) and 16-byte aligned (pointer and strides)");
-  const DecodePlan plan = PlanDecode(problem);
+  const DecodePlan plan = PlanDecode(problem, device);
   if (plan.workspace > 0 && (workspace == nullptr || workspace_bytes < plan.workspace))
     return Status(FUSEDATTN_ERROR_WORKSPACE,
                   Format("flash decode needs %zu bytes of workspace (%d splits), %zu given",

@@ -2,9 +2,11 @@
 // against a paged or contiguous K/V cache, split over the keys (flash-decoding) with a combine
 // step. README.md, "Paged K/V and decode", says how it works; this is its host side.
 //
-// The planner (planner.cpp) asks DecodeFits / WantsDecode, PlanDecode and DecodeWorkspaceBytes;
-// the backend's forward runs the plan's decode path with RunDecode (fills max_logit, launches
-// the kernel and the combine). The split count a call runs with is its plan's decode_splits.
+// The planner (planner.cpp) asks DecodeFits / WantsDecode, PlanDecode and DecodeWorkspaceBytes,
+// with the device as DeviceFacts (planner.h), never the current device; the backend's forward
+// runs the plan's decode path with RunDecode (fills max_logit, launches the kernel and the
+// combine) on the facts it planned with, so the split count a call runs with is its plan's
+// decode_splits.
 #pragma once
 
 #include <cstddef>
@@ -21,6 +23,8 @@ struct FwdTensors;
 }  // namespace fusedattn
 
 namespace fusedattn::flash {
+
+struct DeviceFacts;  // planner.h
 
 // Tiles of the decode kernel: kBlockN keys per tile, one quarter (16 keys) per warp; kStages
 // tiles in shared memory, kStages - 1 of them in flight while one is computed. kRows query rows
@@ -69,7 +73,7 @@ struct DecodeParams {
   float* partial_lse = nullptr;
 };
 
-// How the decode kernel runs a problem (from the config and the device alone, so that the
+// How the decode kernel runs a problem (from the config and the DeviceFacts alone, so that the
 // workspace size and the run agree).
 struct DecodePlan {
   int head_dim = 0;   // instance: 64 or 128
@@ -82,23 +86,25 @@ struct DecodePlan {
 // Ok when the decode kernel runs this problem (CUDA tensors assumed), else why not: float16 or
 // bfloat16 (o_dtype equal), head_dim_qk = head_dim_v in {64, 128}, max_seqlen_q <= 16, no
 // dropout, no score_mod, compute capability >= 8.0 and the shared memory it needs.
-Status DecodeFits(const Problem& p);
+Status DecodeFits(const Problem& p, const DeviceFacts& device);
 
 // Whether flash's forward takes the decode kernel for this problem: every paged problem that
 // fits, and contiguous ones that fit (max_seqlen_q <= 16): the kernel reads each kv head's keys
 // once for its whole GQA group and splits long sequences over the GPU, where the prefill kernels
 // read them once per query head and run one block per (query tile, head, sequence).
-bool WantsDecode(const Problem& p);
+bool WantsDecode(const Problem& p, const DeviceFacts& device);
 
-DecodePlan PlanDecode(const Problem& p);
-size_t DecodeWorkspaceBytes(const Problem& p);
+DecodePlan PlanDecode(const Problem& p, const DeviceFacts& device);
+size_t DecodeWorkspaceBytes(const Problem& p, const DeviceFacts& device);
 
-// Runs the problem (WantsDecode true) on the decode kernel. common: the backend's FlashParams of
-// the call (CommonParams). NotSupported, before anything is written, when the tensors do not
-// suit the kernel (q, k, v rows not contiguous and 16-byte aligned); a workspace error when it is
-// smaller than DecodeWorkspaceBytes.
+// Runs the problem (WantsDecode true) on the decode kernel as PlanDecode(p, device) says (device:
+// the facts the call's plan was made with). common: the backend's FlashParams of the call
+// (CommonParams). NotSupported, before anything is written, when the tensors do not suit the
+// kernel (q, k, v rows not contiguous and 16-byte aligned); a workspace error when it is smaller
+// than DecodeWorkspaceBytes.
 Status RunDecode(const Problem& p, const FwdTensors& t, const FlashParams& common,
-                 void* workspace, size_t workspace_bytes, cudaStream_t stream);
+                 const DeviceFacts& device, void* workspace, size_t workspace_bytes,
+                 cudaStream_t stream);
 
 // The kernels of one instance (decode_kernel.cuh, instances/flash_decode_*.cu).
 template <typename Element, int kHeadDim>

@@ -73,11 +73,8 @@ __device__ __forceinline__ int64_t LseOffset(const LseArg& t, int b, int h, int6
 // Mask
 // ------------------------------------------------------------------------------------------------
 
-// The band of fusedattn.h's mask rule (common/band.h, shared by every backend); the helpers below
-// are its int-typed forms for the kernels.
-__device__ __forceinline__ Band BandOf(const FlashParams& p) {
-  return MakeBand(p.window_left, p.window_right, p.bottom_right);
-}
+// The band of fusedattn.h's mask rule (common/band.h, shared by every backend) is BandOf(p)
+// (params.h, with TileFullyVisible); the helpers below are its int-typed forms for the kernels.
 
 // The diagonal's shift: key j = i + shift is on the diagonal of query i.
 __device__ __forceinline__ int64_t DiagShift(const FlashParams& p, int len_q, int len_kv) {

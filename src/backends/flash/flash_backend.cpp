@@ -288,7 +288,7 @@ class FlashBackendImpl final : public Backend {
     switch (plan.path) {
       case flash::KernelPath::kDecode:
         // max_logit is filled by RunDecode itself.
-        return flash::RunDecode(problem, t, p, workspace, workspace_bytes, s);
+        return flash::RunDecode(problem, t, p, device, workspace, workspace_bytes, s);
       case flash::KernelPath::kScoreModJit:
         SetFlexTensors(t, &p);
         return jit::Launch(problem.score_mod,
@@ -438,12 +438,19 @@ DeviceFacts CurrentDeviceFacts() {
   if (device < 0) return f;
   if (device < kMaxDevices && known[device].load(std::memory_order_acquire)) return facts[device];
   f.compute_capability = CurrentDeviceComputeCapability();
-  int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    cudaGetLastError();
-    sms = 0;
-  }
-  f.sm_count = sms;
+  // SMs, shared memory per SM and reserved per block (0 where the device does not say).
+  const cudaDeviceAttr attrs[3] = {cudaDevAttrMultiProcessorCount,
+                                   cudaDevAttrMaxSharedMemoryPerMultiprocessor,
+                                   cudaDevAttrReservedSharedMemoryPerBlock};
+  int value[3] = {0, 0, 0};
+  for (int k = 0; k < 3; ++k)
+    if (cudaDeviceGetAttribute(&value[k], attrs[k], device) != cudaSuccess) {
+      cudaGetLastError();
+      value[k] = 0;
+    }
+  f.sm_count = value[0];
+  f.smem_per_sm = static_cast<size_t>(value[1]);
+  f.reserved_smem_per_block = static_cast<size_t>(value[2]);
   f.smem_per_block = SimpleSharedLimit();
   if (device < kMaxDevices) {
     std::lock_guard<std::mutex> lock(mutex);

@@ -164,9 +164,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 
     // Scores in log2 units; -inf where the mask hides the key. Tiles inside the mask (most of
     // them) run no mask code at all.
-    const bool interior = m0 + kBlockM <= seq.len_q && n0 + kBlockN <= seq.len_kv &&
-                          (p.window_left < 0 || n0 >= RawLo(p, m0 + kBlockM - 1, shift)) &&
-                          (p.window_right < 0 || n0 + kBlockN <= RawHi(p, m0, shift));
+    const bool interior =
+        TileFullyVisible(p, m0, kBlockM, n0, kBlockN, seq.len_q, seq.len_kv, shift);
     if (!score_mods) {
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)

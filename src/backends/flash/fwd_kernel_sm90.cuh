@@ -312,9 +312,8 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
   };
   // Mask: -inf where the key is hidden, only on tiles that cross a boundary for these rows.
   auto mask_scores = [&](auto& s, int n0) {
-    const bool interior = wg_m0 + 64 <= seq.len_q && n0 + kBlockN <= seq.len_kv &&
-                          (p.window_left < 0 || n0 >= RawLo(p, wg_m0 + 63, shift)) &&
-                          (p.window_right < 0 || n0 + kBlockN <= RawHi(p, wg_m0, shift));
+    const bool interior =
+        TileFullyVisible(p, wg_m0, 64, n0, kBlockN, seq.len_q, seq.len_kv, shift);
     if (!interior) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #endif
 
+#include "common/band.h"
 #include "fusedattn/fusedattn.h"
 
 namespace fusedattn::flash {
@@ -146,6 +147,25 @@ enum DbiasMode { kDbiasNone = 0, kDbiasStore = 1, kDbiasAtomic = 2 };
 // and the launchers (NeedsFullKernel(p), device_common.cuh) both ask this.
 FUSEDATTN_PARAMS_HD bool NeedsFullKernel(fusedattn_bias bias_type, float softcap, bool dropout) {
   return bias_type != FUSEDATTN_BIAS_NONE || softcap > 0.f || dropout;
+}
+
+// The band of the params' mask (common/band.h, the one definition every backend reads).
+FUSEDATTN_PARAMS_HD Band BandOf(const FlashParams& p) {
+  return MakeBand(p.window_left, p.window_right, p.bottom_right);
+}
+
+// Whether every key of [key0, key0 + keys) is visible to every query row of [row0, row0 + rows)
+// in a sequence of len_q queries and len_kv keys (rows, keys >= 1; row0, key0 >= 0): the tile
+// lies inside the sequence and the band, so no element of it is masked and the kernels run no
+// mask code on it. The last row's raw_lo and the first row's raw_hi bound every other row's;
+// shift is the band's diagonal shift for the sequence (Band::shift). Written as the kernels wrote
+// it out before it was shared (int tile coordinates, each window field read where the test needs
+// it), so that their arithmetic stays what it was.
+FUSEDATTN_PARAMS_HD bool TileFullyVisible(const FlashParams& p, int row0, int rows, int key0,
+                                          int keys, int len_q, int len_kv, int64_t shift) {
+  return row0 + rows <= len_q && key0 + keys <= len_kv &&
+         (p.window_left < 0 || key0 >= BandOf(p).raw_lo(row0 + rows - 1, shift)) &&
+         (p.window_right < 0 || key0 + keys <= BandOf(p).raw_hi(row0, shift));
 }
 
 }  // namespace fusedattn::flash

@@ -238,6 +238,25 @@ const char* TensorCoreRefusal(const Problem& p, int dim, bool fits) {
   return nullptr;
 }
 
+// Sends a plan to the simple kernel (plain variant) when the tensor-core kernels cannot run it
+// (TensorCoreRefusal, or rows that are not contiguous and 16-byte aligned: `rows` names the
+// tensors whose rows they read), with the reason in its `why`. False: they can, plan unchanged.
+template <typename Plan>
+bool PlanSimpleWithoutTensorCores(const Problem& p, int dim, bool fits, bool aligned,
+                                  const char* rows, Plan* plan) {
+  if (const char* refusal = TensorCoreRefusal(p, dim, fits))
+    plan->why = refusal;
+  else if (!aligned)
+    plan->why = Format("tensor cores: %s rows must be contiguous (head-dim stride 1) and 16-byte "
+                       "aligned",
+                       rows);
+  else
+    return false;
+  plan->path = KernelPath::kSimple;
+  plan->variant = KernelVariant::kPlain;
+  return true;
+}
+
 }  // namespace
 
 bool TmaDescribesTensor(uintptr_t address, int64_t stride_b, int64_t stride_h, int64_t stride_s,
@@ -272,7 +291,7 @@ Status PlanCheck(const Problem& p, const DeviceFacts& d) {
         "run it)",
         DtypeName(c.qkv_dtype));
   if (p.paged) {  // only the decode kernel reads pages (decode.h)
-    Status fits = DecodeFits(p);
+    Status fits = DecodeFits(p, d);
     if (!fits.ok())
       return NotSupported("paged K/V (page_size = %lld) runs on flash's decode kernel only: %s",
                           (long long)c.page_size, fits.message().c_str());
@@ -317,8 +336,8 @@ FwdWorkspaceLayout PlanFwdWorkspace(const Problem& p, const DeviceFacts& d) {
   }
   // The decode kernel's split partials; a contiguous problem may still take the other kernels
   // when its tensors do not suit the decode kernel, so it keeps their size too.
-  if (p.device == Device::kCuda && DecodeFits(p).ok()) {
-    w.decode_bytes = DecodeWorkspaceBytes(p);
+  if (p.device == Device::kCuda && DecodeFits(p, d).ok()) {
+    w.decode_bytes = DecodeWorkspaceBytes(p, d);
     w.total = std::max(w.total, w.decode_bytes);
   }
   return w;
@@ -380,9 +399,9 @@ ForwardPlan PlanForward(const Problem& p, const FwdTensors& t, const DeviceFacts
   // Paged K/V (PlanCheck: the decode kernel fits), and contiguous problems with max_seqlen_q <=
   // 16 that it fits: it reads each kv head's keys once for its whole GQA group and splits long
   // sequences over the GPU. It reads q, k, v rows with 16-byte copies.
-  if (p.paged || WantsDecode(p)) {
+  if (p.paged || WantsDecode(p, d)) {
     if (aligned) {
-      const DecodePlan decode = PlanDecode(p);
+      const DecodePlan decode = PlanDecode(p, d);
       plan.path = KernelPath::kDecode;
       plan.instance = decode.head_dim;
       plan.decode_splits = decode.splits;
@@ -407,19 +426,7 @@ ForwardPlan PlanForward(const Problem& p, const FwdTensors& t, const DeviceFacts
     plan.variant = KernelVariant::kFull;
     return plan;
   }
-  if (const char* refusal = TensorCoreRefusal(p, dim, fits)) {
-    plan.path = KernelPath::kSimple;
-    plan.variant = KernelVariant::kPlain;
-    plan.why = refusal;
-    return plan;
-  }
-  if (!aligned) {
-    plan.path = KernelPath::kSimple;
-    plan.variant = KernelVariant::kPlain;
-    plan.why = "tensor cores: q, k, v rows must be contiguous (head-dim stride 1) and 16-byte "
-               "aligned";
-    return plan;
-  }
+  if (PlanSimpleWithoutTensorCores(p, dim, fits, aligned, "q, k, v", &plan)) return plan;
   plan.instance = dim;
   plan.path = KernelPath::kMmaSync;
   const int m_tiles = static_cast<int>((c.max_seqlen_q + kSm90ScheduleRowsForward - 1) /
@@ -483,19 +490,8 @@ BackwardPlan PlanBackward(const Problem& p, const BwdTensors& t, const DeviceFac
     plan.dq = fast_dq;
     return plan;
   }
-  if (const char* refusal = TensorCoreRefusal(p, dim, fits)) {
-    plan.path = KernelPath::kSimple;
-    plan.variant = KernelVariant::kPlain;
-    plan.dq = DqMode::kDirect;
-    plan.why = refusal;
-    return plan;
-  }
-  if (!aligned) {
-    plan.path = KernelPath::kSimple;
-    plan.variant = KernelVariant::kPlain;
-    plan.dq = DqMode::kDirect;
-    plan.why = "tensor cores: q, k, v, dO rows must be contiguous (head-dim stride 1) and "
-               "16-byte aligned";
+  if (PlanSimpleWithoutTensorCores(p, dim, fits, aligned, "q, k, v, dO", &plan)) {
+    plan.dq = DqMode::kDirect;  // the simple kernels write dQ
     return plan;
   }
   plan.instance = dim;

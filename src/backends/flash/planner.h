@@ -2,10 +2,8 @@
 // forward or a backward — path, instance, variant, schedule and workspace layout — or why flash
 // cannot run it. Pure C++ (no CUDA call): check(), the workspace sizes, forward() and backward()
 // all execute this one decision, explain prints it (Backend::note), and tests/cpu/flash_plan_test.cpp
-// specifies it on the CPU.
-//
-// The decode path's fit and split count come from decode.h (DecodeFits, PlanDecode), which still
-// read the current device themselves rather than DeviceFacts.
+// specifies it on the CPU. The device enters only as DeviceFacts, also for the decode path's fit
+// and split count (decode.h: DecodeFits, PlanDecode).
 //
 // Tensors enter as views (pointer value and strides, nothing is read through them). check(),
 // the workspace sizes and explain plan with DenseTensors(): the layouts fusedattn.h's formats give
@@ -66,6 +64,9 @@ struct DeviceFacts {
   int compute_capability = 0;       // major * 10 + minor; 0: no device
   int sm_count = 0;                 // (for the decode path's split count)
   size_t smem_per_block = 48 * 1024;  // opt-in shared memory per block
+  // Shared memory per SM and what the driver reserves per block: how many decode blocks share
+  // an SM (the decode path's split count).
+  size_t smem_per_sm = 0, reserved_smem_per_block = 0;
   bool sm90a_kernels = false;       // this build has the Hopper kernels (CUDA arch 90a)
   bool wgmma_allowed = true;        // FUSEDATTN_FLASH_WGMMA is not 0 (read once per process)
 };

@@ -413,51 +413,45 @@ Status ReadScales(const std::vector<NamedScale>& named, Device device, void* str
   return Status::Ok();
 }
 
-double ScaleNamed(const std::vector<NamedScale>& named, const std::vector<double>& values,
-                  const char* name) {
-  for (size_t k = 0; k < named.size(); ++k)
-    if (std::strcmp(named[k].name, name) == 0) return values[k];
-  return 1.0;  // not read by this problem
-}
-
-Status ReadFp8Scaling(const Problem& p, const Fp8FwdScales& s, void* stream, Fp8Scaling* out) {
-  if (!p.fp8) return Status::Ok();
-  const std::vector<NamedScale> named = Fp8ScalesRead(s);
-  std::vector<double> v;
-  FUSEDATTN_RETURN_IF_ERROR(ReadScales(named, p.device, stream, &v));
+// The factors `named` lists (read, checked) in an Fp8Scaling; one the call does not read (the
+// forward's list has no backward factor, the backward's no scale_o) stays 1.
+Status ReadFp8Scaling(const std::vector<NamedScale>& named, Device device, void* stream,
+                      Fp8Scaling* out) {
+  std::vector<double> values;
+  FUSEDATTN_RETURN_IF_ERROR(ReadScales(named, device, stream, &values));
+  auto value = [&](const char* name) {
+    for (size_t k = 0; k < named.size(); ++k)
+      if (std::strcmp(named[k].name, name) == 0) return values[k];
+    return 1.0;
+  };
   Fp8Scaling f;
   f.on = true;
-  f.descale_q = ScaleNamed(named, v, "descale_q");
-  f.descale_k = ScaleNamed(named, v, "descale_k");
-  f.descale_v = ScaleNamed(named, v, "descale_v");
-  f.descale_s = ScaleNamed(named, v, "descale_s");
-  f.scale_s = ScaleNamed(named, v, "scale_s");
-  f.scale_o = ScaleNamed(named, v, "scale_o");
+  f.descale_q = value("descale_q");
+  f.descale_k = value("descale_k");
+  f.descale_v = value("descale_v");
+  f.descale_o = value("descale_o");
+  f.descale_do = value("descale_do");
+  f.descale_s = value("descale_s");
+  f.descale_dp = value("descale_dp");
+  f.scale_s = value("scale_s");
+  f.scale_dp = value("scale_dp");
+  f.scale_o = value("scale_o");
+  f.scale_dq = value("scale_dq");
+  f.scale_dk = value("scale_dk");
+  f.scale_dv = value("scale_dv");
   *out = f;
   return Status::Ok();
 }
 
+Status ReadFp8Scaling(const Problem& p, const Fp8FwdScales& s, void* stream, Fp8Scaling* out) {
+  if (!p.fp8) return Status::Ok();
+  return ReadFp8Scaling(Fp8ScalesRead(s), p.device, stream, out);
+}
+
 Status ReadFp8Scaling(const Problem& p, const Fp8BwdScales& s, void* stream, Fp8Scaling* out) {
   if (!p.fp8) return Status::Ok();
-  const std::vector<NamedScale> named = Fp8ScalesRead(s);
-  std::vector<double> v;
-  FUSEDATTN_RETURN_IF_ERROR(ReadScales(named, p.device, stream, &v));
-  Fp8Scaling f;
-  f.on = true;
-  f.dp_dtype = p.config.do_dtype;
-  f.descale_q = ScaleNamed(named, v, "descale_q");
-  f.descale_k = ScaleNamed(named, v, "descale_k");
-  f.descale_v = ScaleNamed(named, v, "descale_v");
-  f.descale_o = ScaleNamed(named, v, "descale_o");
-  f.descale_do = ScaleNamed(named, v, "descale_do");
-  f.descale_s = ScaleNamed(named, v, "descale_s");
-  f.descale_dp = ScaleNamed(named, v, "descale_dp");
-  f.scale_s = ScaleNamed(named, v, "scale_s");
-  f.scale_dp = ScaleNamed(named, v, "scale_dp");
-  f.scale_dq = ScaleNamed(named, v, "scale_dq");
-  f.scale_dk = ScaleNamed(named, v, "scale_dk");
-  f.scale_dv = ScaleNamed(named, v, "scale_dv");
-  *out = f;
+  FUSEDATTN_RETURN_IF_ERROR(ReadFp8Scaling(Fp8ScalesRead(s), p.device, stream, out));
+  out->dp_dtype = p.config.do_dtype;
   return Status::Ok();
 }
 
