@@ -7,7 +7,10 @@
 //
 // Usage: flash_bench [--backend flash|cudnn|...] [--dtype bf16|fp16|all] [--d 64|128|...|all]
 //                    [--seqlen N|all] [--causal 0|1|all] [--tokens 16384] [--hidden 2048]
-//                    [--iters 10] [--fwd-only] [--deterministic]
+//                    [--iters 10] [--fwd-only] [--deterministic] [--softcap C] [--alibi]
+// --softcap C (> 0) caps the scores at C (fusedattn.h's softcap); --alibi adds ALiBi with the
+// ALiBi paper's slopes 2^(-8 (h + 1) / heads). With either, flash's Hopper forward runs its
+// softcap-alibi variant ([hopper-wgmma d128 softcap-alibi]); the backward runs on mma.sync.
 // With --backend flash each line says which forward and which backward key-block kernel ran, as
 // the call's plan (planner.h) names it: [hopper-wgmma d128 plain] (Hopper, sm_90) or
 // [mma.sync d128 plain]; FUSEDATTN_FLASH_WGMMA=0 turns both wgmma kernels off.
@@ -15,6 +18,7 @@
 // (batch = tokens / seqlen, heads = hidden / d), causal and not. Exits 0 without a GPU.
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -64,6 +68,8 @@ struct Options {
   int64_t tokens = 16384, hidden = 2048;
   int iters = 10;
   bool fwd_only = false, deterministic = false;
+  double softcap = 0.0;  // 0: off
+  bool alibi = false;
 };
 
 void RunOne(const Options& o, fusedattn_dtype dtype, int64_t d, int64_t seqlen, int causal) {
@@ -77,6 +83,8 @@ void RunOne(const Options& o, fusedattn_dtype dtype, int64_t d, int64_t seqlen, 
   c.mask = causal ? FUSEDATTN_MASK_CAUSAL : FUSEDATTN_MASK_NONE;
   c.is_training = 1;
   c.deterministic = o.deterministic;
+  c.softcap = o.softcap;
+  if (o.alibi) c.bias_type = FUSEDATTN_BIAS_ALIBI;
   c.backend = o.backend;
   c.device = FUSEDATTN_DEVICE_CUDA;
 
@@ -91,10 +99,23 @@ void RunOne(const Options& o, fusedattn_dtype dtype, int64_t d, int64_t seqlen, 
       !dv.data || !lse.data)
     return;
 
+  DeviceTensor slopes(FUSEDATTN_DTYPE_FLOAT32, {heads});  // ALiBi: the paper's slopes
+  if (!slopes.data) return;
+  {
+    std::vector<float> host(heads);
+    for (int64_t h = 0; h < heads; ++h)
+      host[h] = std::pow(2.f, -8.f * static_cast<float>(h + 1) / static_cast<float>(heads));
+    if (!CudaOk(cudaMemcpy(slopes.data, host.data(), heads * sizeof(float),
+                           cudaMemcpyHostToDevice),
+                "upload slopes"))
+      return;
+  }
+
   fusedattn_fwd_args fa = fusedattn_fwd_args_init();
   fa.q = q.desc, fa.k = k.desc, fa.v = v.desc, fa.o = out.desc, fa.lse = lse.desc;
   fusedattn_bwd_args ba = fusedattn_bwd_args_init();
   ba.q = q.desc, ba.k = k.desc, ba.v = v.desc, ba.o = out.desc, ba.lse = lse.desc;
+  if (o.alibi) fa.alibi_slopes = ba.alibi_slopes = slopes.desc;
   ba.d_o = d_o.desc, ba.dq = dq.desc, ba.dk = dk.desc, ba.dv = dv.desc;
 
   char msg[2048];
@@ -114,10 +135,13 @@ void RunOne(const Options& o, fusedattn_dtype dtype, int64_t d, int64_t seqlen, 
   };
   const double flops = 4.0 * batch * heads * seqlen * seqlen * d * (causal ? 0.5 : 1.0);
   const double fwd_ms = TimeMs(o.iters, fwd);
-  std::printf("%s d=%-3lld s=%-5lld b=%-3lld h=%-3lld %-6s fwd %8.3f ms %6.1f TFLOP/s",
+  std::string mods;
+  if (o.softcap > 0) mods += " softcap=" + std::to_string(o.softcap).substr(0, 5);
+  if (o.alibi) mods += " alibi";
+  std::printf("%s d=%-3lld s=%-5lld b=%-3lld h=%-3lld %-6s%s fwd %8.3f ms %6.1f TFLOP/s",
               dtype == FUSEDATTN_DTYPE_BFLOAT16 ? "bf16" : "fp16", (long long)d,
               (long long)seqlen, (long long)batch, (long long)heads,
-              causal ? "causal" : "full", fwd_ms, flops / fwd_ms / 1e9);
+              causal ? "causal" : "full", mods.c_str(), fwd_ms, flops / fwd_ms / 1e9);
 #ifdef FUSEDATTN_WITH_FLASH
   if (o.backend == FUSEDATTN_BACKEND_FLASH)
     std::printf(" [%s]", ForwardKernel(c, fa).c_str());
@@ -184,6 +208,10 @@ int main(int argc, char** argv) {
       o.fwd_only = true;
     } else if (flag == "--deterministic") {
       o.deterministic = true;
+    } else if (flag == "--softcap") {
+      o.softcap = atof(value), next();
+    } else if (flag == "--alibi") {
+      o.alibi = true;
     } else {
       std::printf("unknown flag %s (see the top of bench/flash_bench.cpp)\n", flag.c_str());
       return 2;

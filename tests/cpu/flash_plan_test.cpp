@@ -119,19 +119,75 @@ TEST(FlashPlanBackward, ThdAtD256ReservesNoScheduleForItsMmaSyncBackward) {
   EXPECT_TRUE(Forward(Thd(Config(256))).workspace.has_schedule);
 }
 
-TEST(FlashPlanForward, EveryScoreModifierAndDropoutTakeTheFullVariantOnMmaSync) {
-  fusedattn_config softcap = Config(), alibi = Config(), bias = Config(), dropout = Config();
-  softcap.softcap = 30.0;
-  alibi.bias_type = FUSEDATTN_BIAS_ALIBI;
-  bias.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+TEST(FlashPlanForward, BiasTensorsAndDropoutTakeTheFullVariantOnMmaSync) {
+  fusedattn_config pre = Config(), post = Config(), dropout = Config(), softcap_dropout = Config();
+  pre.bias_type = FUSEDATTN_BIAS_PRE_SCALE;
+  post.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+  post.softcap = 30.0;
   dropout.dropout = 0.1;
-  for (const fusedattn_config& c : {softcap, alibi, bias, dropout}) {
+  softcap_dropout.softcap = 30.0;
+  softcap_dropout.bias_type = FUSEDATTN_BIAS_ALIBI;
+  softcap_dropout.dropout = 0.1;
+  for (const fusedattn_config& c : {pre, post, dropout, softcap_dropout}) {
     ForwardPlan plan = Forward(c);
     ASSERT_TRUE(plan.status.ok()) << plan.status.message();
     EXPECT_EQ(plan.variant, KernelVariant::kFull);
     EXPECT_EQ(plan.path, KernelPath::kMmaSync);
-    EXPECT_TRUE(Contains(plan.why, "plain variant only")) << plan.why;
+    EXPECT_EQ(plan.why, "hopper forward: no bias tensor or dropout (softcap and ALiBi run there)");
   }
+}
+
+TEST(FlashPlanForward, SoftcapAndAlibiTakeTheSoftcapAlibiVariantOfTheHopperForward) {
+  for (int64_t d : {64, 128, 256}) {
+    fusedattn_config softcap = Config(d), alibi = Config(d), both = Config(d);
+    softcap.softcap = 30.0;
+    alibi.bias_type = FUSEDATTN_BIAS_ALIBI;
+    both.softcap = 30.0;
+    both.bias_type = FUSEDATTN_BIAS_ALIBI;
+    both.mask = FUSEDATTN_MASK_CAUSAL;
+    both.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+    for (const fusedattn_config& c : {softcap, alibi, both}) {
+      ForwardPlan plan = Forward(c);
+      ASSERT_TRUE(plan.status.ok()) << plan.status.message();
+      EXPECT_EQ(plan.path, KernelPath::kHopperWgmma);
+      EXPECT_EQ(plan.instance, d);
+      EXPECT_EQ(plan.variant, KernelVariant::kSoftcapAlibi);
+      EXPECT_TRUE(plan.why.empty()) << plan.why;
+    }
+  }
+}
+
+TEST(FlashPlanForward, SoftcapAlibiThdTakesTheHeavyFirstSchedule) {
+  fusedattn_config c = Thd(Config());
+  c.bias_type = FUSEDATTN_BIAS_ALIBI;
+  ForwardPlan plan = Forward(c);
+  EXPECT_EQ(plan.path, KernelPath::kHopperWgmma);
+  EXPECT_EQ(plan.variant, KernelVariant::kSoftcapAlibi);
+  EXPECT_EQ(plan.schedule, TileSchedule::kThdHeavyFirst);
+}
+
+TEST(FlashPlanForward, SoftcapAndAlibiOffHopperTakeTheFullVariantOnMmaSync) {
+  fusedattn_config c = Config();
+  c.softcap = 30.0;
+  c.bias_type = FUSEDATTN_BIAS_ALIBI;
+  ForwardPlan a100 = Forward(c, A100());
+  EXPECT_EQ(a100.path, KernelPath::kMmaSync);
+  EXPECT_EQ(a100.variant, KernelVariant::kFull);
+  c.attn_scale = -0.125;
+  ForwardPlan negative = Forward(c);
+  EXPECT_EQ(negative.path, KernelPath::kMmaSync);
+  EXPECT_EQ(negative.variant, KernelVariant::kFull);
+  EXPECT_TRUE(Contains(negative.why, "attn_scale > 0 only")) << negative.why;
+}
+
+TEST(FlashPlanBackward, SoftcapAndAlibiStayOnMmaSyncFullVariant) {
+  fusedattn_config c = Config();
+  c.softcap = 30.0;
+  c.bias_type = FUSEDATTN_BIAS_ALIBI;
+  BackwardPlan plan = Backward(c);
+  EXPECT_EQ(plan.path, KernelPath::kMmaSync);
+  EXPECT_EQ(plan.variant, KernelVariant::kFull);
+  EXPECT_EQ(plan.why, "hopper backward: the plain variant only (no bias, ALiBi, softcap, dropout)");
 }
 
 TEST(FlashPlanForward, SinksAndWindowsStayOnThePlainHopperKernel) {
@@ -547,6 +603,10 @@ TEST(FlashPlan, ExplainNamesPathInstanceVariantScheduleAndWorkspace) {
             "backward: mma.sync d256 full, dQ atomic+convert, workspace " +
                 std::to_string(Backward(c).workspace.total) +
                 " B (hopper backward: instances 64 and 128 only (this is 256))");
+  fusedattn_config alibi = Config(64);
+  alibi.bias_type = FUSEDATTN_BIAS_ALIBI;
+  EXPECT_EQ(DescribeForwardPlan(Forward(alibi)),
+            "forward: hopper-wgmma d64 softcap-alibi, workspace 0 B");
   fusedattn_config big = Config();
   big.head_dim_qk = big.head_dim_v = 1024;
   EXPECT_TRUE(Contains(DescribeForwardPlan(Forward(big)), "forward: refused: head_dim_qk = 1024"));

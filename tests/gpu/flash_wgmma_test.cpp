@@ -5,11 +5,13 @@
 //    matmul: the descriptors and the 128-byte swizzle, apart from the attention logic (mode 3,
 //    MnMajorA, is the backward's dQ = dS K with the transpose-A bit; modes 4 and 5 the d256
 //    forward's m64n80 S = Q K^T from four TMA boxes and m64n256 O += P V).
-//  * FlashWgmma/FlashWgmmaCase.*: forward cases (masks, lengths, layouts, GQA, sinks) for bf16
+//  * FlashWgmma/FlashWgmmaCase.*: forward cases (masks, lengths, layouts, GQA, sinks, softcap and
+//    ALiBi: the softcap-alibi variant) for bf16
 //    and fp16 at head dims 64, 128 and 256: O, LSE and max_logit against the reference with the
 //    tolerances of shared/DESIGN.md, poisoned outputs, and on an sm_90 device the check that the
 //    call's plan (flash::PlanForwardCall, planner.h) is the wgmma kernel: the backend runs the
-//    plan, and a Hopper launcher that declines what the plan chose is an error, not a fall-back.
+//    plan, and a Hopper launcher that declines what the plan chose is an error, not a fall-back;
+//    the plan's variant is softcap-alibi exactly when the problem has softcap or ALiBi.
 //  * FlashWgmma.*: a large case, the dispatch rule, and FlashWgmmaSanitize.* for
 //    compute-sanitizer:
 //      compute-sanitizer --tool memcheck build/tests/fusedattn_gpu_tests --gtest_filter='FlashWgmmaSanitize*'
@@ -56,13 +58,19 @@ bool WgmmaExpected() {
 #endif
 }
 
-// Whether the flash plan of this call (what the backend runs) is the wgmma kernel.
+// Whether the flash plan of this call (what the backend runs) is the wgmma kernel; when it is,
+// its variant must be the one of the problem's score modifiers.
 bool ForwardPlanIsWgmma(const fusedattn_config& config, const fusedattn_fwd_args& args) {
 #ifdef FUSEDATTN_WITH_FLASH
   flash::ForwardPlan plan;
   Status s = flash::PlanForwardCall(config, args, &plan);
   EXPECT_TRUE(s.ok()) << s.message();
-  return plan.path == flash::KernelPath::kHopperWgmma;
+  if (plan.path != flash::KernelPath::kHopperWgmma) return false;
+  const bool modifiers = config.softcap > 0.0 || config.bias_type == FUSEDATTN_BIAS_ALIBI;
+  EXPECT_EQ(plan.variant,
+            modifiers ? flash::KernelVariant::kSoftcapAlibi : flash::KernelVariant::kPlain)
+      << flash::DescribeForwardPlan(plan);
+  return true;
 #else
   return false;
 #endif
@@ -379,6 +387,73 @@ void MaskAndLayoutCases(fusedattn_dtype dtype, int64_t d, Add& add) {
   }
 }
 
+// Softcap and ALiBi (the softcap-alibi variant of the Hopper forward): each alone and both, with
+// the masks, windows, GQA, padding (NaN in the padding rows: the mask must come after tanh) and
+// THD. A softcap of 0.8 saturates most scores (|scale q.k| reaches ~1), 5 few; the test slopes
+// (2^(-8 (h + 1) / heads)) make ALiBi dominate the far keys.
+template <typename Add>
+void SoftcapAlibiCases(fusedattn_dtype dtype, int64_t d, Add& add) {
+  {
+    fusedattn_config c = Config(2, 4, 4, 300, 300, d, dtype);
+    c.mask = FUSEDATTN_MASK_CAUSAL;
+    c.softcap = 0.8;
+    add("softcap_causal", c);
+    c.mask = FUSEDATTN_MASK_NONE;
+    c.softcap = 0.0;
+    c.bias_type = FUSEDATTN_BIAS_ALIBI;
+    add("alibi", c);
+  }
+  {
+    fusedattn_config c = Config(2, 4, 2, 333, 280, d, dtype);
+    c.window_left = 100, c.window_right = 20;
+    c.bias_type = FUSEDATTN_BIAS_ALIBI;
+    add("alibi_window_100_20_gqa", c);
+    c.softcap = 5.0;
+    add("softcap_alibi_window_100_20_gqa", c);
+  }
+  {
+    fusedattn_config c = Config(2, 6, 2, 77, 300, d, dtype);
+    c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    c.bias_type = FUSEDATTN_BIAS_ALIBI;
+    c.softcap = 0.8;
+    add("softcap_alibi_gqa3_causal_bottom_right_sq_lt_skv", c);
+  }
+  {
+    fusedattn_config c = Config(2, 2, 2, 150, 40, d, dtype);  // first 110 rows see no key
+    c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+    c.softcap = 0.8;
+    add("softcap_fully_masked_rows_with_sink", c);
+  }
+  {
+    fusedattn_config c = Config(3, 4, 4, 260, 250, d, dtype);
+    c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
+    c.bias_type = FUSEDATTN_BIAS_ALIBI;
+    c.softcap = 0.8;
+    TensorOptions o;
+    o.len_q = {1, 260, 129};
+    o.len_kv = {250, 3, 200};
+    add("softcap_alibi_padding_causal_nan_in_padding", c, o, true);
+  }
+  {
+    fusedattn_config c = Config(5, 4, 2, 150, 170, d, dtype);
+    SetFormats(&c, FUSEDATTN_FORMAT_THD);
+    c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
+    c.bias_type = FUSEDATTN_BIAS_ALIBI;
+    c.softcap = 0.8;
+    TensorOptions o;
+    o.len_q = {150, 0, 17, 1, 129};
+    o.len_kv = {170, 5, 0, 64, 129};
+    o.thd_gaps = true;
+    add("softcap_alibi_thd_uneven_with_empty_gaps", c, o);
+    o.thd_gaps = false;
+    o.lse_packed = true;  // the heavy-first schedule
+    c.mask = FUSEDATTN_MASK_PADDING;
+    c.softcap = 0.0;
+    add("alibi_thd_uneven_packed_lse", c, o);
+  }
+}
+
 std::vector<Case> CasesFor(fusedattn_dtype dtype, int64_t d) {
   std::vector<Case> cases;
   auto add = [&](std::string name, fusedattn_config c, TensorOptions o = {},
@@ -445,6 +520,7 @@ std::vector<Case> CasesFor(fusedattn_dtype dtype, int64_t d) {
     c.attn_scale = 0.3;
     add("custom_scale", c);
   }
+  SoftcapAlibiCases(dtype, d, add);
   return cases;
 }
 
@@ -525,8 +601,9 @@ TEST(FlashWgmma, HeadDim256SequencesEndingMidTile) {
     }
 }
 
-// The dispatch: plain problems of the 64, 128 and 256 instances take the wgmma kernel on sm_90;
-// score modifiers, dropout, float32 and unaligned rows do not (and stay correct).
+// The dispatch: plain problems of the 64, 128 and 256 instances take the wgmma kernel on sm_90,
+// and so do softcap and ALiBi (the softcap-alibi variant, checked by ExpectForwardMatches); bias
+// tensors, dropout, float32 and unaligned rows do not (and stay correct).
 TEST(FlashWgmma, PathIsTakenExactlyWhenItShouldBe) {
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
   if (!WgmmaExpected())
@@ -536,18 +613,34 @@ TEST(FlashWgmma, PathIsTakenExactlyWhenItShouldBe) {
   ExpectForwardMatches({"plain d128", c, {}, false, true});
   fusedattn_config x = c;
   x.bias_type = FUSEDATTN_BIAS_ALIBI;
-  ExpectForwardMatches({"alibi falls back", x, {}, false, false});
+  ExpectForwardMatches({"alibi", x, {}, false, true});
+  x.softcap = 20.0;
+  ExpectForwardMatches({"softcap and alibi", x, {}, false, true});
   x = c;
   x.softcap = 20.0;
-  ExpectForwardMatches({"softcap falls back", x, {}, false, false});
+  ExpectForwardMatches({"softcap", x, {}, false, true});
+  x.dropout = 0.1;
+  ExpectForwardMatches({"softcap with dropout falls back", x, {}, false, false});
   x = c;
   x.dropout = 0.1;
   ExpectForwardMatches({"dropout falls back", x, {}, false, false});
   x = c;
+  x.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+  ExpectForwardMatches({"post-scale bias falls back", x, {}, false, false});
+  x.bias_type = FUSEDATTN_BIAS_PRE_SCALE;
+  x.softcap = 20.0;
+  ExpectForwardMatches({"pre-scale bias with softcap falls back", x, {}, false, false});
+  x = c;
   x.head_dim_qk = x.head_dim_v = 256;
   ExpectForwardMatches({"plain d256", x, {}, false, true});
   x.softcap = 20.0;
-  ExpectForwardMatches({"d256 softcap falls back", x, {}, false, false});
+  ExpectForwardMatches({"d256 softcap", x, {}, false, true});
+  x = c;
+  x.head_dim_qk = x.head_dim_v = 64;
+  x.bias_type = FUSEDATTN_BIAS_ALIBI;
+  ExpectForwardMatches({"d64 alibi", x, {}, false, true});
+  x.attn_scale = -0.1;
+  ExpectForwardMatches({"d64 alibi with a negative scale falls back", x, {}, false, false});
   x = c;
   x.qkv_dtype = x.o_dtype = FUSEDATTN_DTYPE_FLOAT32;
   ExpectForwardMatches({"float32 falls back", x, {}, false, false});
@@ -579,6 +672,79 @@ TEST(FlashWgmmaSanitize, SmallCases) {
   p.len_q = {200, 33};
   p.len_kv = {260, 131};
   ExpectForwardMatches({"sanitize padding d128 fp16", c, p, true, true});
+}
+
+// Softcap and ALiBi on the Hopper forward (the softcap-alibi instances) at every head dim.
+TEST(FlashWgmmaSanitize, SoftcapAlibiSmallCases) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
+  fusedattn_config c = Config(3, 4, 2, 150, 170, 64, FUSEDATTN_DTYPE_BFLOAT16);
+  SetFormats(&c, FUSEDATTN_FORMAT_THD);
+  c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
+  c.window_left = 90;
+  c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+  c.softcap = 0.8;
+  c.bias_type = FUSEDATTN_BIAS_ALIBI;
+  TensorOptions o;
+  o.len_q = {150, 0, 140};
+  o.len_kv = {170, 30, 129};
+  o.thd_gaps = true;
+  ExpectForwardMatches({"sanitize softcap alibi THD d64 bf16", c, o, false, true});
+  c = Config(2, 2, 2, 200, 260, 128, FUSEDATTN_DTYPE_FLOAT16);
+  c.mask = FUSEDATTN_MASK_PADDING;
+  c.softcap = 0.8;
+  TensorOptions p;
+  p.len_q = {200, 33};
+  p.len_kv = {260, 131};
+  ExpectForwardMatches({"sanitize softcap padding d128 fp16", c, p, true, true});
+  c = Config(2, 2, 1, 100, 180, 256, FUSEDATTN_DTYPE_BFLOAT16);
+  c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+  c.bias_type = FUSEDATTN_BIAS_ALIBI;
+  ExpectForwardMatches({"sanitize alibi causal d256 bf16", c, {}, false, true});
+}
+
+// A forward on the Hopper kernel (softcap-alibi) followed by the mma.sync backward (the Hopper
+// backward has no such variant) from that forward's own O and LSE: the two kernels agree on the
+// scores and the LSE, so the gradients match the reference's.
+TEST(FlashWgmma, SoftcapAlibiForwardThenMmaSyncBackward) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
+#ifdef FUSEDATTN_WITH_CUDA
+  for (int64_t d : {64, 128}) {
+    fusedattn_config c = Config(2, 4, 2, 200, 230, d, FUSEDATTN_DTYPE_BFLOAT16);
+    c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    c.softcap = 0.8;
+    c.bias_type = FUSEDATTN_BIAS_ALIBI;
+    SCOPED_TRACE("d" + std::to_string(d));
+    TensorOptions o;
+    o.seed = 977 + d;
+    ProblemTensors host = MakeProblemTensors(c, o);
+    ProblemTensors ref = host;
+    ref.config.backend = FUSEDATTN_BACKEND_REFERENCE;
+    ref.config.device = FUSEDATTN_DEVICE_CPU;
+    ASSERT_NO_THROW(Forward(ref.config, ref.fwd_args()));
+    ASSERT_NO_THROW(Backward(ref.config, ref.bwd_args()));
+    DeviceProblem dev;
+    std::string error;
+    ASSERT_TRUE(dev.upload(host, &error)) << error;
+    size_t fwd_bytes = 0, bwd_bytes = 0;
+    ASSERT_NO_THROW(fwd_bytes = FwdWorkspaceSize(c));
+    ASSERT_NO_THROW(bwd_bytes = BwdWorkspaceSize(c));
+    DeviceBuffer fwd_workspace(fwd_bytes), bwd_workspace(bwd_bytes);
+    ASSERT_NO_THROW(Forward(c, dev.fwd_args(), fwd_workspace.ptr, fwd_bytes));
+    ASSERT_NO_THROW(Backward(c, dev.bwd_args(), bwd_workspace.ptr, bwd_bytes));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(ForwardPlanIsWgmma(c, dev.fwd_args()), WgmmaExpected());
+    EXPECT_FALSE(BackwardPlanIsWgmma(c, dev.bwd_args()));
+    ASSERT_TRUE(dev.download_outputs(&host, &error)) << error;
+    const double tol = Tolerance(c.qkv_dtype);
+    ExpectClose("O", host.o, ref.o, tol);
+    ExpectClose("LSE", host.lse, ref.lse, tol);
+    ExpectClose("dQ", host.dq, ref.dq, tol);
+    ExpectClose("dK", host.dk, ref.dk, tol);
+    ExpectClose("dV", host.dv, ref.dv, tol);
+  }
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
 }
 
 // The same for the 256 instance alone (80-key tiles, four boxes per row, no ping-pong):

@@ -192,6 +192,16 @@ __host__ __device__ __forceinline__ bool NeedsFullKernel(const FlashParams& p) {
   return NeedsFullKernel(p.bias_type, p.softcap, p.dropout);
 }
 
+// ALiBi (fusedattn.h): s -= slope[h] * |i + len_kv - len_q - j|, i.e. the distance of key j from
+// AlibiDiagonal(i), bottom-right aligned whatever the mask. The Hopper forward's softcap-alibi
+// instances (fwd_kernel_sm90.cuh) read the same two helpers.
+__host__ __device__ __forceinline__ int64_t AlibiDiagonal(int64_t i, int len_q, int len_kv) {
+  return i + int64_t{len_kv} - len_q;
+}
+__device__ __forceinline__ float AlibiSlope(const FlashParams& p, int h) {
+  return p.alibi_slopes[h * p.alibi_stride];
+}
+
 // The score s of fusedattn.h from qk = q.k, for a query i < len_q and key j < len_kv.
 // *dcap receives ds/dt of the softcap (1 without it), t = scale * (qk + pre_bias).
 __device__ __forceinline__ float ScoreOf(const FlashParams& p, float qk, int b, int h, int64_t i,
@@ -207,8 +217,8 @@ __device__ __forceinline__ float ScoreOf(const FlashParams& p, float qk, int b, 
   }
   if (p.bias_type == FUSEDATTN_BIAS_POST_SCALE) t += BiasAt(p.bias, b, h, i, j);
   if (p.bias_type == FUSEDATTN_BIAS_ALIBI) {
-    float distance = fabsf(static_cast<float>(i + int64_t{len_kv} - len_q - j));
-    t -= p.alibi_slopes[h * p.alibi_stride] * distance;
+    float distance = fabsf(static_cast<float>(AlibiDiagonal(i, len_q, len_kv) - j));
+    t -= AlibiSlope(p, h) * distance;
   }
   if (dcap) *dcap = derivative;
   return t;

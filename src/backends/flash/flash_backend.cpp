@@ -154,21 +154,39 @@ void SetFlexTensors(const Tensors& t, FlashParams* p) {
 // The Hopper kernels of a plan. The planner chose them from the same facts the launchers check,
 // so a launcher that declines (*launched = false) means the two disagree: an internal error, never
 // a silent fall-through to another kernel.
+#ifdef FUSEDATTN_FLASH_SM90
+template <typename Element, flash::Sm90Scores kScores>
+Status HopperForwardOf(int dim, const FlashParams& p, cudaStream_t s, bool* launched) {
+  switch (dim) {
+    case 64: return flash::LaunchWgmmaForward<Element, 64, kScores>(p, s, launched);
+    case 128: return flash::LaunchWgmmaForward<Element, 128, kScores>(p, s, launched);
+    case 256: return flash::LaunchWgmmaForward<Element, 256, kScores>(p, s, launched);
+  }
+  return InternalError("flash: no Hopper forward instance for head dim %d", dim);
+}
+#endif
+
 template <typename Element>
-Status HopperForward(int dim, const FlashParams& p, cudaStream_t s) {
+Status HopperForward(int dim, flash::KernelVariant variant, const FlashParams& p,
+                     cudaStream_t s) {
 #ifdef FUSEDATTN_FLASH_SM90
   bool launched = false;
   Status status = Status::Ok();
-  switch (dim) {
-    case 64: status = flash::LaunchWgmmaForward<Element, 64>(p, s, &launched); break;
-    case 128: status = flash::LaunchWgmmaForward<Element, 128>(p, s, &launched); break;
-    case 256: status = flash::LaunchWgmmaForward<Element, 256>(p, s, &launched); break;
-    default: return InternalError("flash: no Hopper forward instance for head dim %d", dim);
+  switch (variant) {
+    case flash::KernelVariant::kPlain:
+      status = HopperForwardOf<Element, flash::Sm90Scores::kPlain>(dim, p, s, &launched);
+      break;
+    case flash::KernelVariant::kSoftcapAlibi:
+      status = HopperForwardOf<Element, flash::Sm90Scores::kSoftcapAlibi>(dim, p, s, &launched);
+      break;
+    default:
+      return InternalError("flash: no Hopper forward of the %s variant",
+                           flash::KernelVariantName(variant));
   }
   if (status.ok() && !launched)
-    return InternalError("flash: the planner chose the Hopper forward (d%d) but its launcher "
+    return InternalError("flash: the planner chose the Hopper forward (d%d %s) but its launcher "
                          "declined the call (planner.cpp and LaunchWgmmaForward disagree)",
-                         dim);
+                         dim, flash::KernelVariantName(variant));
   return status;
 #else
   return InternalError("flash: the planner chose the Hopper forward in a build without it");
@@ -295,8 +313,8 @@ class FlashBackendImpl final : public Backend {
                            JitVariant(problem, jit::Kernel::kForward, plan.instance, device),
                            p, base + plan.workspace.block_mask, s);
       case flash::KernelPath::kHopperWgmma:
-        return half ? HopperForward<flash::Half>(plan.instance, p, s)
-                    : HopperForward<flash::Bfloat16>(plan.instance, p, s);
+        return half ? HopperForward<flash::Half>(plan.instance, plan.variant, p, s)
+                    : HopperForward<flash::Bfloat16>(plan.instance, plan.variant, p, s);
       case flash::KernelPath::kMmaSync:
         return half ? MmaSyncForward<flash::Half>(plan.instance, p, s)
                     : MmaSyncForward<flash::Bfloat16>(plan.instance, p, s);

@@ -31,6 +31,11 @@
 // The last tile of a sequence with at most 64 rows left leaves consumer 1 idle, and d128's key
 // tile with at most 64 keys left runs both products over 64 keys.
 // The epilogue (sink, LSE, max logit, fully masked rows) is fwd_kernel.cuh's.
+// Score policies (sm90.h's Sm90Scores, a template argument): the plain instances keep S in raw
+// q.k units and fold the scale into the softmax's FFMA; the softcap-alibi instances turn S into
+// fusedattn.h's score in log2 units right after S = Q K^T completes, on every key tile (the
+// softmax then runs with a scale of 1), and the mask follows on the tiles that cross a boundary,
+// as in the plain instances.
 #pragma once
 
 #include <climits>
@@ -94,11 +99,12 @@ struct Sm90Maps {
   CUtensorMap q, k, v;
 };
 
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, Sm90Scores kScores>
 __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
     WgmmaForwardKernel(const __grid_constant__ Sm90Maps maps, const FlashParams p, int m_tiles) {
 #if FUSEDATTN_SM90_DEVICE
   using Tile = Sm90FwdTile<kHeadDim>;
+  constexpr bool kTransformScores = kScores == Sm90Scores::kSoftcapAlibi;
   constexpr int kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN, kStages = Tile::kStages;
   constexpr int kColBlocks = Tile::kColBlocks, kKvBytes = Tile::kKvBytes;
   constexpr int kSTiles = kBlockN / 8;   // 8-column slices of S
@@ -253,9 +259,11 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
   float acc_o[kHeadDim / 2];
 #pragma unroll
   for (int i = 0; i < kHeadDim / 2; ++i) acc_o[i] = 0.f;
-  float row_max[2] = {-INFINITY, -INFINITY};  // raw q.k units
+  float row_max[2] = {-INFINITY, -INFINITY};  // S's units: raw q.k, or log2 (softcap-alibi)
   float row_sum[2] = {0.f, 0.f};              // this thread's columns only
-  const float scale_log2 = p.scale * kLog2e;  // > 0 (checked by the launcher)
+  // What takes S's units to log2 units: scale * log2(e) (> 0, checked by the launcher), or 1 where
+  // transform_scores below already did.
+  const float scale_log2 = kTransformScores ? 1.f : p.scale * kLog2e;
 
   const uint32_t q_addr = SmemAddress(q_s) + wg * 64 * 128;
   const uint32_t k_addr = SmemAddress(k_s), v_addr = SmemAddress(v_s);
@@ -309,6 +317,41 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
   auto release = [&](uint64_t* empty) {
     __syncwarp();
     if (lane == 0) sm90::MbarArrive(empty);
+  };
+  // The softcap-alibi instances: S becomes fusedattn.h's score in log2 units, on every tile,
+  //   s = log2(e) (softcap tanh(scale q.k / softcap) - slope_h |i + len_kv - len_q - j|)
+  // (ScoreOf's pipeline without a bias tensor, with AlibiDiagonal and AlibiSlope: the same
+  // semantics, the same LSE for the mma.sync backward). Masked elements are set after it.
+  auto transform_scores = [&](auto& s, int n0) {
+    if constexpr (kTransformScores) {
+      constexpr int kS = kBlockN / 2;
+      if (p.softcap > 0.f) {
+        const float to_tanh = p.scale / p.softcap, cap_log2 = p.softcap * kLog2e;
+#pragma unroll
+        for (int e = 0; e < kS; ++e) s[e] = cap_log2 * tanhf(s[e] * to_tanh);
+      } else {
+        const float qk_log2 = p.scale * kLog2e;
+#pragma unroll
+        for (int e = 0; e < kS; ++e) s[e] *= qk_log2;
+      }
+      if (p.bias_type == FUSEDATTN_BIAS_ALIBI) {
+        const float slope_log2 = AlibiSlope(p, h) * kLog2e;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          // Element (nt, c) of row r is key n0 + 2 t + 8 nt + c: its distance from the row's
+          // diagonal is |diagonal - (8 nt + c)| (exact in float below 2^24 keys).
+          const float diagonal = static_cast<float>(
+              AlibiDiagonal(row0 + 8 * r, seq.len_q, seq.len_kv) - n0 - 2 * t);
+#pragma unroll
+          for (int nt = 0; nt < kSTiles; ++nt)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              float& x = s[4 * nt + 2 * r + c];
+              x = fmaf(-slope_log2, fabsf(diagonal - static_cast<float>(8 * nt + c)), x);
+            }
+        }
+      }
+    }
   };
   // Mask: -inf where the key is hidden, only on tiles that cross a boundary for these rows.
   auto mask_scores = [&](auto& s, int n0) {
@@ -408,6 +451,7 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
       sm90::WgmmaWait<0>();
       sm90::FenceOperands(s);
       release(k_empty);  // this warp is done with K(0)
+      transform_scores(s, n0);
       mask_scores(s, n0);
       // O is still zero: nothing to rescale now (with kRescaleOBeforeValueProduct, step 1
       // multiplies the zeros by this correction, which is 0).
@@ -439,6 +483,7 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
         sm90::WgmmaWait<1>();  // S(it) is complete (groups complete in order)
         sm90::FenceOperands(s);
         release(k_empty + stage);  // this warp is done with K(it)
+        transform_scores(s, n0);
         mask_scores(s, n0);
         softmax(s, correction);
         sm90::WgmmaWait<0>();  // O += P(it - 1) V(it - 1) is complete: pa and acc_o are free
@@ -458,6 +503,7 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
         sm90::WgmmaWait<0>();
         sm90::FenceOperands(s);
         release(k_empty + stage);  // this warp is done with K(it)
+        transform_scores(s, n0);
         mask_scores(s, n0);
         softmax(s, correction);
       }
@@ -518,12 +564,21 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
 #endif  // FUSEDATTN_SM90_DEVICE
 }
 
-template <typename Element, int kHeadDim>
+// Whether a problem is the softcap-alibi instances' (softcap and/or ALiBi, no bias tensor, no
+// dropout), the plain instances' (NeedsFullKernel false), or neither.
+inline bool Sm90SoftcapAlibiProblem(const FlashParams& p) {
+  return (p.softcap > 0.f || p.bias_type == FUSEDATTN_BIAS_ALIBI) && !p.dropout &&
+         (p.bias_type == FUSEDATTN_BIAS_NONE || p.bias_type == FUSEDATTN_BIAS_ALIBI);
+}
+
+template <typename Element, int kHeadDim, Sm90Scores kScores>
 Status LaunchWgmmaForward(const FlashParams& p, cudaStream_t stream, bool* launched) {
   using Tile = Sm90FwdTile<kHeadDim>;
   static_assert(Tile::kBlockM == kSm90ScheduleRowsForward, "schedule.h: the planner's rows");
   *launched = false;
-  if (NeedsFullKernel(p) || !(p.scale > 0.f) || p.head_dim_qk > kHeadDim ||
+  const bool policy_runs_it =
+      kScores == Sm90Scores::kPlain ? !NeedsFullKernel(p) : Sm90SoftcapAlibiProblem(p);
+  if (!policy_runs_it || !(p.scale > 0.f) || p.head_dim_qk > kHeadDim ||
       p.head_dim_v > kHeadDim || p.qkv_dtype != p.o_dtype)
     return Status::Ok();
   const bool bf16 = std::is_same_v<Element, Bfloat16>;
@@ -546,7 +601,7 @@ Status LaunchWgmmaForward(const FlashParams& p, cudaStream_t stream, bool* launc
         LaunchTileSchedule(p, /*by_keys=*/false, Tile::kBlockM, m_tiles, stream, &scheduled));
     if (scheduled) run.schedule = p.schedule_workspace;
   }
-  auto kernel = WgmmaForwardKernel<Element, kHeadDim>;
+  auto kernel = WgmmaForwardKernel<Element, kHeadDim, kScores>;
   FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             Tile::kSmemBytes));
   kernel<<<static_cast<unsigned>(blocks), Tile::kThreads, Tile::kSmemBytes, stream>>>(maps, run,

@@ -33,8 +33,10 @@ enum class KernelPath : int {
 };
 const char* KernelPathName(KernelPath path);
 
-// The plain kernel keeps the registers that bias, ALiBi, softcap and dropout need in the full one.
-enum class KernelVariant : int { kPlain = 0, kFull = 1 };
+// The plain kernel keeps the registers that bias, ALiBi, softcap and dropout need in the full one
+// (mma.sync, score_mod-jit). The Hopper forward has the plain variant and softcap-alibi (softcap
+// and/or ALiBi, sm90.h's Sm90Scores); the Hopper backward the plain one only.
+enum class KernelVariant : int { kPlain = 0, kFull = 1, kSoftcapAlibi = 2 };
 const char* KernelVariantName(KernelVariant variant);
 
 // The order of a kernel's blocks: one per (tile, head, sequence) of the longest sequence, or the

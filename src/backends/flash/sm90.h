@@ -18,11 +18,20 @@ bool WgmmaCompiled();
 // The planner (planner.h, DeviceFacts) decides with both whether the Hopper path runs a call.
 bool WgmmaAllowedByEnvironment();
 
-// The wgmma forward of a plain problem (no bias, ALiBi, softcap or dropout) on head dims padded
-// to kHeadDim (64, 128 or 256), when the planner chose it (planner.cpp: the problem, the tensors
-// TMA can describe, scale > 0). The launcher keeps its own guards: *launched = false (nothing
-// launched) when they refuse what the plan chose, which the backend reports as an internal error.
-template <typename Element, int kHeadDim>
+// The score policies of the wgmma forward, one instance set each (generate_kernels.py), chosen
+// at compile time so that the plain instance carries no code of the other:
+//  kPlain: s = scale * q.k (masks, windows, sinks, off-by-one);
+//  kSoftcapAlibi: softcap and/or ALiBi with the caller's slopes (fusedattn.h's pipeline without a
+//    bias tensor), applied to every key tile before the mask.
+// Bias tensors and dropout have no Hopper forward: the mma.sync full variant runs them.
+enum class Sm90Scores : int { kPlain = 0, kSoftcapAlibi = 1 };
+
+// The wgmma forward on head dims padded to kHeadDim (64, 128 or 256) with the score policy
+// kScores, when the planner chose it (planner.cpp: the problem, the tensors TMA can describe,
+// scale > 0). The launcher keeps its own guards: *launched = false (nothing launched) when they
+// refuse what the plan chose (among them a problem of the other policy), which the backend
+// reports as an internal error.
+template <typename Element, int kHeadDim, Sm90Scores kScores>
 Status LaunchWgmmaForward(const FlashParams& p, cudaStream_t stream, bool* launched);
 
 // The wgmma key-block kernel of the backward (bwd_kernel_sm90.cuh) for the same plain problems

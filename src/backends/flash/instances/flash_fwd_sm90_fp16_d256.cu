@@ -2,5 +2,5 @@
 #include "backends/flash/fwd_kernel_sm90.cuh"
 
 namespace fusedattn::flash {
-template Status LaunchWgmmaForward<Half, 256>(const FlashParams&, cudaStream_t, bool*);
+template Status LaunchWgmmaForward<Half, 256, Sm90Scores::kPlain>(const FlashParams&, cudaStream_t, bool*);
 }  // namespace fusedattn::flash
