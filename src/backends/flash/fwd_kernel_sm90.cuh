@@ -564,8 +564,9 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
 #endif  // FUSEDATTN_SM90_DEVICE
 }
 
-// Whether a problem is the softcap-alibi instances' (softcap and/or ALiBi, no bias tensor, no
-// dropout), the plain instances' (NeedsFullKernel false), or neither.
+// Whether the softcap-alibi instances run a problem: softcap and/or ALiBi, no bias tensor, no
+// dropout (the plain instances run those where NeedsFullKernel is false; the planner's
+// HopperForwardVariantOf is the same rule on the config).
 inline bool Sm90SoftcapAlibiProblem(const FlashParams& p) {
   return (p.softcap > 0.f || p.bias_type == FUSEDATTN_BIAS_ALIBI) && !p.dropout &&
          (p.bias_type == FUSEDATTN_BIAS_NONE || p.bias_type == FUSEDATTN_BIAS_ALIBI);
