@@ -34,11 +34,11 @@ enum class Sm90Scores : int { kPlain = 0, kSoftcapAlibi = 1 };
 template <typename Element, int kHeadDim, Sm90Scores kScores>
 Status LaunchWgmmaForward(const FlashParams& p, cudaStream_t stream, bool* launched);
 
-// The wgmma key-block kernel of the backward (bwd_kernel_sm90.cuh) for the same plain problems
-// at kHeadDim 64 or 128 in non-deterministic mode, in place of LaunchFastBackward, when the
-// planner chose it: needs the preprocess before (D, zeroed dq_accum with dq_accum_dim ==
-// kHeadDim) and LaunchConvertDq after, with dq_accum_tiled set (the kernel leaves dQ in the tiled
-// order of dq_accum_layout.h). *launched as for the forward.
+// The wgmma key-block kernel of the backward (bwd_kernel_sm90.cuh) for plain problems (no bias,
+// ALiBi, softcap or dropout) at kHeadDim 64 or 128 in non-deterministic mode, in place of
+// LaunchFastBackward, when the planner chose it: needs the preprocess before (D, zeroed dq_accum
+// with dq_accum_dim == kHeadDim) and LaunchConvertDq after, with dq_accum_tiled set (the kernel
+// leaves dQ in the tiled order of dq_accum_layout.h). *launched as for the forward.
 template <typename Element, int kHeadDim>
 Status LaunchWgmmaBackward(const FlashParams& p, cudaStream_t stream, bool* launched);
 
