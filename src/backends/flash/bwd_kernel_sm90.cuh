@@ -56,6 +56,7 @@
 #include "backends/flash/dq_accum_layout.h"
 #include "backends/flash/schedule.h"
 #include "backends/flash/sm90.h"
+#include "backends/flash/sm90_scores.cuh"
 #include "backends/flash/wgmma.cuh"
 #include "common/cuda_util.h"
 
@@ -129,12 +130,14 @@ __device__ __forceinline__ void ZeroSwizzledRows(unsigned char* tile, int valid,
   }
 }
 
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, Sm90Scores kScores>
 __global__ void __launch_bounds__(384, 1)
     WgmmaBackwardKernel(const __grid_constant__ Sm90BwdMaps maps, const FlashParams p,
                         int n_tiles) {
 #if FUSEDATTN_SM90_DEVICE
   using Tile = Sm90BwdTile<kHeadDim>;
+  using Scores = sm90::SoftcapAlibiScores;
+  constexpr bool kTransformScores = kScores == Sm90Scores::kSoftcapAlibi;
   constexpr int kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN, kStages = Tile::kStages;
   constexpr int kColBlocks = Tile::kColBlocks;
   constexpr int kQBytes = Tile::kQBytes;
@@ -336,8 +339,15 @@ __global__ void __launch_bounds__(384, 1)
   float acc_dk[kHeadDim / 2], acc_dv[kHeadDim / 2];
 #pragma unroll
   for (int i = 0; i < kHeadDim / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
-  const float scale_log2 = p.scale * kLog2e;
+  // What takes S^T's units to log2 units: scale * log2(e), or 1 where the softcap-alibi policy
+  // already did (then S^T holds fusedattn.h's score in log2 units, as in the forward).
+  const float scale_log2 = kTransformScores ? 1.f : p.scale * kLog2e;
   const float scale = p.scale;
+  // The softcap-alibi instances with a softcap: S^T holds tanh(scale q.k / softcap) from the
+  // first wait to the second, and P^T and dS^T come together after dP^T (the derivative of the
+  // softcap needs the tanh, and st has no room for both); without one, P^T before dP^T as plain.
+  const bool softcapped = kTransformScores && p.softcap > 0.f;
+  const bool alibi = kTransformScores && p.bias_type == FUSEDATTN_BIAS_ALIBI;
 
   const uint32_t k_addr = SmemAddress(k_s), v_addr = SmemAddress(v_s);
   const uint32_t k_wg_addr = k_addr + wg * 64 * 128, v_wg_addr = v_addr + wg * 64 * 128;
@@ -422,6 +432,38 @@ __global__ void __launch_bounds__(384, 1)
         // P^T: element 4 i + 2 r + c of st is (key key_row + 8 r, query m0 + 8 i + 2 t + c).
         sm90::WgmmaWait<1>();
         sm90::FenceOperands(st);
+        // The softcap-alibi policy (sm90_scores.cuh): element 4 i + 2 r + c is at distance
+        // alibi_base[r] + 8 i + c from its query's ALiBi diagonal.
+        float slope_log2 = 0.f, alibi_base[2] = {0.f, 0.f};
+        if constexpr (kTransformScores) {
+          if (alibi) {
+            slope_log2 = Scores::SlopeLog2(p, hk * p.group + step / m_count);
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+              alibi_base[r] = static_cast<float>(
+                  AlibiDiagonal(m0 + 2 * t, seq.len_q, seq.len_kv) - (key_row + 8 * r));
+          }
+          if (softcapped) {
+            const Scores scores(p);
+#pragma unroll
+            for (int e = 0; e < kBlockM / 2; ++e) st[e] = scores.Tanh(st[e]);
+          } else {
+            const float qk_log2 = Scores::ScaledFactor(p);
+#pragma unroll
+            for (int e = 0; e < kBlockM / 2; ++e) st[e] = Scores::Scaled(st[e], qk_log2);
+            if (alibi) {
+#pragma unroll
+              for (int i = 0; i < kSlices; ++i)
+#pragma unroll
+                for (int r = 0; r < 2; ++r)
+#pragma unroll
+                  for (int c = 0; c < 2; ++c)
+                    st[4 * i + 2 * r + c] = Scores::Alibi(
+                        st[4 * i + 2 * r + c], slope_log2,
+                        alibi_base[r] + static_cast<float>(8 * i + c));
+            }
+          }
+        }
         // At half_queries only the lower 64 queries' slices: the upper ones feed nothing (their
         // P^T is masked to zero below and their dS^T reaches only consumer 1's dQ rows past the
         // queries, which the dQ warp never adds).
@@ -436,23 +478,28 @@ __global__ void __launch_bounds__(384, 1)
             }
           }
         };
-        if (half_queries)
-          exponentials(sm90::Static<kSlices / 2>());
-        else
-          exponentials(sm90::Static<kSlices>());
         // Hidden keys: P = 0, only where these 64 keys x the step's queries cross a mask boundary.
-        const bool interior =
-            TileFullyVisible(p, m0, kBlockM, key0, 64, seq.len_q, seq.len_kv, shift);
-        if (!interior) {
+        auto mask_probabilities = [&] {
+          const bool interior =
+              TileFullyVisible(p, m0, kBlockM, key0, 64, seq.len_q, seq.len_kv, shift);
+          if (!interior) {
 #pragma unroll
-          for (int i = 0; i < kSlices; ++i)
+            for (int i = 0; i < kSlices; ++i)
 #pragma unroll
-            for (int r = 0; r < 2; ++r)
+              for (int r = 0; r < 2; ++r)
 #pragma unroll
-              for (int c = 0; c < 2; ++c) {
-                const int q = m0 + 8 * i + 2 * t + c;
-                if (q < q_first[r] || q > q_last[r]) st[4 * i + 2 * r + c] = 0.f;
-              }
+                for (int c = 0; c < 2; ++c) {
+                  const int q = m0 + 8 * i + 2 * t + c;
+                  if (q < q_first[r] || q > q_last[r]) st[4 * i + 2 * r + c] = 0.f;
+                }
+          }
+        };
+        if (!softcapped) {
+          if (half_queries)
+            exponentials(sm90::Static<kSlices / 2>());
+          else
+            exponentials(sm90::Static<kSlices>());
+          mask_probabilities();
         }
 
         // dS^T = P^T o (dP^T - D) * scale (d loss / d (q.k)).
@@ -470,10 +517,55 @@ __global__ void __launch_bounds__(384, 1)
             }
           }
         };
-        if (half_queries)
-          score_gradients(sm90::Static<kSlices / 2>());
-        else
-          score_gradients(sm90::Static<kSlices>());
+        // With a softcap: P^T from the tanh, and dS^T = P^T o (dP^T - D) (1 - tanh^2) scale (d loss
+        // / d (q.k), ScoreOf's derivative; ALiBi adds a constant, no term), the mask on P^T
+        // before the product.
+        auto softcapped_gradients = [&](auto slices, auto with_alibi) {
+          const Scores scores(p);
+#pragma unroll
+          for (int i = 0; i < decltype(slices)::value; ++i) {
+            const float2 lse = *reinterpret_cast<const float2*>(lse_s + 8 * i + 2 * t);
+            const float2 delta = *reinterpret_cast<const float2*>(delta_s + 8 * i + 2 * t);
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+#pragma unroll
+              for (int c = 0; c < 2; ++c) {
+                const int e = 4 * i + 2 * r + c;
+                const float th = st[e];
+                float score = scores.Capped(th);
+                if constexpr (decltype(with_alibi)::value != 0)
+                  score = Scores::Alibi(score, slope_log2,
+                                        alibi_base[r] + static_cast<float>(8 * i + c));
+                st[e] = FastExp2(score - (c == 0 ? lse.x : lse.y));
+                dpt[e] = (dpt[e] - (c == 0 ? delta.x : delta.y)) *
+                         (Scores::CapDerivative(th) * scale);
+              }
+          }
+          mask_probabilities();
+#pragma unroll
+          for (int e = 0; e < 4 * decltype(slices)::value; ++e) dpt[e] *= st[e];
+        };
+        if constexpr (kTransformScores) {
+          if (softcapped) {
+            if (alibi) {
+              if (half_queries)
+                softcapped_gradients(sm90::Static<kSlices / 2>(), sm90::Static<1>());
+              else
+                softcapped_gradients(sm90::Static<kSlices>(), sm90::Static<1>());
+            } else {
+              if (half_queries)
+                softcapped_gradients(sm90::Static<kSlices / 2>(), sm90::Static<0>());
+              else
+                softcapped_gradients(sm90::Static<kSlices>(), sm90::Static<0>());
+            }
+          }
+        }
+        if (!softcapped) {
+          if (half_queries)
+            score_gradients(sm90::Static<kSlices / 2>());
+          else
+            score_gradients(sm90::Static<kSlices>());
+        }
 
         // P^T and dS^T as A operands (queries 16 kk.. = slices 2 kk, 2 kk + 1), and dS^T to shared
         // memory for dQ: slice i, rows r of this thread at (key 64 wg + 16 warp + g + 8 r, query
@@ -610,15 +702,17 @@ __global__ void __launch_bounds__(384, 1)
 #endif  // FUSEDATTN_SM90_DEVICE
 }
 
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, Sm90Scores kScores>
 Status LaunchWgmmaBackward(const FlashParams& p, cudaStream_t stream, bool* launched) {
   using Tile = Sm90BwdTile<kHeadDim>;
   static_assert(Tile::kBlockN == kSm90ScheduleRowsBackward, "schedule.h: the planner's rows");
   *launched = false;
-  // The plain variant with the dQ workspace of this instance (added to in no fixed order);
-  // everything else (score modifiers, dropout, bias gradients, deterministic mode) stays on the
-  // mma.sync kernels.
-  if (NeedsFullKernel(p) || p.deterministic || p.dbias_mode != kDbiasNone ||
+  // The plain variant (kPlain) or softcap/ALiBi (kSoftcapAlibi) with the dQ workspace of this
+  // instance (added to in no fixed order); everything else (bias tensors, dropout, score_mod
+  // graphs, deterministic mode) stays on the mma.sync kernels.
+  const bool policy_runs_it =
+      kScores == Sm90Scores::kPlain ? !NeedsFullKernel(p) : Sm90SoftcapAlibiProblem(p);
+  if (!policy_runs_it || p.deterministic || p.dbias_mode != kDbiasNone ||
       p.flex.block_mask != nullptr || p.dq_accum == nullptr || p.dq_accum_dim != kHeadDim ||
       p.head_dim_qk > kHeadDim || p.head_dim_v > kHeadDim || p.qkv_dtype != p.o_dtype ||
       p.lse.data == nullptr)
@@ -644,7 +738,7 @@ Status LaunchWgmmaBackward(const FlashParams& p, cudaStream_t stream, bool* laun
         LaunchTileSchedule(p, /*by_keys=*/true, Tile::kBlockN, n_tiles, stream, &scheduled));
     if (scheduled) run.schedule = p.schedule_workspace;
   }
-  auto kernel = WgmmaBackwardKernel<Element, kHeadDim>;
+  auto kernel = WgmmaBackwardKernel<Element, kHeadDim, kScores>;
   FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             Tile::kSmemBytes));
   kernel<<<static_cast<unsigned>(blocks), Tile::kThreads, Tile::kSmemBytes, stream>>>(maps, run,

@@ -193,20 +193,38 @@ Status HopperForward(int dim, flash::KernelVariant variant, const FlashParams& p
 #endif
 }
 
+#ifdef FUSEDATTN_FLASH_SM90
+template <typename Element, flash::Sm90Scores kScores>
+Status HopperBackwardOf(int dim, const FlashParams& p, cudaStream_t s, bool* launched) {
+  switch (dim) {
+    case 64: return flash::LaunchWgmmaBackward<Element, 64, kScores>(p, s, launched);
+    case 128: return flash::LaunchWgmmaBackward<Element, 128, kScores>(p, s, launched);
+  }
+  return InternalError("flash: no Hopper backward instance for head dim %d", dim);
+}
+#endif
+
 template <typename Element>
-Status HopperBackward(int dim, const FlashParams& p, cudaStream_t s) {
+Status HopperBackward(int dim, flash::KernelVariant variant, const FlashParams& p,
+                      cudaStream_t s) {
 #ifdef FUSEDATTN_FLASH_SM90
   bool launched = false;
   Status status = Status::Ok();
-  switch (dim) {
-    case 64: status = flash::LaunchWgmmaBackward<Element, 64>(p, s, &launched); break;
-    case 128: status = flash::LaunchWgmmaBackward<Element, 128>(p, s, &launched); break;
-    default: return InternalError("flash: no Hopper backward instance for head dim %d", dim);
+  switch (variant) {
+    case flash::KernelVariant::kPlain:
+      status = HopperBackwardOf<Element, flash::Sm90Scores::kPlain>(dim, p, s, &launched);
+      break;
+    case flash::KernelVariant::kSoftcapAlibi:
+      status = HopperBackwardOf<Element, flash::Sm90Scores::kSoftcapAlibi>(dim, p, s, &launched);
+      break;
+    default:
+      return InternalError("flash: no Hopper backward of the %s variant",
+                           flash::KernelVariantName(variant));
   }
   if (status.ok() && !launched)
-    return InternalError("flash: the planner chose the Hopper backward (d%d) but its launcher "
+    return InternalError("flash: the planner chose the Hopper backward (d%d %s) but its launcher "
                          "declined the call (planner.cpp and LaunchWgmmaBackward disagree)",
-                         dim);
+                         dim, flash::KernelVariantName(variant));
   return status;
 #else
   return InternalError("flash: the planner chose the Hopper backward in a build without it");
@@ -413,8 +431,9 @@ class FlashBackendImpl final : public Backend {
         return Status::Ok();
       }
       case flash::KernelPath::kHopperWgmma:
-        FUSEDATTN_RETURN_IF_ERROR(half ? HopperBackward<flash::Half>(plan.instance, p, s)
-                                       : HopperBackward<flash::Bfloat16>(plan.instance, p, s));
+        FUSEDATTN_RETURN_IF_ERROR(
+            half ? HopperBackward<flash::Half>(plan.instance, plan.variant, p, s)
+                 : HopperBackward<flash::Bfloat16>(plan.instance, plan.variant, p, s));
         p.dq_accum_tiled = true;  // the kernel's tiled order of dq_accum (dq_accum_layout.h)
         break;
       case flash::KernelPath::kMmaSync:

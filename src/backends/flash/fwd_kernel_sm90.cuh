@@ -45,6 +45,7 @@
 #include "backends/flash/schedule.h"
 #include "backends/flash/fwd_kernel.cuh"
 #include "backends/flash/sm90.h"
+#include "backends/flash/sm90_scores.cuh"
 #include "backends/flash/wgmma.cuh"
 #include "common/cuda_util.h"
 
@@ -318,28 +319,27 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
     __syncwarp();
     if (lane == 0) sm90::MbarArrive(empty);
   };
-  // The softcap-alibi instances: S becomes fusedattn.h's score in log2 units, on every tile,
-  //   s = log2(e) (softcap tanh(scale q.k / softcap) - slope_h |i + len_kv - len_q - j|)
-  // (ScoreOf's pipeline without a bias tensor, with AlibiDiagonal and AlibiSlope: the same
-  // semantics, the same LSE for the mma.sync backward). Masked elements are set after it.
+  // The softcap-alibi instances: S becomes fusedattn.h's score in log2 units, on every tile
+  // (sm90_scores.cuh, the backward's arithmetic too). Masked elements are set after it.
   auto transform_scores = [&](auto& s, int n0) {
     if constexpr (kTransformScores) {
+      using Scores = sm90::SoftcapAlibiScores;
       constexpr int kS = kBlockN / 2;
       if (p.softcap > 0.f) {
-        const float to_tanh = p.scale / p.softcap, cap_log2 = p.softcap * kLog2e;
+        const Scores scores(p);
 #pragma unroll
-        for (int e = 0; e < kS; ++e) s[e] = cap_log2 * tanhf(s[e] * to_tanh);
+        for (int e = 0; e < kS; ++e) s[e] = scores.Capped(scores.Tanh(s[e]));
       } else {
-        const float qk_log2 = p.scale * kLog2e;
+        const float qk_log2 = Scores::ScaledFactor(p);
 #pragma unroll
-        for (int e = 0; e < kS; ++e) s[e] *= qk_log2;
+        for (int e = 0; e < kS; ++e) s[e] = Scores::Scaled(s[e], qk_log2);
       }
       if (p.bias_type == FUSEDATTN_BIAS_ALIBI) {
-        const float slope_log2 = AlibiSlope(p, h) * kLog2e;
+        const float slope_log2 = Scores::SlopeLog2(p, h);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           // Element (nt, c) of row r is key n0 + 2 t + 8 nt + c: its distance from the row's
-          // diagonal is |diagonal - (8 nt + c)| (exact in float below 2^24 keys).
+          // diagonal is diagonal - (8 nt + c).
           const float diagonal = static_cast<float>(
               AlibiDiagonal(row0 + 8 * r, seq.len_q, seq.len_kv) - n0 - 2 * t);
 #pragma unroll
@@ -347,7 +347,7 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
               float& x = s[4 * nt + 2 * r + c];
-              x = fmaf(-slope_log2, fabsf(diagonal - static_cast<float>(8 * nt + c)), x);
+              x = Scores::Alibi(x, slope_log2, diagonal - static_cast<float>(8 * nt + c));
             }
         }
       }
@@ -562,14 +562,6 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
       AtomicMaxFloat(&p.max_logit[h * p.max_logit_stride], thread_max * kLn2);
   }
 #endif  // FUSEDATTN_SM90_DEVICE
-}
-
-// Whether the softcap-alibi instances run a problem: softcap and/or ALiBi, no bias tensor, no
-// dropout (the plain instances run those where NeedsFullKernel is false; the planner's
-// HopperForwardVariantOf is the same rule on the config).
-inline bool Sm90SoftcapAlibiProblem(const FlashParams& p) {
-  return (p.softcap > 0.f || p.bias_type == FUSEDATTN_BIAS_ALIBI) && !p.dropout &&
-         (p.bias_type == FUSEDATTN_BIAS_NONE || p.bias_type == FUSEDATTN_BIAS_ALIBI);
 }
 
 template <typename Element, int kHeadDim, Sm90Scores kScores>

@@ -18,12 +18,13 @@ bool WgmmaCompiled();
 // The planner (planner.h, DeviceFacts) decides with both whether the Hopper path runs a call.
 bool WgmmaAllowedByEnvironment();
 
-// The score policies of the wgmma forward, one instance set each (generate_kernels.py), chosen
-// at compile time so that the plain instance carries no code of the other:
+// The score policies of the wgmma forward and backward, one instance set each per direction
+// (generate_kernels.py), chosen at compile time so that the plain instance carries no code of the
+// other:
 //  kPlain: s = scale * q.k (masks, windows, sinks, off-by-one);
 //  kSoftcapAlibi: softcap and/or ALiBi with the caller's slopes (fusedattn.h's pipeline without a
-//    bias tensor), applied to every key tile before the mask.
-// Bias tensors and dropout have no Hopper forward: the mma.sync full variant runs them.
+//    bias tensor, sm90_scores.cuh), applied to every key tile before the mask.
+// Bias tensors and dropout have no Hopper kernels: the mma.sync full variant runs them.
 enum class Sm90Scores : int { kPlain = 0, kSoftcapAlibi = 1 };
 
 // The wgmma forward on head dims padded to kHeadDim (64, 128 or 256) with the score policy
@@ -34,12 +35,13 @@ enum class Sm90Scores : int { kPlain = 0, kSoftcapAlibi = 1 };
 template <typename Element, int kHeadDim, Sm90Scores kScores>
 Status LaunchWgmmaForward(const FlashParams& p, cudaStream_t stream, bool* launched);
 
-// The wgmma key-block kernel of the backward (bwd_kernel_sm90.cuh) for plain problems (no bias,
-// ALiBi, softcap or dropout) at kHeadDim 64 or 128 in non-deterministic mode, in place of
-// LaunchFastBackward, when the planner chose it: needs the preprocess before (D, zeroed dq_accum
-// with dq_accum_dim == kHeadDim) and LaunchConvertDq after, with dq_accum_tiled set (the kernel
-// leaves dQ in the tiled order of dq_accum_layout.h). *launched as for the forward.
-template <typename Element, int kHeadDim>
+// The wgmma key-block kernel of the backward (bwd_kernel_sm90.cuh) with the score policy kScores
+// (plain, or softcap-alibi: the forward's policies, its own instance set) at kHeadDim 64 or 128 in
+// non-deterministic mode, in place of LaunchFastBackward, when the planner chose it: needs the
+// preprocess before (D, zeroed dq_accum with dq_accum_dim == kHeadDim) and LaunchConvertDq after,
+// with dq_accum_tiled set (the kernel leaves dQ in the tiled order of dq_accum_layout.h).
+// *launched as for the forward.
+template <typename Element, int kHeadDim, Sm90Scores kScores>
 Status LaunchWgmmaBackward(const FlashParams& p, cudaStream_t stream, bool* launched);
 
 // Encodes a CUtensorMap (128-byte aligned storage of 128 bytes at `map`) for a q/k/v tensor of
