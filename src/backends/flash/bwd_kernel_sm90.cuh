@@ -339,15 +339,18 @@ __global__ void __launch_bounds__(384, 1)
   float acc_dk[kHeadDim / 2], acc_dv[kHeadDim / 2];
 #pragma unroll
   for (int i = 0; i < kHeadDim / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
-  // What takes S^T's units to log2 units: scale * log2(e), or 1 where the softcap-alibi policy
-  // already did (then S^T holds fusedattn.h's score in log2 units, as in the forward).
-  const float scale_log2 = kTransformScores ? 1.f : p.scale * kLog2e;
+  const float scale_log2 = p.scale * kLog2e;
   const float scale = p.scale;
-  // The softcap-alibi instances with a softcap: S^T holds tanh(scale q.k / softcap) from the
-  // first wait to the second, and P^T and dS^T come together after dP^T (the derivative of the
-  // softcap needs the tanh, and st has no room for both); without one, P^T before dP^T as plain.
+  // The softcap-alibi instances: P^T and dS^T come after dP^T is complete, from S^T (raw q.k, or
+  // tanh(scale q.k / softcap) with a softcap, taken right after S^T completes so that the MUFU
+  // work overlaps dP^T); the derivative of the softcap needs the tanh next to dP^T, and st has no
+  // room for both P^T and the tanh. Branches uniform per kernel.
   const bool softcapped = kTransformScores && p.softcap > 0.f;
   const bool alibi = kTransformScores && p.bias_type == FUSEDATTN_BIAS_ALIBI;
+  // ALiBi: query 2 t's diagonal minus this thread's first key, as a float (exact below 2^24; a
+  // step adds m0, an element 8 i + c - 8 r).
+  const float alibi_diagonal0 =
+      alibi ? static_cast<float>(AlibiDiagonal(2 * t, seq.len_q, seq.len_kv) - key_row) : 0.f;
 
   const uint32_t k_addr = SmemAddress(k_s), v_addr = SmemAddress(v_s);
   const uint32_t k_wg_addr = k_addr + wg * 64 * 128, v_wg_addr = v_addr + wg * 64 * 128;
@@ -432,36 +435,11 @@ __global__ void __launch_bounds__(384, 1)
         // P^T: element 4 i + 2 r + c of st is (key key_row + 8 r, query m0 + 8 i + 2 t + c).
         sm90::WgmmaWait<1>();
         sm90::FenceOperands(st);
-        // The softcap-alibi policy (sm90_scores.cuh): element 4 i + 2 r + c is at distance
-        // alibi_base[r] + 8 i + c from its query's ALiBi diagonal.
-        float slope_log2 = 0.f, alibi_base[2] = {0.f, 0.f};
         if constexpr (kTransformScores) {
-          if (alibi) {
-            slope_log2 = Scores::SlopeLog2(p, hk * p.group + step / m_count);
-#pragma unroll
-            for (int r = 0; r < 2; ++r)
-              alibi_base[r] = static_cast<float>(
-                  AlibiDiagonal(m0 + 2 * t, seq.len_q, seq.len_kv) - (key_row + 8 * r));
-          }
           if (softcapped) {
             const Scores scores(p);
 #pragma unroll
             for (int e = 0; e < kBlockM / 2; ++e) st[e] = scores.Tanh(st[e]);
-          } else {
-            const float qk_log2 = Scores::ScaledFactor(p);
-#pragma unroll
-            for (int e = 0; e < kBlockM / 2; ++e) st[e] = Scores::Scaled(st[e], qk_log2);
-            if (alibi) {
-#pragma unroll
-              for (int i = 0; i < kSlices; ++i)
-#pragma unroll
-                for (int r = 0; r < 2; ++r)
-#pragma unroll
-                  for (int c = 0; c < 2; ++c)
-                    st[4 * i + 2 * r + c] = Scores::Alibi(
-                        st[4 * i + 2 * r + c], slope_log2,
-                        alibi_base[r] + static_cast<float>(8 * i + c));
-            }
           }
         }
         // At half_queries only the lower 64 queries' slices: the upper ones feed nothing (their
@@ -494,7 +472,7 @@ __global__ void __launch_bounds__(384, 1)
                 }
           }
         };
-        if (!softcapped) {
+        if constexpr (!kTransformScores) {
           if (half_queries)
             exponentials(sm90::Static<kSlices / 2>());
           else
@@ -517,50 +495,69 @@ __global__ void __launch_bounds__(384, 1)
             }
           }
         };
-        // With a softcap: P^T from the tanh, and dS^T = P^T o (dP^T - D) (1 - tanh^2) scale (d loss
-        // / d (q.k), ScoreOf's derivative; ALiBi adds a constant, no term), the mask on P^T
-        // before the product.
-        auto softcapped_gradients = [&](auto slices, auto with_alibi) {
-          const Scores scores(p);
+        // The softcap-alibi policy (sm90_scores.cuh), from S^T: dS^T = P^T o (dP^T - D) dcap scale
+        // (d loss / d (q.k); dcap = 1 - tanh^2 with a softcap, ScoreOf's derivative, else 1;
+        // ALiBi adds a constant: no term), in two passes that each read one statistic per query,
+        // as the plain loops: (dP^T - D) dcap scale while S^T still holds the tanh or q.k, then
+        // P^T = 2^(s - LSE) in its place, s fusedattn.h's score in log2 units as in the forward
+        // (element 4 i + 2 r + c at distance alibi_diagonal - 8 r + 8 i + c from its query's ALiBi
+        // diagonal), the mask on P^T, and the product.
+        auto policy_gradients = [&](auto slices, auto with_softcap, auto with_alibi) {
+          constexpr int kN = decltype(slices)::value;
+          constexpr bool kSoftcap = decltype(with_softcap)::value != 0;
+          constexpr bool kAlibi = decltype(with_alibi)::value != 0;
 #pragma unroll
-          for (int i = 0; i < decltype(slices)::value; ++i) {
-            const float2 lse = *reinterpret_cast<const float2*>(lse_s + 8 * i + 2 * t);
+          for (int i = 0; i < kN; ++i) {
             const float2 delta = *reinterpret_cast<const float2*>(delta_s + 8 * i + 2 * t);
+#pragma unroll
+            for (int e = 4 * i; e < 4 * i + 4; ++e) {
+              const float d = (e & 1) == 0 ? delta.x : delta.y;
+              dpt[e] = kSoftcap ? (dpt[e] - d) * (Scores::CapDerivative(st[e]) * scale)
+                                : (dpt[e] - d) * scale;
+            }
+          }
+          const Scores scores(p);
+          const float qk_log2 = Scores::ScaledFactor(p);
+          float slope_log2 = 0.f, alibi_diagonal = 0.f;
+          if constexpr (kAlibi) {
+            slope_log2 = Scores::SlopeLog2(p, hk * p.group + step / m_count);
+            alibi_diagonal = alibi_diagonal0 + static_cast<float>(m0);
+          }
+#pragma unroll
+          for (int i = 0; i < kN; ++i) {
+            const float2 lse = *reinterpret_cast<const float2*>(lse_s + 8 * i + 2 * t);
 #pragma unroll
             for (int r = 0; r < 2; ++r)
 #pragma unroll
               for (int c = 0; c < 2; ++c) {
                 const int e = 4 * i + 2 * r + c;
-                const float th = st[e];
-                float score = scores.Capped(th);
-                if constexpr (decltype(with_alibi)::value != 0)
+                float score = kSoftcap ? scores.Capped(st[e]) : Scores::Scaled(st[e], qk_log2);
+                if constexpr (kAlibi)
                   score = Scores::Alibi(score, slope_log2,
-                                        alibi_base[r] + static_cast<float>(8 * i + c));
+                                        alibi_diagonal + static_cast<float>(8 * i + c - 8 * r));
                 st[e] = FastExp2(score - (c == 0 ? lse.x : lse.y));
-                dpt[e] = (dpt[e] - (c == 0 ? delta.x : delta.y)) *
-                         (Scores::CapDerivative(th) * scale);
               }
           }
           mask_probabilities();
 #pragma unroll
-          for (int e = 0; e < 4 * decltype(slices)::value; ++e) dpt[e] *= st[e];
+          for (int e = 0; e < 4 * kN; ++e) dpt[e] *= st[e];
+        };
+        auto policy_gradients_of = [&](auto slices) {
+          if (softcapped) {
+            if (alibi)
+              policy_gradients(slices, sm90::Static<1>(), sm90::Static<1>());
+            else
+              policy_gradients(slices, sm90::Static<1>(), sm90::Static<0>());
+          } else {
+            policy_gradients(slices, sm90::Static<0>(), sm90::Static<1>());  // ALiBi alone
+          }
         };
         if constexpr (kTransformScores) {
-          if (softcapped) {
-            if (alibi) {
-              if (half_queries)
-                softcapped_gradients(sm90::Static<kSlices / 2>(), sm90::Static<1>());
-              else
-                softcapped_gradients(sm90::Static<kSlices>(), sm90::Static<1>());
-            } else {
-              if (half_queries)
-                softcapped_gradients(sm90::Static<kSlices / 2>(), sm90::Static<0>());
-              else
-                softcapped_gradients(sm90::Static<kSlices>(), sm90::Static<0>());
-            }
-          }
-        }
-        if (!softcapped) {
+          if (half_queries)
+            policy_gradients_of(sm90::Static<kSlices / 2>());
+          else
+            policy_gradients_of(sm90::Static<kSlices>());
+        } else {
           if (half_queries)
             score_gradients(sm90::Static<kSlices / 2>());
           else
