@@ -180,14 +180,74 @@ TEST(FlashPlanForward, SoftcapAndAlibiOffHopperTakeTheFullVariantOnMmaSync) {
   EXPECT_TRUE(Contains(negative.why, "attn_scale > 0 only")) << negative.why;
 }
 
-TEST(FlashPlanBackward, SoftcapAndAlibiStayOnMmaSyncFullVariant) {
+TEST(FlashPlanBackward, SoftcapAndAlibiTakeTheSoftcapAlibiVariantOfTheHopperBackward) {
+  for (int64_t d : {64, 128}) {
+    fusedattn_config softcap = Config(d), alibi = Config(d), both = Config(d);
+    softcap.softcap = 30.0;
+    alibi.bias_type = FUSEDATTN_BIAS_ALIBI;
+    both.softcap = 30.0;
+    both.bias_type = FUSEDATTN_BIAS_ALIBI;
+    both.mask = FUSEDATTN_MASK_CAUSAL;
+    both.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+    for (const fusedattn_config& c : {softcap, alibi, both}) {
+      BackwardPlan plan = Backward(c);
+      ASSERT_TRUE(plan.status.ok()) << plan.status.message();
+      EXPECT_EQ(plan.path, KernelPath::kHopperWgmma);
+      EXPECT_EQ(plan.instance, d);
+      EXPECT_EQ(plan.variant, KernelVariant::kSoftcapAlibi);
+      EXPECT_EQ(plan.dq, DqMode::kAtomicThenConvert);
+      EXPECT_EQ(plan.workspace.dq_accum_dim, d);
+      EXPECT_TRUE(plan.why.empty()) << plan.why;
+    }
+  }
+}
+
+TEST(FlashPlanBackward, SoftcapAlibiThdTakesTheHeavyFirstSchedule) {
+  fusedattn_config c = Thd(Config());
+  c.softcap = 30.0;
+  BackwardPlan plan = Backward(c);
+  EXPECT_EQ(plan.path, KernelPath::kHopperWgmma);
+  EXPECT_EQ(plan.variant, KernelVariant::kSoftcapAlibi);
+  EXPECT_EQ(plan.schedule, TileSchedule::kThdHeavyFirst);
+}
+
+TEST(FlashPlanBackward, BiasTensorsAndDropoutTakeTheFullVariantOnMmaSync) {
+  fusedattn_config pre = Config(), post = Config(), dropout = Config(), softcap_dropout = Config();
+  pre.bias_type = FUSEDATTN_BIAS_PRE_SCALE;
+  post.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+  post.softcap = 30.0;
+  dropout.dropout = 0.1;
+  softcap_dropout.softcap = 30.0;
+  softcap_dropout.bias_type = FUSEDATTN_BIAS_ALIBI;
+  softcap_dropout.dropout = 0.1;
+  for (const fusedattn_config& c : {pre, post, dropout, softcap_dropout}) {
+    BackwardPlan plan = Backward(c);
+    ASSERT_TRUE(plan.status.ok()) << plan.status.message();
+    EXPECT_EQ(plan.variant, KernelVariant::kFull);
+    EXPECT_EQ(plan.path, KernelPath::kMmaSync);
+    EXPECT_EQ(plan.why, "hopper backward: no bias tensor or dropout (softcap and ALiBi run there)");
+  }
+}
+
+TEST(FlashPlanBackward, DeterministicSoftcapAlibiTakesTheFullVariantOnMmaSync) {
   fusedattn_config c = Config();
   c.softcap = 30.0;
   c.bias_type = FUSEDATTN_BIAS_ALIBI;
+  c.deterministic = 1;
   BackwardPlan plan = Backward(c);
   EXPECT_EQ(plan.path, KernelPath::kMmaSync);
   EXPECT_EQ(plan.variant, KernelVariant::kFull);
-  EXPECT_EQ(plan.why, "hopper backward: the plain variant only (no bias, ALiBi, softcap, dropout)");
+  EXPECT_EQ(plan.dq, DqMode::kDeterministic);
+  EXPECT_TRUE(Contains(plan.why, "non-deterministic mode only")) << plan.why;
+}
+
+TEST(FlashPlanBackward, SoftcapAndAlibiOffHopperTakeTheFullVariantOnMmaSync) {
+  fusedattn_config c = Config(64);  // d128's backward tiles do not fit an A100
+  c.softcap = 30.0;
+  c.bias_type = FUSEDATTN_BIAS_ALIBI;
+  BackwardPlan a100 = Backward(c, A100());
+  EXPECT_EQ(a100.path, KernelPath::kMmaSync);
+  EXPECT_EQ(a100.variant, KernelVariant::kFull);
 }
 
 TEST(FlashPlanForward, SinksAndWindowsStayOnThePlainHopperKernel) {
@@ -607,6 +667,9 @@ TEST(FlashPlan, ExplainNamesPathInstanceVariantScheduleAndWorkspace) {
   alibi.bias_type = FUSEDATTN_BIAS_ALIBI;
   EXPECT_EQ(DescribeForwardPlan(Forward(alibi)),
             "forward: hopper-wgmma d64 softcap-alibi, workspace 0 B");
+  EXPECT_EQ(DescribeBackwardPlan(Backward(alibi)),
+            "backward: hopper-wgmma d64 softcap-alibi, dQ atomic+convert, workspace " +
+                std::to_string(Backward(alibi).workspace.total) + " B");
   fusedattn_config big = Config();
   big.head_dim_qk = big.head_dim_v = 1024;
   EXPECT_TRUE(Contains(DescribeForwardPlan(Forward(big)), "forward: refused: head_dim_qk = 1024"));

@@ -18,7 +18,8 @@
 //      compute-sanitizer --tool racecheck build/tests/fusedattn_gpu_tests --gtest_filter='FlashWgmmaSanitize*'
 //  * FlashWgmmaBwd/FlashWgmmaBwdCase.*, FlashWgmmaBwd.*, FlashWgmmaBwdSanitize.*: the same for the
 //    backward (dQ, dK, dV, dsink from the reference's O and LSE, NaN in the padding rows of q, k,
-//    v and dO), checking the plan (flash::PlanBackwardCall); all of the backward's tests:
+//    v and dO; softcap and ALiBi: its softcap-alibi variant), checking the plan
+//    (flash::PlanBackwardCall) and its variant; all of the backward's tests:
 //      --gtest_filter='FlashWgmmaBwd*:FlashWgmmaTiles/FlashWgmmaTile.MatchesCpuMatmul/MnMajorA*'
 // Without a CUDA device every test skips; on a device that is not sm_90 (or with
 // FUSEDATTN_FLASH_WGMMA=0) the attention cases still run, on the mma.sync kernels.
@@ -81,7 +82,12 @@ bool BackwardPlanIsWgmma(const fusedattn_config& config, const fusedattn_bwd_arg
   flash::BackwardPlan plan;
   Status s = flash::PlanBackwardCall(config, args, &plan);
   EXPECT_TRUE(s.ok()) << s.message();
-  return plan.path == flash::KernelPath::kHopperWgmma;
+  if (plan.path != flash::KernelPath::kHopperWgmma) return false;
+  const bool modifiers = config.softcap > 0.0 || config.bias_type == FUSEDATTN_BIAS_ALIBI;
+  EXPECT_EQ(plan.variant,
+            modifiers ? flash::KernelVariant::kSoftcapAlibi : flash::KernelVariant::kPlain)
+      << flash::DescribeBackwardPlan(plan);
+  return true;
 #else
   return false;
 #endif
@@ -702,46 +708,48 @@ TEST(FlashWgmmaSanitize, SoftcapAlibiSmallCases) {
   ExpectForwardMatches({"sanitize alibi causal d256 bf16", c, {}, false, true});
 }
 
-// A forward on the Hopper kernel (softcap-alibi) followed by the mma.sync backward (the Hopper
-// backward has no such variant) from that forward's own O and LSE: the two kernels agree on the
-// scores and the LSE, so the gradients match the reference's.
-TEST(FlashWgmma, SoftcapAlibiForwardThenMmaSyncBackward) {
+// A forward on the Hopper kernel (softcap-alibi) followed by the Hopper backward (softcap-alibi)
+// and by the mma.sync backward (deterministic mode, full variant), each from that forward's own O
+// and LSE: the kernels agree on the scores and the LSE, so the gradients match the reference's.
+TEST(FlashWgmma, SoftcapAlibiForwardThenEitherBackward) {
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
 #ifdef FUSEDATTN_WITH_CUDA
-  for (int64_t d : {64, 128}) {
-    fusedattn_config c = Config(2, 4, 2, 200, 230, d, FUSEDATTN_DTYPE_BFLOAT16);
-    c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
-    c.softcap = 0.8;
-    c.bias_type = FUSEDATTN_BIAS_ALIBI;
-    SCOPED_TRACE("d" + std::to_string(d));
-    TensorOptions o;
-    o.seed = 977 + d;
-    ProblemTensors host = MakeProblemTensors(c, o);
-    ProblemTensors ref = host;
-    ref.config.backend = FUSEDATTN_BACKEND_REFERENCE;
-    ref.config.device = FUSEDATTN_DEVICE_CPU;
-    ASSERT_NO_THROW(Forward(ref.config, ref.fwd_args()));
-    ASSERT_NO_THROW(Backward(ref.config, ref.bwd_args()));
-    DeviceProblem dev;
-    std::string error;
-    ASSERT_TRUE(dev.upload(host, &error)) << error;
-    size_t fwd_bytes = 0, bwd_bytes = 0;
-    ASSERT_NO_THROW(fwd_bytes = FwdWorkspaceSize(c));
-    ASSERT_NO_THROW(bwd_bytes = BwdWorkspaceSize(c));
-    DeviceBuffer fwd_workspace(fwd_bytes), bwd_workspace(bwd_bytes);
-    ASSERT_NO_THROW(Forward(c, dev.fwd_args(), fwd_workspace.ptr, fwd_bytes));
-    ASSERT_NO_THROW(Backward(c, dev.bwd_args(), bwd_workspace.ptr, bwd_bytes));
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(ForwardPlanIsWgmma(c, dev.fwd_args()), WgmmaExpected());
-    EXPECT_FALSE(BackwardPlanIsWgmma(c, dev.bwd_args()));
-    ASSERT_TRUE(dev.download_outputs(&host, &error)) << error;
-    const double tol = Tolerance(c.qkv_dtype);
-    ExpectClose("O", host.o, ref.o, tol);
-    ExpectClose("LSE", host.lse, ref.lse, tol);
-    ExpectClose("dQ", host.dq, ref.dq, tol);
-    ExpectClose("dK", host.dk, ref.dk, tol);
-    ExpectClose("dV", host.dv, ref.dv, tol);
-  }
+  for (int64_t d : {64, 128})
+    for (int deterministic : {0, 1}) {
+      fusedattn_config c = Config(2, 4, 2, 200, 230, d, FUSEDATTN_DTYPE_BFLOAT16);
+      c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+      c.softcap = 0.8;
+      c.bias_type = FUSEDATTN_BIAS_ALIBI;
+      c.deterministic = deterministic;
+      SCOPED_TRACE("d" + std::to_string(d) + (deterministic ? " deterministic" : ""));
+      TensorOptions o;
+      o.seed = 977 + d;
+      ProblemTensors host = MakeProblemTensors(c, o);
+      ProblemTensors ref = host;
+      ref.config.backend = FUSEDATTN_BACKEND_REFERENCE;
+      ref.config.device = FUSEDATTN_DEVICE_CPU;
+      ASSERT_NO_THROW(Forward(ref.config, ref.fwd_args()));
+      ASSERT_NO_THROW(Backward(ref.config, ref.bwd_args()));
+      DeviceProblem dev;
+      std::string error;
+      ASSERT_TRUE(dev.upload(host, &error)) << error;
+      size_t fwd_bytes = 0, bwd_bytes = 0;
+      ASSERT_NO_THROW(fwd_bytes = FwdWorkspaceSize(c));
+      ASSERT_NO_THROW(bwd_bytes = BwdWorkspaceSize(c));
+      DeviceBuffer fwd_workspace(fwd_bytes), bwd_workspace(bwd_bytes);
+      ASSERT_NO_THROW(Forward(c, dev.fwd_args(), fwd_workspace.ptr, fwd_bytes));
+      ASSERT_NO_THROW(Backward(c, dev.bwd_args(), bwd_workspace.ptr, bwd_bytes));
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(ForwardPlanIsWgmma(c, dev.fwd_args()), WgmmaExpected());
+      EXPECT_EQ(BackwardPlanIsWgmma(c, dev.bwd_args()), WgmmaExpected() && !deterministic);
+      ASSERT_TRUE(dev.download_outputs(&host, &error)) << error;
+      const double tol = Tolerance(c.qkv_dtype);
+      ExpectClose("O", host.o, ref.o, tol);
+      ExpectClose("LSE", host.lse, ref.lse, tol);
+      ExpectClose("dQ", host.dq, ref.dq, tol);
+      ExpectClose("dK", host.dk, ref.dk, tol);
+      ExpectClose("dV", host.dv, ref.dv, tol);
+    }
 #else
   GTEST_SKIP() << "built without CUDA";
 #endif
@@ -834,6 +842,7 @@ std::vector<Case> BackwardCasesFor(fusedattn_dtype dtype, int64_t d) {
     c.attn_scale = 0.3;
     add("custom_scale", c);
   }
+  SoftcapAlibiCases(dtype, d, add);  // the softcap-alibi variant of the Hopper backward
   return cases;
 }
 
@@ -938,7 +947,8 @@ TEST(FlashWgmmaBwd, HalfTilesAtTheEndsOfSequences) {
 }
 
 // The dispatch: plain non-deterministic problems of the 64 and 128 instances take the wgmma
-// backward on sm_90; deterministic mode, score modifiers, dropout, head dim 256, float32 and
+// backward on sm_90, and so do softcap and ALiBi (the softcap-alibi variant, checked by
+// ExpectBackwardMatches); deterministic mode, bias tensors, dropout, head dim 256, float32 and
 // unaligned rows do not (and stay correct).
 TEST(FlashWgmmaBwd, PathIsTakenExactlyWhenItShouldBe) {
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
@@ -954,13 +964,29 @@ TEST(FlashWgmmaBwd, PathIsTakenExactlyWhenItShouldBe) {
   ExpectBackwardMatches({"deterministic falls back", x, {}, false, false});
   x = c;
   x.bias_type = FUSEDATTN_BIAS_ALIBI;
-  ExpectBackwardMatches({"alibi falls back", x, {}, false, false});
+  ExpectBackwardMatches({"alibi", x, {}, false, true});
+  x.softcap = 20.0;
+  ExpectBackwardMatches({"softcap and alibi", x, {}, false, true});
+  x.deterministic = 1;
+  ExpectBackwardMatches({"deterministic softcap and alibi falls back", x, {}, false, false});
   x = c;
   x.softcap = 20.0;
-  ExpectBackwardMatches({"softcap falls back", x, {}, false, false});
+  ExpectBackwardMatches({"softcap", x, {}, false, true});
+  x.dropout = 0.1;
+  ExpectBackwardMatches({"softcap with dropout falls back", x, {}, false, false});
+  x = c;
+  x.head_dim_qk = x.head_dim_v = 64;
+  x.bias_type = FUSEDATTN_BIAS_ALIBI;
+  ExpectBackwardMatches({"d64 alibi", x, {}, false, true});
   x = c;
   x.dropout = 0.1;
   ExpectBackwardMatches({"dropout falls back", x, {}, false, false});
+  x = c;
+  x.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+  ExpectBackwardMatches({"post-scale bias falls back", x, {}, false, false});
+  x.bias_type = FUSEDATTN_BIAS_PRE_SCALE;
+  x.softcap = 20.0;
+  ExpectBackwardMatches({"pre-scale bias with softcap falls back", x, {}, false, false});
   x = c;
   x.head_dim_qk = x.head_dim_v = 256;
   ExpectBackwardMatches({"d256 falls back", x, {}, false, false});
@@ -996,6 +1022,38 @@ TEST(FlashWgmmaBwdSanitize, SmallCases) {
   p.len_q = {200, 33};
   p.len_kv = {260, 131};
   ExpectBackwardMatches({"sanitize padding d128 fp16", c, p, true, true});
+}
+
+// Softcap and ALiBi on the Hopper backward (the softcap-alibi instances), both head dims:
+//   compute-sanitizer --tool memcheck build/tests/fusedattn_gpu_tests --gtest_filter='FlashWgmmaBwdSanitize.SoftcapAlibiSmallCases'
+TEST(FlashWgmmaBwdSanitize, SoftcapAlibiSmallCases) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
+  fusedattn_config c = Config(3, 4, 2, 150, 170, 64, FUSEDATTN_DTYPE_BFLOAT16);
+  c.return_max_logit = 0;
+  SetFormats(&c, FUSEDATTN_FORMAT_THD);
+  c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
+  c.window_left = 90;
+  c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+  c.softcap = 0.8;
+  c.bias_type = FUSEDATTN_BIAS_ALIBI;
+  TensorOptions o;
+  o.len_q = {150, 0, 140};
+  o.len_kv = {170, 30, 129};
+  o.thd_gaps = true;
+  ExpectBackwardMatches({"sanitize softcap alibi THD d64 bf16", c, o, false, true});
+  c = Config(2, 2, 2, 200, 260, 128, FUSEDATTN_DTYPE_FLOAT16);
+  c.return_max_logit = 0;
+  c.mask = FUSEDATTN_MASK_PADDING;
+  c.softcap = 0.8;
+  TensorOptions p;
+  p.len_q = {200, 33};
+  p.len_kv = {260, 131};
+  ExpectBackwardMatches({"sanitize softcap padding d128 fp16", c, p, true, true});
+  c = Config(2, 4, 1, 100, 180, 128, FUSEDATTN_DTYPE_BFLOAT16);
+  c.return_max_logit = 0;
+  c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+  c.bias_type = FUSEDATTN_BIAS_ALIBI;
+  ExpectBackwardMatches({"sanitize alibi causal gqa d128 bf16", c, {}, false, true});
 }
 
 }  // namespace

@@ -7,9 +7,9 @@
 //  3. Tensor-core instance (float16/bfloat16, head dims multiples of 8 up to 256) whose tiles fit
 //     the device's shared memory, with q, k, v (and dO) rows contiguous and 16-byte aligned:
 //     a. the Hopper kernels: a build with sm_90a kernels, an sm_90 device, FUSEDATTN_FLASH_WGMMA
-//        not 0, instance 64, 128 (or 256, forward), tensors TMA can describe; the forward runs the
-//        plain variant and softcap/ALiBi (variant softcap-alibi) and needs scale > 0, the backward
-//        the plain variant only, in non-deterministic mode; THD problems take the heavy-first
+//        not 0, instance 64, 128 (or 256, forward), tensors TMA can describe, the plain variant
+//        or softcap/ALiBi (variant softcap-alibi; no bias tensor or dropout); the forward also
+//        needs scale > 0, the backward non-deterministic mode; THD problems take the heavy-first
 //        schedule where the workspace holds one (and, forward, the LSE is absent or packed);
 //     b. else the mma.sync kernels.
 //  4. Everything else: the simple (SIMT) kernels.
@@ -98,9 +98,10 @@ KernelVariant VariantOf(const Problem& p) {
              : KernelVariant::kPlain;
 }
 
-// The Hopper forward's variant of a problem: plain, softcap-alibi (softcap and/or ALiBi, the
-// launcher's Sm90SoftcapAlibiProblem), or kFull where it has none (a bias tensor, dropout).
-KernelVariant HopperForwardVariantOf(const Problem& p) {
+// The Hopper kernels' variant of a problem (forward and backward): plain, softcap-alibi (softcap
+// and/or ALiBi, the launchers' Sm90SoftcapAlibiProblem), or kFull where they have none (a bias
+// tensor, dropout).
+KernelVariant HopperVariantOf(const Problem& p) {
   const auto& c = p.config;
   if (c.dropout > 0.0 || c.bias_type == FUSEDATTN_BIAS_PRE_SCALE ||
       c.bias_type == FUSEDATTN_BIAS_POST_SCALE)
@@ -452,7 +453,7 @@ ForwardPlan PlanForward(const Problem& p, const FwdTensors& t, const DeviceFacts
     plan.why = Format("hopper kernels: %s", device);
   } else if (!HopperInstance(dim, /*backward=*/false)) {
     plan.why = Format("hopper forward: instances 64, 128 and 256 only (this is %d)", dim);
-  } else if (HopperForwardVariantOf(p) == KernelVariant::kFull) {
+  } else if (HopperVariantOf(p) == KernelVariant::kFull) {
     plan.why = "hopper forward: no bias tensor or dropout (softcap and ALiBi run there)";
   } else if (!(p.scale() > 0.0)) {
     plan.why = "hopper forward: attn_scale > 0 only";
@@ -463,7 +464,7 @@ ForwardPlan PlanForward(const Problem& p, const FwdTensors& t, const DeviceFacts
     plan.why = "hopper forward: more blocks than a CUDA grid holds";
   } else {
     plan.path = KernelPath::kHopperWgmma;
-    plan.variant = HopperForwardVariantOf(p);
+    plan.variant = HopperVariantOf(p);
     // THD: the heavy-first schedule, where no row outside the sequences is written anyway; a
     // [batch, heads, max_seqlen_q] LSE gets -inf past len_q from the plain grid only.
     if (p.thd && plan.workspace.has_schedule && (!t.lse.present() || t.lse_packed) &&
@@ -521,8 +522,8 @@ BackwardPlan PlanBackward(const Problem& p, const BwdTensors& t, const DeviceFac
     plan.why = Format("hopper kernels: %s", device);
   } else if (!HopperInstance(dim, /*backward=*/true)) {
     plan.why = Format("hopper backward: instances 64 and 128 only (this is %d)", dim);
-  } else if (plan.variant != KernelVariant::kPlain) {
-    plan.why = "hopper backward: the plain variant only (no bias, ALiBi, softcap, dropout)";
+  } else if (HopperVariantOf(p) == KernelVariant::kFull) {
+    plan.why = "hopper backward: no bias tensor or dropout (softcap and ALiBi run there)";
   } else if (c.deterministic) {
     plan.why = "hopper backward: non-deterministic mode only (config.deterministic = 1)";
   } else if (!t.lse.present()) {
@@ -535,6 +536,7 @@ BackwardPlan PlanBackward(const Problem& p, const BwdTensors& t, const DeviceFac
     plan.why = "hopper backward: more blocks than a CUDA grid holds";
   } else {
     plan.path = KernelPath::kHopperWgmma;
+    plan.variant = HopperVariantOf(p);
     // THD: the heavy-first schedule of the key tiles. The plain grid's blocks past a sequence's
     // keys write nothing there, so leaving them out changes no output.
     if (p.thd && plan.workspace.has_schedule && c.batch >= 1 && n_tiles + 1 <= kScheduleMaxBins)
