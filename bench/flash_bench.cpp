@@ -9,8 +9,9 @@
 //                    [--seqlen N|all] [--causal 0|1|all] [--tokens 16384] [--hidden 2048]
 //                    [--iters 10] [--fwd-only] [--deterministic] [--softcap C] [--alibi]
 // --softcap C (> 0) caps the scores at C (fusedattn.h's softcap); --alibi adds ALiBi with the
-// ALiBi paper's slopes 2^(-8 (h + 1) / heads). With either, flash's Hopper forward runs its
-// softcap-alibi variant ([hopper-wgmma d128 softcap-alibi]); the backward runs on mma.sync.
+// ALiBi paper's slopes 2^(-8 (h + 1) / heads). With either, flash's Hopper forward and backward
+// run their softcap-alibi variant ([hopper-wgmma d128 softcap-alibi]; with --deterministic the
+// backward runs on mma.sync, [mma.sync d128 full]).
 // With --backend flash each line says which forward and which backward key-block kernel ran, as
 // the call's plan (planner.h) names it: [hopper-wgmma d128 plain] (Hopper, sm_90) or
 // [mma.sync d128 plain]; FUSEDATTN_FLASH_WGMMA=0 turns both wgmma kernels off.

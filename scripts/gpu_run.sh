@@ -139,8 +139,7 @@ step_cli() {
 # what the plan chose fails the call). Expect, on an H100/H200: hopper-wgmma d128 plain with the
 # thd-heavy-first schedule (forward and backward) for the THD line; for d256 hopper-wgmma forward
 # and mma.sync backward ("hopper backward: instances 64 and 128 only"); for softcap
-# hopper-wgmma d128 softcap-alibi forward and mma.sync d128 full backward ("hopper backward: the
-# plain variant only"); simple
+# hopper-wgmma d128 softcap-alibi forward and backward; simple
 # ("float16/bfloat16") for fp32; with FUSEDATTN_FLASH_WGMMA=0, mma.sync ("FUSEDATTN_FLASH_WGMMA=0");
 # for the paged decode line (132 SMs), "decode d128 plain, 4 splits, workspace 528384 B" (the
 # split count from the planner's DeviceFacts, as tests/cpu/flash_plan_test.cpp plans it); the
@@ -164,7 +163,7 @@ step_flash_plan() {
     --mask causal_bottom_right --window 32,0 --bwd --check --iters 1 || rc=1
   # flash_bench names the planned kernels: [hopper-wgmma d128 plain] forward and backward, then
   # [hopper-wgmma d256 plain] forward and [mma.sync d256 plain] backward, then
-  # [hopper-wgmma d128 softcap-alibi] forward and [mma.sync d128 full] backward.
+  # [hopper-wgmma d128 softcap-alibi] forward and backward.
   local bench="$BUILD/bench/flash_bench"
   if [ -x "$bench" ]; then
     "$bench" --dtype bf16 --d 128 --seqlen 4096 --causal 1 --iters 3 || rc=1

@@ -47,6 +47,10 @@
 // keeps the rows past the end of the queries of every tile out of the workspace).
 // Sinks need nothing here: the forward's LSE includes the sink (so P is already normalized with
 // it), D = rowsum(dO * O) is unchanged, and the preprocess computes the sink gradient's partials.
+// Score policies (sm90.h's Sm90Scores, a template argument, one instance set each): plain as
+// above; softcap-alibi turns S^T into the forward's score in log2 units (sm90_scores.cuh) and
+// computes P^T and dS^T = P^T o (dP^T - D) (1 - tanh^2) scale after dP^T is complete (see
+// policy_gradients below); the plain instances carry none of its code.
 #pragma once
 
 #include <climits>

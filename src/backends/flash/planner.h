@@ -34,8 +34,8 @@ enum class KernelPath : int {
 const char* KernelPathName(KernelPath path);
 
 // The plain kernel keeps the registers that bias, ALiBi, softcap and dropout need in the full one
-// (mma.sync, score_mod-jit). The Hopper forward has the plain variant and softcap-alibi (softcap
-// and/or ALiBi, sm90.h's Sm90Scores); the Hopper backward the plain one only.
+// (mma.sync, score_mod-jit). The Hopper forward and backward have the plain variant and
+// softcap-alibi (softcap and/or ALiBi, sm90.h's Sm90Scores).
 enum class KernelVariant : int { kPlain = 0, kFull = 1, kSoftcapAlibi = 2 };
 const char* KernelVariantName(KernelVariant variant);
 

@@ -13,7 +13,8 @@
 namespace fusedattn::flash {
 
 // Whether a problem is the softcap-alibi instances' (softcap and/or ALiBi, no bias tensor, no
-// dropout); the plain instances take those where NeedsFullKernel is false.
+// dropout), in either direction; the plain instances take those where NeedsFullKernel is false.
+// The planner's HopperVariantOf (planner.cpp) is the same rule on the config.
 __host__ __device__ inline bool Sm90SoftcapAlibiProblem(const FlashParams& p) {
   return (p.softcap > 0.f || p.bias_type == FUSEDATTN_BIAS_ALIBI) && !p.dropout &&
          (p.bias_type == FUSEDATTN_BIAS_NONE || p.bias_type == FUSEDATTN_BIAS_ALIBI);
