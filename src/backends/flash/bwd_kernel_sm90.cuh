@@ -134,7 +134,10 @@ __device__ __forceinline__ void ZeroSwizzledRows(unsigned char* tile, int valid,
   }
 }
 
-template <typename Element, int kHeadDim, Sm90Scores kScores>
+// kSoftcap: the softcap-alibi policy's kernel for problems with a softcap (and maybe ALiBi), else
+// the one for ALiBi alone (false for plain). Two kernels of one instance: the softcap path's
+// registers make ptxas serialize the d64 wgmmas (C7512), which ALiBi alone then does not pay.
+template <typename Element, int kHeadDim, Sm90Scores kScores, bool kSoftcap>
 __global__ void __launch_bounds__(384, 1)
     WgmmaBackwardKernel(const __grid_constant__ Sm90BwdMaps maps, const FlashParams p,
                         int n_tiles) {
@@ -348,8 +351,9 @@ __global__ void __launch_bounds__(384, 1)
   // The softcap-alibi instances: P^T and dS^T come after dP^T is complete, from S^T (raw q.k, or
   // tanh(scale q.k / softcap) with a softcap, taken right after S^T completes so that the MUFU
   // work overlaps dP^T); the derivative of the softcap needs the tanh next to dP^T, and st has no
-  // room for both P^T and the tanh. Branches uniform per kernel.
-  const bool softcapped = kTransformScores && p.softcap > 0.f;
+  // room for both P^T and the tanh. With or without a softcap: the template argument; ALiBi: a
+  // branch uniform per kernel.
+  constexpr bool kSoftcapped = kTransformScores && kSoftcap;
   const bool alibi = kTransformScores && p.bias_type == FUSEDATTN_BIAS_ALIBI;
   // ALiBi: query 2 t's diagonal minus this thread's first key, as a float (exact below 2^24; a
   // step adds m0, an element 8 i + c - 8 r).
@@ -439,12 +443,10 @@ __global__ void __launch_bounds__(384, 1)
         // P^T: element 4 i + 2 r + c of st is (key key_row + 8 r, query m0 + 8 i + 2 t + c).
         sm90::WgmmaWait<1>();
         sm90::FenceOperands(st);
-        if constexpr (kTransformScores) {
-          if (softcapped) {
-            const Scores scores(p);
+        if constexpr (kSoftcapped) {
+          const Scores scores(p);
 #pragma unroll
-            for (int e = 0; e < kBlockM / 2; ++e) st[e] = scores.Tanh(st[e]);
-          }
+          for (int e = 0; e < kBlockM / 2; ++e) st[e] = scores.Tanh(st[e]);
         }
         // At half_queries only the lower 64 queries' slices: the upper ones feed nothing (their
         // P^T is masked to zero below and their dS^T reaches only consumer 1's dQ rows past the
@@ -508,22 +510,22 @@ __global__ void __launch_bounds__(384, 1)
         // diagonal), the mask on P^T, and the product.
         auto policy_gradients = [&](auto slices, auto with_softcap, auto with_alibi) {
           constexpr int kN = decltype(slices)::value;
-          constexpr bool kSoftcap = decltype(with_softcap)::value != 0;
-          constexpr bool kAlibi = decltype(with_alibi)::value != 0;
+          constexpr bool kWithSoftcap = decltype(with_softcap)::value != 0;
+          constexpr bool kWithAlibi = decltype(with_alibi)::value != 0;
 #pragma unroll
           for (int i = 0; i < kN; ++i) {
             const float2 delta = *reinterpret_cast<const float2*>(delta_s + 8 * i + 2 * t);
 #pragma unroll
             for (int e = 4 * i; e < 4 * i + 4; ++e) {
               const float d = (e & 1) == 0 ? delta.x : delta.y;
-              dpt[e] = kSoftcap ? (dpt[e] - d) * (Scores::CapDerivative(st[e]) * scale)
+              dpt[e] = kWithSoftcap ? (dpt[e] - d) * (Scores::CapDerivative(st[e]) * scale)
                                 : (dpt[e] - d) * scale;
             }
           }
           const Scores scores(p);
           const float qk_log2 = Scores::ScaledFactor(p);
           float slope_log2 = 0.f, alibi_diagonal = 0.f;
-          if constexpr (kAlibi) {
+          if constexpr (kWithAlibi) {
             slope_log2 = Scores::SlopeLog2(p, hk * p.group + step / m_count);
             alibi_diagonal = alibi_diagonal0 + static_cast<float>(m0);
           }
@@ -535,8 +537,8 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
               for (int c = 0; c < 2; ++c) {
                 const int e = 4 * i + 2 * r + c;
-                float score = kSoftcap ? scores.Capped(st[e]) : Scores::Scaled(st[e], qk_log2);
-                if constexpr (kAlibi)
+                float score = kWithSoftcap ? scores.Capped(st[e]) : Scores::Scaled(st[e], qk_log2);
+                if constexpr (kWithAlibi)
                   score = Scores::Alibi(score, slope_log2,
                                         alibi_diagonal + static_cast<float>(8 * i + c - 8 * r));
                 st[e] = FastExp2(score - (c == 0 ? lse.x : lse.y));
@@ -547,7 +549,7 @@ __global__ void __launch_bounds__(384, 1)
           for (int e = 0; e < 4 * kN; ++e) dpt[e] *= st[e];
         };
         auto policy_gradients_of = [&](auto slices) {
-          if (softcapped) {
+          if constexpr (kSoftcapped) {
             if (alibi)
               policy_gradients(slices, sm90::Static<1>(), sm90::Static<1>());
             else
@@ -739,7 +741,9 @@ Status LaunchWgmmaBackward(const FlashParams& p, cudaStream_t stream, bool* laun
         LaunchTileSchedule(p, /*by_keys=*/true, Tile::kBlockN, n_tiles, stream, &scheduled));
     if (scheduled) run.schedule = p.schedule_workspace;
   }
-  auto kernel = WgmmaBackwardKernel<Element, kHeadDim, kScores>;
+  auto kernel = WgmmaBackwardKernel<Element, kHeadDim, kScores, false>;
+  if constexpr (kScores == Sm90Scores::kSoftcapAlibi)
+    if (p.softcap > 0.f) kernel = WgmmaBackwardKernel<Element, kHeadDim, kScores, true>;
   FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             Tile::kSmemBytes));
   kernel<<<static_cast<unsigned>(blocks), Tile::kThreads, Tile::kSmemBytes, stream>>>(maps, run,
