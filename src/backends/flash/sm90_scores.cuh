@@ -2,8 +2,7 @@
 // written once for the forward (fwd_kernel_sm90.cuh) and the backward (bwd_kernel_sm90.cuh):
 // fusedattn.h's score without a bias tensor, in log2 units,
 //   s = log2(e) (softcap tanh(scale q.k / softcap) - slope_h |i + len_kv - len_q - j|)
-// (device_common.cuh's ScoreOf pipeline, through its AlibiDiagonal and AlibiSlope, with tanhf as
-// there), so that both directions and the mma.sync kernels compute the same P from the same LSE.
+// (device_common.cuh's ScoreOf pipeline, through its AlibiDiagonal, AlibiSlope and SoftcapTanh), so that both directions and the mma.sync kernels compute the same P from the same LSE.
 // The kernels apply it to whole tiles in their own register layouts; what they share is the
 // arithmetic of one element and the problems the policy runs.
 #pragma once
@@ -32,7 +31,7 @@ struct SoftcapAlibiScores {
   float cap_log2;  // softcap log2(e)
   __device__ __forceinline__ explicit SoftcapAlibiScores(const FlashParams& p)
       : to_tanh(p.scale / p.softcap), cap_log2(p.softcap * kLog2e) {}
-  __device__ __forceinline__ float Tanh(float qk) const { return tanhf(qk * to_tanh); }
+  __device__ __forceinline__ float Tanh(float qk) const { return SoftcapTanh(qk * to_tanh); }
   __device__ __forceinline__ float Capped(float th) const { return cap_log2 * th; }
   __device__ static __forceinline__ float CapDerivative(float th) { return 1.f - th * th; }
   // Without a softcap: scale log2(e) q.k, with qk_log2 = ScaledFactor(p).
