@@ -260,11 +260,13 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
   float acc_o[kHeadDim / 2];
 #pragma unroll
   for (int i = 0; i < kHeadDim / 2; ++i) acc_o[i] = 0.f;
-  float row_max[2] = {-INFINITY, -INFINITY};  // S's units: raw q.k, or log2 (softcap-alibi)
+  float row_max[2] = {-INFINITY, -INFINITY};  // in S's units (below)
   float row_sum[2] = {0.f, 0.f};              // this thread's columns only
-  // What takes S's units to log2 units: scale * log2(e) (> 0, checked by the launcher), or 1 where
-  // transform_scores below already did.
-  const float scale_log2 = kTransformScores ? 1.f : p.scale * kLog2e;
+  // What takes S's units to log2 units: scale * log2(e) (> 0, checked by the launcher) where S is
+  // q.k, softcap * log2(e) where transform_scores leaves the softcap's tanh in S; the softmax's
+  // FFMA applies it, so the transform spends no multiply of its own on it.
+  const float scale_log2 = kTransformScores && p.softcap > 0.f ? p.softcap * kLog2e
+                                                                : p.scale * kLog2e;
 
   const uint32_t q_addr = SmemAddress(q_s) + wg * 64 * 128;
   const uint32_t k_addr = SmemAddress(k_s), v_addr = SmemAddress(v_s);
@@ -319,8 +321,9 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
     __syncwarp();
     if (lane == 0) sm90::MbarArrive(empty);
   };
-  // The softcap-alibi instances: S becomes fusedattn.h's score in log2 units, on every tile
-  // (sm90_scores.cuh, the backward's arithmetic too). Masked elements are set after it.
+  // The softcap-alibi instances: S becomes fusedattn.h's score over scale_log2, on every tile
+  // (sm90_scores.cuh, the backward's arithmetic too): the softcap's tanh (or q.k without one)
+  // minus ALiBi's term with the slope divided by scale_log2. Masked elements are set after it.
   auto transform_scores = [&](auto& s, int n0) {
     if constexpr (kTransformScores) {
       using Scores = sm90::SoftcapAlibiScores;
@@ -328,14 +331,10 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
       if (p.softcap > 0.f) {
         const Scores scores(p);
 #pragma unroll
-        for (int e = 0; e < kS; ++e) s[e] = scores.Capped(scores.Tanh(s[e]));
-      } else {
-        const float qk_log2 = Scores::ScaledFactor(p);
-#pragma unroll
-        for (int e = 0; e < kS; ++e) s[e] = Scores::Scaled(s[e], qk_log2);
+        for (int e = 0; e < kS; ++e) s[e] = scores.Tanh(s[e]);
       }
       if (p.bias_type == FUSEDATTN_BIAS_ALIBI) {
-        const float slope_log2 = Scores::SlopeLog2(p, h);
+        const float slope = Scores::SlopeLog2(p, h) / scale_log2;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           // Element (nt, c) of row r is key n0 + 2 t + 8 nt + c: its distance from the row's
@@ -347,7 +346,7 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
               float& x = s[4 * nt + 2 * r + c];
-              x = Scores::Alibi(x, slope_log2, diagonal - static_cast<float>(8 * nt + c));
+              x = Scores::Alibi(x, slope, diagonal - static_cast<float>(8 * nt + c));
             }
         }
       }

@@ -26,6 +26,8 @@ namespace sm90 {
 // as a float (exact below 2^24 keys; the sign does not matter). The backward's gradient with
 // respect to scale q.k is dS * CapDerivative(th) (ScoreOf's derivative; ALiBi is a constant).
 // The kernels branch on p.softcap and p.bias_type once per tile (uniform), outside their loops.
+// The forward folds Capped's or Scaled's factor into its softmax's FFMA (it keeps S in units of
+// that factor, ALiBi's slope divided by it), one multiply per score less.
 struct SoftcapAlibiScores {
   float to_tanh;   // scale / softcap
   float cap_log2;  // softcap log2(e)
