@@ -163,12 +163,14 @@ step_flash_plan() {
     --mask causal_bottom_right --window 32,0 --bwd --check --iters 1 || rc=1
   # flash_bench names the planned kernels: [hopper-wgmma d128 plain] forward and backward, then
   # [hopper-wgmma d256 plain] forward and [mma.sync d256 plain] backward, then
-  # [hopper-wgmma d128 softcap-alibi] forward and backward.
+  # [hopper-wgmma d128 softcap-alibi] forward and backward, then the deterministic Hopper backward
+  # ([hopper-wgmma d128 plain, dQ fixed-order+convert]).
   local bench="$BUILD/bench/flash_bench"
   if [ -x "$bench" ]; then
     "$bench" --dtype bf16 --d 128 --seqlen 4096 --causal 1 --iters 3 || rc=1
     "$bench" --dtype bf16 --d 256 --seqlen 4096 --causal 1 --iters 3 || rc=1
     "$bench" --dtype bf16 --d 128 --seqlen 4096 --causal 1 --iters 3 --softcap 30 --alibi || rc=1
+    "$bench" --dtype bf16 --d 128 --seqlen 4096 --causal 1 --iters 3 --deterministic || rc=1
   fi
   return $rc
 }
