@@ -176,10 +176,12 @@ __global__ void __launch_bounds__(384, 1)
   // in that order by ticket (the order they start in), and walk each (kv head, sequence)'s key
   // tiles from the last to the first (see "Deterministic mode" below).
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned char* smem = smem_raw + ((1024u - (SmemAddress(smem_raw) & 1023u)) & 1023u);
+  auto aligned_smem = [&] {
+    return smem_raw + ((1024u - (SmemAddress(smem_raw) & 1023u)) & 1023u);
+  };
   int64_t place = blockIdx.x;
   if constexpr (kDeterministic) {
-    int* ticket = reinterpret_cast<int*>(smem + Tile::kTicketOffset);
+    int* ticket = reinterpret_cast<int*>(aligned_smem() + Tile::kTicketOffset);
     if (threadIdx.x == 0) *ticket = atomicAdd(p.dq_order, 1);
     __syncthreads();
     place = *ticket;
@@ -214,6 +216,7 @@ __global__ void __launch_bounds__(384, 1)
   const int m_first = first / kBlockM;
   const int m_count = last / kBlockM - m_first + 1;
 
+  unsigned char* smem = aligned_smem();
   unsigned char* k_s = smem + Tile::kKOffset;    // [col block][128 keys][128 B]
   unsigned char* v_s = smem + Tile::kVOffset;    // [col block][128 keys][128 B]
   unsigned char* q_s = smem + Tile::kQOffset;    // [stage][col block][kBlockM rows][128 B]
