@@ -174,24 +174,31 @@ __global__ void __launch_bounds__(384, 1)
   // The plain grid, or the heavy-first schedule of THD problems (schedule.h); key tile 0 (the
   // one most causal queries see) first either way. Deterministic: the blocks take their places
   // in that order by ticket (the order they start in), and walk each (kv head, sequence)'s key
-  // tiles from the last to the first (see "Deterministic mode" below).
+  // tiles from the last to the first (see "Deterministic mode" below). The two modes' tile
+  // choice is written apart: folding them (a ticket variable defaulting to blockIdx.x, the aligned
+  // shared-memory base computed up here) changed nothing in the plain path's logic but made
+  // ptxas serialize the wgmmas of the softcap-alibi d64 kernels (C7512) and spill.
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  auto aligned_smem = [&] {
-    return smem_raw + ((1024u - (SmemAddress(smem_raw) & 1023u)) & 1023u);
-  };
-  int64_t place = blockIdx.x;
+  TileIndex tile;
   if constexpr (kDeterministic) {
-    int* ticket = reinterpret_cast<int*>(aligned_smem() + Tile::kTicketOffset);
+    int* ticket = reinterpret_cast<int*>(
+        smem_raw + ((1024u - (SmemAddress(smem_raw) & 1023u)) & 1023u) + Tile::kTicketOffset);
     if (threadIdx.x == 0) *ticket = atomicAdd(p.dq_order, 1);
     __syncthreads();
-    place = *ticket;
-  }
-  TileIndex tile;
-  if (p.schedule != nullptr) {
-    tile = ScheduledBlock(p.schedule, place, p.heads_kv, p.batch);
-    if (tile.tile < 0) return;  // past the last scheduled tile
+    const int place = *ticket;
+    if (p.schedule != nullptr) {
+      tile = ScheduledBlock(p.schedule, place, p.heads_kv, p.batch);
+      if (tile.tile < 0) return;  // past the last scheduled tile
+    } else {
+      tile = DecomposeBlock(place, n_tiles, p.heads_kv);
+    }
   } else {
-    tile = DecomposeBlock(place, n_tiles, p.heads_kv);
+    if (p.schedule != nullptr) {
+      tile = ScheduledBlock(p.schedule, blockIdx.x, p.heads_kv, p.batch);
+      if (tile.tile < 0) return;  // past the last scheduled tile
+    } else {
+      tile = DecomposeBlock(blockIdx.x, n_tiles, p.heads_kv);
+    }
   }
   const int b = tile.b, hk = tile.h;
   const SeqInfo seq = LoadSeq(p, b);
@@ -216,7 +223,7 @@ __global__ void __launch_bounds__(384, 1)
   const int m_first = first / kBlockM;
   const int m_count = last / kBlockM - m_first + 1;
 
-  unsigned char* smem = aligned_smem();
+  unsigned char* smem = smem_raw + ((1024u - (SmemAddress(smem_raw) & 1023u)) & 1023u);
   unsigned char* k_s = smem + Tile::kKOffset;    // [col block][128 keys][128 B]
   unsigned char* v_s = smem + Tile::kVOffset;    // [col block][128 keys][128 B]
   unsigned char* q_s = smem + Tile::kQOffset;    // [stage][col block][kBlockM rows][128 B]
