@@ -10,8 +10,10 @@
 //                    [--iters 10] [--fwd-only] [--deterministic] [--softcap C] [--alibi]
 // --softcap C (> 0) caps the scores at C (fusedattn.h's softcap); --alibi adds ALiBi with the
 // ALiBi paper's slopes 2^(-8 (h + 1) / heads). With either, flash's Hopper forward and backward
-// run their softcap-alibi variant ([hopper-wgmma d128 softcap-alibi]; with --deterministic the
-// backward runs on mma.sync, [mma.sync d128 full]).
+// run their softcap-alibi variant ([hopper-wgmma d128 softcap-alibi]).
+// --deterministic sets config.deterministic: on sm_90 at d64/d128 the Hopper backward then adds
+// dQ in a fixed key order (the backward's bracket ends in "dQ fixed-order+convert"; without the
+// flag "dQ atomic+convert"); bias tensors and dropout run on mma.sync ("dQ deterministic-kernel").
 // With --backend flash each line says which forward and which backward key-block kernel ran, as
 // the call's plan (planner.h) names it: [hopper-wgmma d128 plain] (Hopper, sm_90) or
 // [mma.sync d128 plain]; FUSEDATTN_FLASH_WGMMA=0 turns both wgmma kernels off.
@@ -56,7 +58,8 @@ std::string ForwardKernel(const fusedattn_config& c, const fusedattn_fwd_args& a
 std::string BackwardKernel(const fusedattn_config& c, const fusedattn_bwd_args& a) {
   fusedattn::flash::BackwardPlan plan;
   if (!fusedattn::flash::PlanBackwardCall(c, a, &plan).ok() || !plan.status.ok()) return "no plan";
-  return KernelText(plan.path, plan.instance, plan.variant);
+  return KernelText(plan.path, plan.instance, plan.variant) + ", dQ " +
+         fusedattn::flash::DqModeName(plan.dq);
 }
 #endif
 

@@ -111,7 +111,7 @@ step_sanitize() {
   compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$BUILD/tests/fusedattn_gpu_tests" --gtest_filter="$SANITIZE_FILTER"
 }
-RACECHECK_FILTER="${RACECHECK_FILTER:-*Racecheck*:FlashSanitize*:FlashWgmmaSanitize*:FlexFlashSanitize*:FlashDecodeSanitize.PagedAndContiguousSplits}"
+RACECHECK_FILTER="${RACECHECK_FILTER:-*Racecheck*:FlashSanitize*:FlashWgmmaSanitize*:FlashWgmmaBwdSanitize.DeterministicSmallCases:FlexFlashSanitize*:FlashDecodeSanitize.PagedAndContiguousSplits}"
 step_racecheck() {
   compute-sanitizer --tool racecheck --error-exitcode 9 \
     "$BUILD/tests/fusedattn_gpu_tests" --gtest_filter="$RACECHECK_FILTER"
@@ -150,6 +150,8 @@ step_flash_plan() {
     --mask causal --bwd || rc=1
   "$bin" explain --backend flash --b 2 --h 8 --sq 512 --skv 512 --d 256 --bwd || rc=1
   "$bin" explain --backend flash --b 2 --h 8 --sq 512 --skv 512 --d 128 --softcap 30 --bwd || rc=1
+  "$bin" explain --backend flash --b 2 --h 8 --sq 512 --skv 512 --d 128 --mask causal \
+    --deterministic --bwd || rc=1
   "$bin" explain --backend flash --b 2 --h 8 --sq 512 --skv 512 --d 64 --dtype fp32 || rc=1
   FUSEDATTN_FLASH_WGMMA=0 "$bin" explain --backend flash --b 2 --h 8 --sq 512 --skv 512 --d 128 \
     || rc=1
@@ -163,12 +165,14 @@ step_flash_plan() {
     --mask causal_bottom_right --window 32,0 --bwd --check --iters 1 || rc=1
   # flash_bench names the planned kernels: [hopper-wgmma d128 plain] forward and backward, then
   # [hopper-wgmma d256 plain] forward and [mma.sync d256 plain] backward, then
-  # [hopper-wgmma d128 softcap-alibi] forward and backward.
+  # [hopper-wgmma d128 softcap-alibi] forward and backward, then the deterministic Hopper backward
+  # ([hopper-wgmma d128 plain, dQ fixed-order+convert]).
   local bench="$BUILD/bench/flash_bench"
   if [ -x "$bench" ]; then
     "$bench" --dtype bf16 --d 128 --seqlen 4096 --causal 1 --iters 3 || rc=1
     "$bench" --dtype bf16 --d 256 --seqlen 4096 --causal 1 --iters 3 || rc=1
     "$bench" --dtype bf16 --d 128 --seqlen 4096 --causal 1 --iters 3 --softcap 30 --alibi || rc=1
+    "$bench" --dtype bf16 --d 128 --seqlen 4096 --causal 1 --iters 3 --deterministic || rc=1
   fi
   return $rc
 }

@@ -229,16 +229,18 @@ TEST(FlashPlanBackward, BiasTensorsAndDropoutTakeTheFullVariantOnMmaSync) {
   }
 }
 
-TEST(FlashPlanBackward, DeterministicSoftcapAlibiTakesTheFullVariantOnMmaSync) {
-  fusedattn_config c = Config();
-  c.softcap = 30.0;
-  c.bias_type = FUSEDATTN_BIAS_ALIBI;
-  c.deterministic = 1;
-  BackwardPlan plan = Backward(c);
-  EXPECT_EQ(plan.path, KernelPath::kMmaSync);
-  EXPECT_EQ(plan.variant, KernelVariant::kFull);
-  EXPECT_EQ(plan.dq, DqMode::kDeterministic);
-  EXPECT_TRUE(Contains(plan.why, "non-deterministic mode only")) << plan.why;
+TEST(FlashPlanBackward, DeterministicSoftcapAlibiTakesTheDeterministicHopperBackward) {
+  for (int64_t d : {64, 128}) {
+    fusedattn_config c = Config(d);
+    c.softcap = 30.0;
+    c.bias_type = FUSEDATTN_BIAS_ALIBI;
+    c.deterministic = 1;
+    BackwardPlan plan = Backward(c);
+    EXPECT_EQ(plan.path, KernelPath::kHopperWgmma);
+    EXPECT_EQ(plan.variant, KernelVariant::kSoftcapAlibi);
+    EXPECT_EQ(plan.dq, DqMode::kFixedOrderThenConvert);
+    EXPECT_TRUE(plan.why.empty()) << plan.why;
+  }
 }
 
 TEST(FlashPlanBackward, SoftcapAndAlibiOffHopperTakeTheFullVariantOnMmaSync) {
@@ -552,14 +554,67 @@ TEST(FlashPlanBackward, PlainD128OnH100RunsTheHopperKeyBlockKernelWithAtomicDq) 
   EXPECT_EQ(plan.workspace.total, Aligned(rows * 4) + Aligned(rows * 128 * 4));
 }
 
-TEST(FlashPlanBackward, DeterministicModeRunsMmaSyncWithTheDqKernelAndNoAccumulator) {
+TEST(FlashPlanBackward, DeterministicD64AndD128RunTheHopperBackwardWithFixedOrderDq) {
+  for (int64_t d : {64, 128}) {
+    fusedattn_config c = Config(d);
+    c.deterministic = 1;
+    BackwardPlan plan = Backward(c);
+    ASSERT_TRUE(plan.status.ok()) << plan.status.message();
+    EXPECT_EQ(plan.path, KernelPath::kHopperWgmma);
+    EXPECT_EQ(plan.instance, d);
+    EXPECT_EQ(plan.variant, KernelVariant::kPlain);
+    EXPECT_EQ(plan.dq, DqMode::kFixedOrderThenConvert);
+    EXPECT_TRUE(plan.why.empty()) << plan.why;
+    // delta, the dQ accumulator, then the order flags: a ticket counter and one flag per
+    // (sequence, query head, 64 query rows).
+    const size_t rows = 2 * 4 * 256;
+    EXPECT_EQ(plan.workspace.dq_accum_dim, d);
+    EXPECT_EQ(plan.workspace.dq_accum, Aligned(rows * 4));
+    EXPECT_EQ(plan.workspace.dq_order, Aligned(rows * 4) + Aligned(rows * d * 4));
+    EXPECT_EQ(plan.workspace.dq_order_bytes, (1 + 2 * 4 * (256 / 64)) * 4u);
+    EXPECT_EQ(plan.workspace.total, plan.workspace.dq_order + Aligned(plan.workspace.dq_order_bytes));
+  }
+}
+
+TEST(FlashPlanBackward, DeterministicCausalGqaAndWindowsStayOnTheHopperBackward) {
+  fusedattn_config causal = Config(), window = Config();
+  causal.mask = FUSEDATTN_MASK_CAUSAL;
+  window.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+  window.window_left = 64;
+  for (fusedattn_config c : {causal, window}) {
+    c.deterministic = 1;
+    BackwardPlan plan = Backward(c);
+    EXPECT_EQ(plan.path, KernelPath::kHopperWgmma);
+    EXPECT_EQ(plan.dq, DqMode::kFixedOrderThenConvert);
+  }
+}
+
+TEST(FlashPlanBackward, DeterministicModeOffTheHopperBackwardRunsTheMmaSyncDqKernel) {
+  fusedattn_config d256 = Config(256), dropout = Config(), a100 = Config(64);
+  dropout.dropout = 0.1;
+  for (fusedattn_config* c : {&d256, &dropout, &a100}) c->deterministic = 1;
+  for (const BackwardPlan& plan :
+       {Backward(d256), Backward(dropout), Backward(a100, A100())}) {
+    ASSERT_TRUE(plan.status.ok()) << plan.status.message();
+    EXPECT_EQ(plan.path, KernelPath::kMmaSync);
+    EXPECT_EQ(plan.dq, DqMode::kDeterministic);
+    // Neither an accumulator nor order flags: the dQ kernel writes dQ.
+    EXPECT_EQ(plan.workspace.dq_accum_dim, 0);
+    EXPECT_EQ(plan.workspace.dq_order_bytes, 0u);
+  }
+}
+
+TEST(FlashPlanBackward, DeterministicTensorsTmaCannotDescribeRunTheMmaSyncDqKernel) {
   fusedattn_config c = Config();
   c.deterministic = 1;
-  BackwardPlan plan = Backward(c);
+  c.is_training = 1;
+  Problem p = Make(c);
+  BwdTensors t = DenseBwdTensors(p);
+  t.k.stride_s = -t.k.stride_s;  // cp.async reads it, TMA strides are unsigned
+  BackwardPlan plan = PlanBackward(p, t, H100());
   EXPECT_EQ(plan.path, KernelPath::kMmaSync);
   EXPECT_EQ(plan.dq, DqMode::kDeterministic);
-  EXPECT_EQ(plan.workspace.dq_accum_dim, 0);
-  EXPECT_TRUE(Contains(plan.why, "non-deterministic mode only")) << plan.why;
+  EXPECT_TRUE(Contains(plan.why, "TMA cannot describe")) << plan.why;
 }
 
 TEST(FlashPlanBackward, ThdTakesTheHeavyFirstScheduleOfKeyTilesLastInTheWorkspace) {
@@ -569,12 +624,14 @@ TEST(FlashPlanBackward, ThdTakesTheHeavyFirstScheduleOfKeyTilesLastInTheWorkspac
   EXPECT_EQ(plan.workspace.schedule + Aligned(ScheduleBytes(2)), plan.workspace.total);
 }
 
-TEST(FlashPlanBackward, DeterministicThdReservesNoSchedule) {
+TEST(FlashPlanBackward, DeterministicThdTakesTheHeavyFirstSchedule) {
   fusedattn_config c = Thd(Config());
   c.deterministic = 1;
   BackwardPlan plan = Backward(c);
-  EXPECT_FALSE(plan.workspace.has_schedule);
-  EXPECT_EQ(plan.schedule, TileSchedule::kPlainGrid);
+  EXPECT_EQ(plan.path, KernelPath::kHopperWgmma);
+  EXPECT_EQ(plan.dq, DqMode::kFixedOrderThenConvert);
+  EXPECT_TRUE(plan.workspace.has_schedule);
+  EXPECT_EQ(plan.schedule, TileSchedule::kThdHeavyFirst);
 }
 
 TEST(FlashPlanBackward, DbiasIsStoredUnlessBroadcast) {
@@ -670,6 +727,11 @@ TEST(FlashPlan, ExplainNamesPathInstanceVariantScheduleAndWorkspace) {
   EXPECT_EQ(DescribeBackwardPlan(Backward(alibi)),
             "backward: hopper-wgmma d64 softcap-alibi, dQ atomic+convert, workspace " +
                 std::to_string(Backward(alibi).workspace.total) + " B");
+  fusedattn_config deterministic = Config();
+  deterministic.deterministic = 1;
+  EXPECT_EQ(DescribeBackwardPlan(Backward(deterministic)),
+            "backward: hopper-wgmma d128 plain, dQ fixed-order+convert, workspace " +
+                std::to_string(Backward(deterministic).workspace.total) + " B");
   fusedattn_config big = Config();
   big.head_dim_qk = big.head_dim_v = 1024;
   EXPECT_TRUE(Contains(DescribeForwardPlan(Forward(big)), "forward: refused: head_dim_qk = 1024"));

@@ -21,11 +21,18 @@
 //    v and dO; softcap and ALiBi: its softcap-alibi variant), checking the plan
 //    (flash::PlanBackwardCall) and its variant; all of the backward's tests:
 //      --gtest_filter='FlashWgmmaBwd*:FlashWgmmaTiles/FlashWgmmaTile.MatchesCpuMatmul/MnMajorA*'
+//    Deterministic mode (config.deterministic: the Hopper backward's deterministic instances, dQ
+//    fixed-order+convert): the deterministic_* cases against the reference, and
+//    FlashWgmmaBwd.Deterministic* bitwise identical dQ, dK, dV over runs on shapes with many key
+//    blocks per query tile.
 // Without a CUDA device every test skips; on a device that is not sm_90 (or with
 // FUSEDATTN_FLASH_WGMMA=0) the attention cases still run, on the mma.sync kernels.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <random>
@@ -86,6 +93,9 @@ bool BackwardPlanIsWgmma(const fusedattn_config& config, const fusedattn_bwd_arg
   const bool modifiers = config.softcap > 0.0 || config.bias_type == FUSEDATTN_BIAS_ALIBI;
   EXPECT_EQ(plan.variant,
             modifiers ? flash::KernelVariant::kSoftcapAlibi : flash::KernelVariant::kPlain)
+      << flash::DescribeBackwardPlan(plan);
+  EXPECT_EQ(plan.dq, config.deterministic ? flash::DqMode::kFixedOrderThenConvert
+                                          : flash::DqMode::kAtomicThenConvert)
       << flash::DescribeBackwardPlan(plan);
   return true;
 #else
@@ -709,8 +719,8 @@ TEST(FlashWgmmaSanitize, SoftcapAlibiSmallCases) {
 }
 
 // A forward on the Hopper kernel (softcap-alibi) followed by the Hopper backward (softcap-alibi)
-// and by the mma.sync backward (deterministic mode, full variant), each from that forward's own O
-// and LSE: the kernels agree on the scores and the LSE, so the gradients match the reference's.
+// in either mode (deterministic: its deterministic instances), each from that forward's own O and
+// LSE: the kernels agree on the scores and the LSE, so the gradients match the reference's.
 TEST(FlashWgmma, SoftcapAlibiForwardThenEitherBackward) {
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
 #ifdef FUSEDATTN_WITH_CUDA
@@ -741,7 +751,7 @@ TEST(FlashWgmma, SoftcapAlibiForwardThenEitherBackward) {
       ASSERT_NO_THROW(Backward(c, dev.bwd_args(), bwd_workspace.ptr, bwd_bytes));
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       EXPECT_EQ(ForwardPlanIsWgmma(c, dev.fwd_args()), WgmmaExpected());
-      EXPECT_EQ(BackwardPlanIsWgmma(c, dev.bwd_args()), WgmmaExpected() && !deterministic);
+      EXPECT_EQ(BackwardPlanIsWgmma(c, dev.bwd_args()), WgmmaExpected());
       ASSERT_TRUE(dev.download_outputs(&host, &error)) << error;
       const double tol = Tolerance(c.qkv_dtype);
       ExpectClose("O", host.o, ref.o, tol);
@@ -843,6 +853,35 @@ std::vector<Case> BackwardCasesFor(fusedattn_dtype dtype, int64_t d) {
     add("custom_scale", c);
   }
   SoftcapAlibiCases(dtype, d, add);  // the softcap-alibi variant of the Hopper backward
+  // Deterministic mode (its own instances): the cases whose dQ order differs the most from the
+  // plain grid's (masks that start a query tile's order past key block 0, windows that end it
+  // early, GQA, per-sequence lengths, THD on the plain grid and the schedule, half tiles).
+  const std::vector<std::string> deterministic = {
+      "no_mask_200_333",
+      "causal",
+      "causal_bottom_right_sq_lt_skv",
+      "causal_bottom_right_sq_gt_skv",
+      "window_100_20",
+      "causal_window_130",
+      "padding_causal_bottom_right_nan_in_padding",
+      "thd_uneven_with_empty_gaps",
+      "thd_uneven_packed_lse",
+      "gqa_group4_causal",
+      "mqa_uneven_tiles",
+      "lengths_1_1000",
+      "learnable_sink",
+      "softcap_alibi_window_100_20_gqa",
+      "softcap_alibi_thd_uneven_with_empty_gaps"};
+  const size_t plain = cases.size();
+  for (size_t i = 0; i < plain; ++i) {
+    if (std::find(deterministic.begin(), deterministic.end(), cases[i].name) ==
+        deterministic.end())
+      continue;
+    Case k = cases[i];
+    k.name = "deterministic_" + k.name;
+    k.config.deterministic = 1;
+    cases.push_back(k);
+  }
   return cases;
 }
 
@@ -917,6 +956,124 @@ TEST(FlashWgmmaBwd, ThdManyUnevenSequencesScheduled) {
     }
 }
 
+// Deterministic mode: the Hopper backward's dQ, dK and dV are the same bytes run after run, on
+// problems whose query tiles get dQ from many key blocks (32 per query tile at s4096, several
+// heads, so that many blocks add to one tile at once): flash's forward once for O and LSE, then
+// the backward `runs` times into freshly poisoned outputs, each compared with memcmp against the
+// first. On the non-deterministic instances the bulk reduce-adds of one tile land in the order
+// the blocks reach it, and float32 addition is not associative: dQ differs between runs as a rule
+// (not always: the test prints what it saw there too, as information, without failing on it).
+#ifdef FUSEDATTN_WITH_CUDA
+struct RunBytes {
+  std::vector<unsigned char> dq, dk, dv;
+};
+std::vector<unsigned char> BytesOf(const HostTensor& t) {
+  const auto* data = static_cast<const unsigned char*>(t.data());
+  return std::vector<unsigned char>(data, data + t.storage_bytes());
+}
+// Which of dQ, dK, dV differ in some run from the first (empty: identical over every run).
+std::string BackwardBytesDifferOverRuns(const fusedattn_config& c, const TensorOptions& o,
+                                        int runs) {
+  ProblemTensors host = MakeProblemTensors(c, o);
+  DeviceProblem dev;
+  std::string error;
+  EXPECT_TRUE(dev.upload(host, &error)) << error;
+#ifdef FUSEDATTN_WITH_FLASH
+  if (WgmmaExpected()) {  // the Hopper backward, deterministic or not as asked
+    flash::BackwardPlan plan;
+    EXPECT_TRUE(flash::PlanBackwardCall(c, dev.bwd_args(), &plan).ok());
+    EXPECT_EQ(plan.path, flash::KernelPath::kHopperWgmma) << flash::DescribeBackwardPlan(plan);
+    EXPECT_EQ(plan.dq, c.deterministic ? flash::DqMode::kFixedOrderThenConvert
+                                       : flash::DqMode::kAtomicThenConvert)
+        << flash::DescribeBackwardPlan(plan);
+  }
+#endif
+  const size_t fwd_bytes = FwdWorkspaceSize(c), bwd_bytes = BwdWorkspaceSize(c);
+  DeviceBuffer fwd_workspace(fwd_bytes), bwd_workspace(bwd_bytes);
+  Forward(c, dev.fwd_args(), fwd_workspace.ptr, fwd_bytes);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_TRUE(dev.download_outputs(&host, &error)) << error;  // O and LSE of the forward
+  std::vector<RunBytes> seen;
+  for (int r = 0; r < runs; ++r) {
+    host.dq.poison();
+    host.dk.poison();
+    host.dv.poison();
+    EXPECT_TRUE(dev.upload_outputs(host, &error)) << error;
+    Backward(c, dev.bwd_args(), bwd_workspace.ptr, bwd_bytes);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_TRUE(dev.download_outputs(&host, &error)) << error;
+    seen.push_back({BytesOf(host.dq), BytesOf(host.dk), BytesOf(host.dv)});
+  }
+  std::string differ;
+  auto check = [&](const char* name, auto member) {
+    for (int r = 1; r < runs; ++r) {
+      const auto& a = seen[0].*member;
+      const auto& b = seen[r].*member;
+      if (a.size() != b.size() || std::memcmp(a.data(), b.data(), a.size()) != 0) {
+        differ += std::string(differ.empty() ? "" : ", ") + name;
+        return;
+      }
+    }
+  };
+  check("dQ", &RunBytes::dq);
+  check("dK", &RunBytes::dk);
+  check("dV", &RunBytes::dv);
+  return differ;
+}
+#endif
+
+void ExpectDeterministicOverRuns(const std::string& name, fusedattn_config c,
+                                 const TensorOptions& o) {
+#ifdef FUSEDATTN_WITH_CUDA
+  SCOPED_TRACE(name);
+  c.return_max_logit = 0;
+  c.deterministic = 1;
+  EXPECT_EQ(BackwardBytesDifferOverRuns(c, o, 3), "") << "deterministic backward, bytes differ";
+  c.deterministic = 0;
+  const std::string plain = BackwardBytesDifferOverRuns(c, o, 3);
+  std::printf("[ info ] %s: the non-deterministic backward over 3 runs: %s\n", name.c_str(),
+              plain.empty() ? "identical bytes this time" : (plain + " differ").c_str());
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
+}
+
+TEST(FlashWgmmaBwd, DeterministicIsBitwiseIdenticalOverRuns) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
+  ExpectDeterministicOverRuns("b2 h8 s4096 d128 bf16",
+                              Config(2, 8, 8, 4096, 4096, 128, FUSEDATTN_DTYPE_BFLOAT16), {});
+  fusedattn_config c = Config(2, 8, 2, 4096, 4096, 128, FUSEDATTN_DTYPE_BFLOAT16);
+  c.mask = FUSEDATTN_MASK_CAUSAL;
+  ExpectDeterministicOverRuns("b2 h8/2 s4096 d128 bf16 causal gqa", c, {});
+  c = Config(1, 8, 2, 4096, 3000, 64, FUSEDATTN_DTYPE_FLOAT16);
+  c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+  c.window_left = 1500;
+  ExpectDeterministicOverRuns("b1 h8/2 sq4096 skv3000 d64 fp16 causal bottom-right window 1500",
+                              c, {});
+  c = Config(1, 8, 8, 4096, 4096, 128, FUSEDATTN_DTYPE_BFLOAT16);
+  c.softcap = 30.0;
+  c.bias_type = FUSEDATTN_BIAS_ALIBI;
+  ExpectDeterministicOverRuns("b1 h8 s4096 d128 bf16 softcap alibi", c, {});
+}
+
+TEST(FlashWgmmaBwd, DeterministicThdIsBitwiseIdenticalOverRuns) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
+  TensorOptions o;
+  o.len_q = {4096, 700, 0, 2500, 129, 3000};
+  o.len_kv = {4096, 900, 64, 2500, 129, 1000};
+  for (bool packed : {true, false}) {  // the heavy-first schedule, the plain grid
+    o.lse_packed = packed;
+    for (int64_t d : {64, 128}) {
+      fusedattn_config c = Config(6, 8, 2, 4096, 4096, d, FUSEDATTN_DTYPE_BFLOAT16);
+      SetFormats(&c, FUSEDATTN_FORMAT_THD);
+      c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
+      ExpectDeterministicOverRuns(std::string("thd 6 uneven h8/2 d") + std::to_string(d) +
+                                      (packed ? " packed lse" : ""),
+                                  c, o);
+    }
+  }
+}
+
 // Sequences whose last tile holds at most 64 rows or keys (64 mod 128, and one either side of
 // it): the kernels then skip the absent half (forward: consumer 1's rows, d128's upper 64 keys;
 // backward: consumer 1's keys, d64's upper 64 queries of a step, whose dQ rows are computed but
@@ -946,10 +1103,10 @@ TEST(FlashWgmmaBwd, HalfTilesAtTheEndsOfSequences) {
       }
 }
 
-// The dispatch: plain non-deterministic problems of the 64 and 128 instances take the wgmma
-// backward on sm_90, and so do softcap and ALiBi (the softcap-alibi variant, checked by
-// ExpectBackwardMatches); deterministic mode, bias tensors, dropout, head dim 256, float32 and
-// unaligned rows do not (and stay correct).
+// The dispatch: plain problems of the 64 and 128 instances take the wgmma backward on sm_90, and
+// so do softcap and ALiBi (the softcap-alibi variant, checked by ExpectBackwardMatches), in
+// either mode (deterministic: dQ fixed-order+convert, also checked there); bias tensors,
+// dropout, head dim 256, float32 and unaligned rows do not (and stay correct).
 TEST(FlashWgmmaBwd, PathIsTakenExactlyWhenItShouldBe) {
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
   if (!WgmmaExpected())
@@ -961,14 +1118,14 @@ TEST(FlashWgmmaBwd, PathIsTakenExactlyWhenItShouldBe) {
   ExpectBackwardMatches({"plain d128", c, {}, false, true});
   fusedattn_config x = c;
   x.deterministic = 1;
-  ExpectBackwardMatches({"deterministic falls back", x, {}, false, false});
+  ExpectBackwardMatches({"deterministic", x, {}, false, true});
   x = c;
   x.bias_type = FUSEDATTN_BIAS_ALIBI;
   ExpectBackwardMatches({"alibi", x, {}, false, true});
   x.softcap = 20.0;
   ExpectBackwardMatches({"softcap and alibi", x, {}, false, true});
   x.deterministic = 1;
-  ExpectBackwardMatches({"deterministic softcap and alibi falls back", x, {}, false, false});
+  ExpectBackwardMatches({"deterministic softcap and alibi", x, {}, false, true});
   x = c;
   x.softcap = 20.0;
   ExpectBackwardMatches({"softcap", x, {}, false, true});
@@ -981,6 +1138,8 @@ TEST(FlashWgmmaBwd, PathIsTakenExactlyWhenItShouldBe) {
   x = c;
   x.dropout = 0.1;
   ExpectBackwardMatches({"dropout falls back", x, {}, false, false});
+  x.deterministic = 1;
+  ExpectBackwardMatches({"deterministic dropout falls back", x, {}, false, false});
   x = c;
   x.bias_type = FUSEDATTN_BIAS_POST_SCALE;
   ExpectBackwardMatches({"post-scale bias falls back", x, {}, false, false});
@@ -990,6 +1149,8 @@ TEST(FlashWgmmaBwd, PathIsTakenExactlyWhenItShouldBe) {
   x = c;
   x.head_dim_qk = x.head_dim_v = 256;
   ExpectBackwardMatches({"d256 falls back", x, {}, false, false});
+  x.deterministic = 1;
+  ExpectBackwardMatches({"deterministic d256 falls back", x, {}, false, false});
   x = c;
   x.qkv_dtype = x.o_dtype = FUSEDATTN_DTYPE_FLOAT32;
   ExpectBackwardMatches({"float32 falls back", x, {}, false, false});
@@ -1022,6 +1183,41 @@ TEST(FlashWgmmaBwdSanitize, SmallCases) {
   p.len_q = {200, 33};
   p.len_kv = {260, 131};
   ExpectBackwardMatches({"sanitize padding d128 fp16", c, p, true, true});
+}
+
+// Deterministic mode (the deterministic instances: tickets, the dQ order flags, the waits) at
+// both head dims, THD on the schedule with windows, padding with NaN, GQA with softcap:
+//   compute-sanitizer --tool memcheck build/tests/fusedattn_gpu_tests --gtest_filter='FlashWgmmaBwdSanitize.Deterministic*'
+//   compute-sanitizer --tool racecheck build/tests/fusedattn_gpu_tests --gtest_filter='FlashWgmmaBwdSanitize.Deterministic*'
+TEST(FlashWgmmaBwdSanitize, DeterministicSmallCases) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
+  fusedattn_config c = Config(3, 4, 2, 300, 420, 64, FUSEDATTN_DTYPE_BFLOAT16);
+  c.return_max_logit = 0;
+  c.deterministic = 1;
+  SetFormats(&c, FUSEDATTN_FORMAT_THD);
+  c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
+  c.window_left = 150;
+  c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+  TensorOptions o;
+  o.len_q = {300, 0, 140};
+  o.len_kv = {420, 30, 329};
+  o.thd_gaps = true;
+  o.lse_packed = true;
+  ExpectBackwardMatches({"sanitize deterministic THD d64 bf16", c, o, false, true});
+  c = Config(2, 2, 2, 200, 400, 128, FUSEDATTN_DTYPE_FLOAT16);
+  c.return_max_logit = 0;
+  c.deterministic = 1;
+  c.mask = FUSEDATTN_MASK_PADDING;
+  TensorOptions p;
+  p.len_q = {200, 33};
+  p.len_kv = {400, 131};
+  ExpectBackwardMatches({"sanitize deterministic padding d128 fp16", c, p, true, true});
+  c = Config(1, 4, 1, 260, 390, 128, FUSEDATTN_DTYPE_BFLOAT16);
+  c.return_max_logit = 0;
+  c.deterministic = 1;
+  c.mask = FUSEDATTN_MASK_CAUSAL;
+  c.softcap = 0.8;
+  ExpectBackwardMatches({"sanitize deterministic softcap causal gqa d128 bf16", c, {}, false, true});
 }
 
 // Softcap and ALiBi on the Hopper backward (the softcap-alibi instances), both head dims:

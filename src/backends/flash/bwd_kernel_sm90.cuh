@@ -47,6 +47,12 @@
 // keeps the rows past the end of the queries of every tile out of the workspace).
 // Sinks need nothing here: the forward's LSE includes the sink (so P is already normalized with
 // it), D = rowsum(dO * O) is unchanged, and the preprocess computes the sink gradient's partials.
+// GQA needs no cross-block sum: one block walks every query head of its kv head's group, so dK
+// and dV, summed in registers in the walk's order, are the same bits every run. Only dQ, which
+// every key block adds to, depends on the order the blocks reach the workspace in; deterministic
+// mode (config.deterministic, the kDeterministic instances) fixes that order with one flag per
+// query tile in global memory (the dQ warp's comment below says how, and why it cannot
+// deadlock). The dQ conversion reads the workspace in a fixed order either way.
 // Score policies (sm90.h's Sm90Scores, a template argument, one instance set each): plain as
 // above; softcap-alibi turns S^T into the forward's score in log2 units (sm90_scores.cuh) and
 // computes P^T and dS^T = P^T o (dP^T - D) (1 - tanh^2) scale after dP^T is complete (see
@@ -100,7 +106,9 @@ struct Sm90BwdTile {
   static constexpr int kStatsOffset = kDqOffset + 2 * kDqBytes;  // [2][LSE, D][kBlockM] floats
   static constexpr int kBarrierOffset = kStatsOffset + 2 * 2 * kBlockM * 4;
   static constexpr int kBarriers = 2 + 2 * kStages;  // kv_full, fix, full[stage], empty[stage]
-  static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;  // + alignment slack
+  // Deterministic mode: the block's ticket (int32), shared with all its threads.
+  static constexpr int kTicketOffset = kBarrierOffset + 8 * kBarriers;
+  static constexpr int kSmemBytes = kTicketOffset + 16 + 1024;  // + alignment slack
   static_assert(kQOffset % 1024 == 0 && kDoOffset % 1024 == 0 && kDsOffset % 1024 == 0 &&
                     kQBytes % 1024 == 0 && kDsBytes % 1024 == 0,
                 "swizzled tiles start 1024-byte aligned");
@@ -134,10 +142,23 @@ __device__ __forceinline__ void ZeroSwizzledRows(unsigned char* tile, int valid,
   }
 }
 
+// The query rows [*first, *last] (empty: first > last) that the key block from key n0 walks, i.e.
+// that may see one of its keys: the kernel's own walk, and (deterministic) the walk of the block
+// before it in the dQ order, computed by the same function so that the two always agree.
+template <int kBlockN>
+__device__ __forceinline__ void KeyBlockQueryRows(const FlashParams& p, const SeqInfo& seq, int n0,
+                                                  int* first, int* last) {
+  *first = 0;
+  *last = -1;
+  if (n0 < seq.len_kv) RowsSeeingKeys(p, n0, n0 + kBlockN, seq.len_q, seq.len_kv, first, last);
+}
+
 // kSoftcap: the softcap-alibi policy's kernel for problems with a softcap (and maybe ALiBi), else
 // the one for ALiBi alone (false for plain). Two kernels of one instance: the softcap path's
 // registers make ptxas serialize the d64 wgmmas (C7512), which ALiBi alone then does not pay.
-template <typename Element, int kHeadDim, Sm90Scores kScores, bool kSoftcap>
+// kDeterministic: dQ added in a fixed order (see "Deterministic mode" below); its own instances
+// (sm90.h), so that the plain path carries none of its code or registers.
+template <typename Element, int kHeadDim, Sm90Scores kScores, bool kSoftcap, bool kDeterministic>
 __global__ void __launch_bounds__(384, 1)
     WgmmaBackwardKernel(const __grid_constant__ Sm90BwdMaps maps, const FlashParams p,
                         int n_tiles) {
@@ -151,20 +172,47 @@ __global__ void __launch_bounds__(384, 1)
   constexpr int kSlices = kBlockM / 8;  // 8-query slices of S^T, dP^T
 
   // The plain grid, or the heavy-first schedule of THD problems (schedule.h); key tile 0 (the
-  // one most causal queries see) first either way.
+  // one most causal queries see) first either way. Deterministic: the blocks take their places
+  // in that order by ticket (the order they start in), and walk each (kv head, sequence)'s key
+  // tiles from the last to the first (see "Deterministic mode" below). The two modes' tile
+  // choice is written apart: folding them (a ticket variable defaulting to blockIdx.x, the aligned
+  // shared-memory base computed up here) changed nothing in the plain path's logic but made
+  // ptxas serialize the wgmmas of the softcap-alibi d64 kernels (C7512) and spill.
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
   TileIndex tile;
-  if (p.schedule != nullptr) {
-    tile = ScheduledBlock(p.schedule, blockIdx.x, p.heads_kv, p.batch);
-    if (tile.tile < 0) return;  // past the last scheduled tile
+  if constexpr (kDeterministic) {
+    int* ticket = reinterpret_cast<int*>(
+        smem_raw + ((1024u - (SmemAddress(smem_raw) & 1023u)) & 1023u) + Tile::kTicketOffset);
+    if (threadIdx.x == 0) *ticket = atomicAdd(p.dq_order, 1);
+    __syncthreads();
+    const int place = *ticket;
+    if (p.schedule != nullptr) {
+      tile = ScheduledBlock(p.schedule, place, p.heads_kv, p.batch);
+      if (tile.tile < 0) return;  // past the last scheduled tile
+    } else {
+      tile = DecomposeBlock(place, n_tiles, p.heads_kv);
+    }
   } else {
-    tile = DecomposeBlock(blockIdx.x, n_tiles, p.heads_kv);
+    if (p.schedule != nullptr) {
+      tile = ScheduledBlock(p.schedule, blockIdx.x, p.heads_kv, p.batch);
+      if (tile.tile < 0) return;  // past the last scheduled tile
+    } else {
+      tile = DecomposeBlock(blockIdx.x, n_tiles, p.heads_kv);
+    }
   }
   const int b = tile.b, hk = tile.h;
   const SeqInfo seq = LoadSeq(p, b);
-  const int n0 = tile.tile * kBlockN;
+  if constexpr (kDeterministic) {
+    // The schedule counts ceil(len_kv / kBlockN) tiles per sequence (schedule.h), the grid
+    // n_tiles.
+    const int tiles = p.schedule != nullptr ? (seq.len_kv + kBlockN - 1) / kBlockN : n_tiles;
+    tile.tile = tiles - 1 - tile.tile;
+  }
+  const int n_tile = tile.tile;
+  const int n0 = n_tile * kBlockN;
 
-  int first = 0, last = -1;  // query rows that may see the block's keys
-  if (n0 < seq.len_kv) RowsSeeingKeys(p, n0, n0 + kBlockN, seq.len_q, seq.len_kv, &first, &last);
+  int first, last;  // query rows that may see the block's keys
+  KeyBlockQueryRows<kBlockN>(p, seq, n0, &first, &last);
   if (first > last) {  // no query sees these keys: dK = dV = 0
     ZeroKeyBlockGradients<Tile::kThreads>(p, b, hk, seq, n0, kBlockN);
     return;
@@ -175,7 +223,6 @@ __global__ void __launch_bounds__(384, 1)
   const int m_first = first / kBlockM;
   const int m_count = last / kBlockM - m_first + 1;
 
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (SmemAddress(smem_raw) & 1023u)) & 1023u);
   unsigned char* k_s = smem + Tile::kKOffset;    // [col block][128 keys][128 B]
   unsigned char* v_s = smem + Tile::kVOffset;    // [col block][128 keys][128 B]
@@ -290,17 +337,61 @@ __global__ void __launch_bounds__(384, 1)
     // kDqFull arrival and this warp the reverse, and the consumer's last kDqEmpty sync (after
     // its loop) takes this warp's last arrival, so the counts match.
     // Written lean (nested loops, 32-bit shared address): this warp has kProducerRegs too.
+    //
+    // Deterministic mode: the key blocks of a (kv head, sequence) add their dQ tiles of query
+    // rows [m0, m0 + kBlockM) of query head h in a fixed order, from the last key block that
+    // walks those rows to the first. The blocks that walk a query tile are consecutive key
+    // blocks (Band::rows_seeing_keys' first and last rows grow with the keys, so the blocks
+    // seeing a tile, which are also inside the sequence and seen by some query, form one run),
+    // so this block's predecessor for the tile is block n_tile + 1 if that block's walk
+    // (KeyBlockQueryRows, the function this block's walk comes from) holds the tile, and else
+    // there is none. The tile's flag (dq_order, one per 64 query rows at m0 of (b, h); the d64
+    // step's 128 rows use the one at m0) says which block added last (1 + its key tile): this
+    // warp waits (acquire) until the flag names the predecessor, adds the step's two tiles,
+    // waits until the adds are complete (not only read: the next block's adds must land after
+    // them), and names itself (release). A block with no predecessor for a tile adds at once.
+    // Causal problems skip no order slot: the walk of a key block starts at the first query
+    // tile that sees it, so the first block of a tile's order is the last key block that walks
+    // it, whatever the mask. The order runs from the last key block down because the blocks
+    // also start in that order (tickets, above): under a causal mask block n + 1, started
+    // earlier, walks the same tiles from a later first tile, so it has added a tile steps before
+    // block n comes to it and the order costs almost no waiting; without a mask, the blocks of a
+    // kv head lag one another by one add each, once.
+    // No deadlock: a block waits only for its predecessor, whose ticket is smaller (block
+    // n_tile + 1 of the same kv head and sequence: one ticket earlier, or in the same place
+    // of the schedule's order). A ticket is taken by a block that is already running on an SM,
+    // so the running block with the smallest ticket waits for nothing that is not done, runs to
+    // its end and frees its SM; by induction every block finishes, whatever the grid size,
+    // the number of resident blocks or the order the hardware starts blocks in (the ticket
+    // order, not blockIdx, decides the order of the work).
     const int lane = threadIdx.x - 32;
     const uint32_t dq_s = SmemAddress(smem + Tile::kDqOffset);
+    int pred_first = 0, pred_last = -1;  // query tiles of the predecessor's walk (deterministic)
+    if constexpr (kDeterministic) {
+      int rows_first, rows_last;
+      KeyBlockQueryRows<kBlockN>(p, seq, n0 + kBlockN, &rows_first, &rows_last);
+      if (rows_first <= rows_last) pred_first = rows_first / kBlockM, pred_last = rows_last / kBlockM;
+    }
     for (int c = 0; c < 2; ++c)
       sm90::NamedBarrierArrive(Tile::kDqEmpty + c, Tile::kDqBarrierThreads);
     for (int hh = 0; hh < p.group; ++hh) {  // the steps' order: heads, then query tiles
-      float* head_dq = p.dq_accum + RowIndex(p, b, hk * p.group + hh, 0) * kHeadDim;
+      const int h = hk * p.group + hh;
+      float* head_dq = p.dq_accum + RowIndex(p, b, h, 0) * kHeadDim;
       for (int mt = m_first; mt < m_first + m_count; ++mt) {
         const int m0 = mt * kBlockM;
+        int32_t* flag = nullptr;
+        if constexpr (kDeterministic)
+          flag = p.dq_order + DqOrderFlag(b, h, m0, p.heads_q, p.max_seqlen_q);
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           sm90::NamedBarrierSync(Tile::kDqFull + c, Tile::kDqBarrierThreads);
+          if constexpr (kDeterministic) {
+            if (c == 0 && lane == 0 && mt >= pred_first && mt <= pred_last) {
+              while (sm90::LoadAcquireGpu(flag) != n_tile + 2) {
+              }
+              sm90::FenceProxyAsyncGlobal();  // the adds below after the predecessor's
+            }
+          }
           const int tile_m0 = m0 + (Tile::kDqSplitRows ? 64 * c : 0);
           const int rows = min(64, seq.len_q - tile_m0);  // rows of the sequence in the tile
           if (lane == 0 && rows > 0) {
@@ -313,6 +404,13 @@ __global__ void __launch_bounds__(384, 1)
           }
           __syncwarp();
           sm90::NamedBarrierArrive(Tile::kDqEmpty + c, Tile::kDqBarrierThreads);
+        }
+        if constexpr (kDeterministic) {
+          if (lane == 0) {
+            sm90::BulkWait<0>();             // both adds complete
+            sm90::FenceProxyAsyncGlobal();  // before the release below
+            sm90::StoreReleaseGpu(flag, n_tile + 1);
+          }
         }
       }
     }
@@ -705,17 +803,19 @@ __global__ void __launch_bounds__(384, 1)
 #endif  // FUSEDATTN_SM90_DEVICE
 }
 
-template <typename Element, int kHeadDim, Sm90Scores kScores>
+template <typename Element, int kHeadDim, Sm90Scores kScores, bool kDeterministic>
 Status LaunchWgmmaBackward(const FlashParams& p, cudaStream_t stream, bool* launched) {
   using Tile = Sm90BwdTile<kHeadDim>;
   static_assert(Tile::kBlockN == kSm90ScheduleRowsBackward, "schedule.h: the planner's rows");
+  static_assert(Tile::kBlockM % kDqTileRows == 0, "one dQ order flag per 64 query rows");
   *launched = false;
   // The plain variant (kPlain) or softcap/ALiBi (kSoftcapAlibi) with the dQ workspace of this
-  // instance (added to in no fixed order); everything else (bias tensors, dropout, score_mod
-  // graphs, deterministic mode) stays on the mma.sync kernels.
+  // instance, in this instance's mode (deterministic: with its order workspace); everything else
+  // (bias tensors, dropout, score_mod graphs) stays on the mma.sync kernels.
   const bool policy_runs_it =
       kScores == Sm90Scores::kPlain ? !NeedsFullKernel(p) : Sm90SoftcapAlibiProblem(p);
-  if (!policy_runs_it || p.deterministic || p.dbias_mode != kDbiasNone ||
+  if (!policy_runs_it || p.deterministic != kDeterministic ||
+      (kDeterministic && p.dq_order == nullptr) || p.dbias_mode != kDbiasNone ||
       p.flex.block_mask != nullptr || p.dq_accum == nullptr || p.dq_accum_dim != kHeadDim ||
       p.head_dim_qk > kHeadDim || p.head_dim_v > kHeadDim || p.qkv_dtype != p.o_dtype ||
       p.lse.data == nullptr)
@@ -741,11 +841,17 @@ Status LaunchWgmmaBackward(const FlashParams& p, cudaStream_t stream, bool* laun
         LaunchTileSchedule(p, /*by_keys=*/true, Tile::kBlockN, n_tiles, stream, &scheduled));
     if (scheduled) run.schedule = p.schedule_workspace;
   }
-  auto kernel = WgmmaBackwardKernel<Element, kHeadDim, kScores, false>;
+  auto kernel = WgmmaBackwardKernel<Element, kHeadDim, kScores, false, kDeterministic>;
   if constexpr (kScores == Sm90Scores::kSoftcapAlibi)
-    if (p.softcap > 0.f) kernel = WgmmaBackwardKernel<Element, kHeadDim, kScores, true>;
+    if (p.softcap > 0.f)
+      kernel = WgmmaBackwardKernel<Element, kHeadDim, kScores, true, kDeterministic>;
   FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             Tile::kSmemBytes));
+  if constexpr (kDeterministic)  // the ticket counter and the flags start at zero every call
+    FUSEDATTN_CUDA_CHECK(cudaMemsetAsync(
+        p.dq_order, 0,
+        static_cast<size_t>(DqOrderInts(p.batch, p.heads_q, p.max_seqlen_q)) * sizeof(int32_t),
+        stream));
   kernel<<<static_cast<unsigned>(blocks), Tile::kThreads, Tile::kSmemBytes, stream>>>(maps, run,
                                                                                     n_tiles);
   *launched = true;

@@ -68,6 +68,22 @@ FUSEDATTN_DQ_LAYOUT_HD int64_t DqTiledOffset(int i, int x, int max_seqlen_q, int
          DqBlockPosition(i - m0, x % kDqBlockCols);
 }
 
+// The deterministic Hopper backward's order workspace (FlashParams::dq_order, int32, zeroed
+// before each call): int 0 counts the key-block kernel's blocks as they start (their tickets),
+// then one flag per (sequence b, query head h, 64-row tile of max_seqlen_q): 1 + the last key
+// tile whose dQ has been added to that query tile (0: none yet). bwd_kernel_sm90.cuh says how the
+// kernel uses them.
+FUSEDATTN_DQ_LAYOUT_HD int64_t DqOrderTiles(int64_t max_seqlen_q) {
+  return (max_seqlen_q + kDqTileRows - 1) / kDqTileRows;
+}
+FUSEDATTN_DQ_LAYOUT_HD int64_t DqOrderInts(int64_t batch, int64_t heads_q, int64_t max_seqlen_q) {
+  return 1 + batch * heads_q * DqOrderTiles(max_seqlen_q);
+}
+// Index of the flag of query rows [m0, m0 + 64) (m0 a multiple of 64) of (b, h).
+FUSEDATTN_DQ_LAYOUT_HD int64_t DqOrderFlag(int b, int h, int m0, int heads_q, int max_seqlen_q) {
+  return 1 + (int64_t{b} * heads_q + h) * DqOrderTiles(max_seqlen_q) + m0 / kDqTileRows;
+}
+
 }  // namespace fusedattn::flash
 
 #undef FUSEDATTN_DQ_LAYOUT_HD

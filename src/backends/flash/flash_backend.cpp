@@ -12,7 +12,9 @@
 // Backward: a preprocess computes D = rowsum(dO * O); the fast kernel is parallel over key blocks
 // (dK, dV in registers, dQ added in float32 by atomics into a workspace, then converted). With
 // config.deterministic, dQ comes from a second kernel parallel over query blocks that walks the
-// keys in a fixed order instead, and nothing is added atomically. dbias is stored directly when it
+// keys in a fixed order instead, and nothing is added atomically; the Hopper key-block kernel
+// keeps its dQ workspace there and adds to it in a fixed order of the key blocks instead
+// (bwd_kernel_sm90.cuh; dQ fixed-order+convert). dbias is stored directly when it
 // is not broadcast; a broadcast float32 dbias is added atomically (non-deterministic mode), any
 // other broadcast dbias is summed by a kernel in a fixed order. dsink is reduced in a fixed order.
 #include <algorithm>
@@ -197,8 +199,14 @@ Status HopperForward(int dim, flash::KernelVariant variant, const FlashParams& p
 template <typename Element, flash::Sm90Scores kScores>
 Status HopperBackwardOf(int dim, const FlashParams& p, cudaStream_t s, bool* launched) {
   switch (dim) {
-    case 64: return flash::LaunchWgmmaBackward<Element, 64, kScores>(p, s, launched);
-    case 128: return flash::LaunchWgmmaBackward<Element, 128, kScores>(p, s, launched);
+    case 64:
+      return p.deterministic
+                 ? flash::LaunchWgmmaBackward<Element, 64, kScores, true>(p, s, launched)
+                 : flash::LaunchWgmmaBackward<Element, 64, kScores, false>(p, s, launched);
+    case 128:
+      return p.deterministic
+                 ? flash::LaunchWgmmaBackward<Element, 128, kScores, true>(p, s, launched)
+                 : flash::LaunchWgmmaBackward<Element, 128, kScores, false>(p, s, launched);
   }
   return InternalError("flash: no Hopper backward instance for head dim %d", dim);
 }
@@ -366,10 +374,13 @@ class FlashBackendImpl final : public Backend {
     p.delta = reinterpret_cast<float*>(base + w.delta);
     if (c.softmax_type == FUSEDATTN_SOFTMAX_LEARNABLE_SINK)
       p.sink_partial = reinterpret_cast<float*>(base + w.sink_partial);
-    if (plan.dq == flash::DqMode::kAtomicThenConvert) {
+    if (plan.dq == flash::DqMode::kAtomicThenConvert ||
+        plan.dq == flash::DqMode::kFixedOrderThenConvert) {
       p.dq_accum = reinterpret_cast<float*>(base + w.dq_accum);
       p.dq_accum_dim = w.dq_accum_dim;
     }
+    if (plan.dq == flash::DqMode::kFixedOrderThenConvert)
+      p.dq_order = reinterpret_cast<int32_t*>(base + w.dq_order);
     if (plan.schedule == flash::TileSchedule::kThdHeavyFirst)
       p.schedule_workspace = reinterpret_cast<int32_t*>(base + w.schedule);
 
@@ -450,7 +461,8 @@ class FlashBackendImpl final : public Backend {
     if (plan.dq == flash::DqMode::kDeterministic) {
       FUSEDATTN_RETURN_IF_ERROR(half ? MmaSyncBackwardDq<flash::Half>(plan.instance, p, s)
                                      : MmaSyncBackwardDq<flash::Bfloat16>(plan.instance, p, s));
-    } else if (plan.dq == flash::DqMode::kAtomicThenConvert) {
+    } else if (plan.dq == flash::DqMode::kAtomicThenConvert ||
+               plan.dq == flash::DqMode::kFixedOrderThenConvert) {
       FUSEDATTN_RETURN_IF_ERROR(flash::LaunchConvertDq(p, s));
     }
     if (plan.dbias == flash::DbiasPlan::kReduce)

@@ -118,6 +118,9 @@ struct FlashParams {
   // Order of dq_accum's floats (dq_accum_layout.h): row-major (the mma.sync kernels), or tiled
   // (the Hopper key-block kernel; set by the host after it ran, read by LaunchConvertDq).
   bool dq_accum_tiled = false;
+  // The deterministic Hopper backward (p.deterministic on the Hopper key-block kernel): its
+  // zeroed int32 order workspace of DqOrderInts(...) values (dq_accum_layout.h); else null.
+  int32_t* dq_order = nullptr;
   // How the backward kernels treat dbias: 0 none, 1 store (each element written once),
   // 2 atomic add into float32 dbias (broadcast axes, non-deterministic).
   int dbias_mode = 0;

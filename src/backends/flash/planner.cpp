@@ -9,8 +9,10 @@
 //     a. the Hopper kernels: a build with sm_90a kernels, an sm_90 device, FUSEDATTN_FLASH_WGMMA
 //        not 0, instance 64, 128 (or 256, forward), tensors TMA can describe, the plain variant
 //        or softcap/ALiBi (variant softcap-alibi; no bias tensor or dropout); the forward also
-//        needs scale > 0, the backward non-deterministic mode; THD problems take the heavy-first
-//        schedule where the workspace holds one (and, forward, the LSE is absent or packed);
+//        needs scale > 0; THD problems take the heavy-first schedule where the workspace holds
+//        one (and, forward, the LSE is absent or packed). config.deterministic runs there too:
+//        the backward's deterministic instances add dQ in a fixed key order (dQ fixed-order+
+//        convert) in place of the mma.sync path's second dQ kernel;
 //     b. else the mma.sync kernels.
 //  4. Everything else: the simple (SIMT) kernels.
 #include "backends/flash/planner.h"
@@ -20,6 +22,7 @@
 #include <climits>
 
 #include "backends/flash/decode.h"
+#include "backends/flash/dq_accum_layout.h"
 #include "backends/flash/jit.h"
 #include "backends/flash/kernels.h"
 #include "backends/flash/schedule.h"
@@ -56,6 +59,7 @@ const char* DqModeName(DqMode mode) {
     case DqMode::kDirect: return "direct";
     case DqMode::kAtomicThenConvert: return "atomic+convert";
     case DqMode::kDeterministic: return "deterministic-kernel";
+    case DqMode::kFixedOrderThenConvert: return "fixed-order+convert";
   }
   return "?";
 }
@@ -340,6 +344,16 @@ static bool ReservesSchedule(const Problem& p, const DeviceFacts& d, bool backwa
          HopperDevice(d);
 }
 
+// Whether a deterministic problem may run the Hopper backward on this device: one of its
+// instances, a variant it has (plain, softcap-alibi), no score_mod. Its workspace then holds the
+// dQ accumulator and the order flags of the deterministic instances (the tensors may still send
+// the call to the mma.sync kernels, which need neither).
+static bool ReservesHopperDeterministic(const Problem& p, const DeviceFacts& d, int fast_dim) {
+  return p.config.deterministic && !p.score_mod && fast_dim > 0 &&
+         HopperInstance(fast_dim, /*backward=*/true) && HopperDevice(d) &&
+         HopperVariantOf(p) != KernelVariant::kFull;
+}
+
 FwdWorkspaceLayout PlanFwdWorkspace(const Problem& p, const DeviceFacts& d) {
   FwdWorkspaceLayout w;
   const int dim = TensorCoreInstance(p);
@@ -374,10 +388,17 @@ BwdWorkspaceLayout PlanBwdWorkspace(const Problem& p, const DeviceFacts& d) {
   const int instance = TensorCoreInstance(p);
   const int fast_dim =
       instance > 0 && FastBackwardSmem(instance) <= d.smem_per_block ? instance : 0;
-  if (fast_dim > 0 && !c.deterministic) {
+  const bool hopper_deterministic = ReservesHopperDeterministic(p, d, fast_dim);
+  if (fast_dim > 0 && (!c.deterministic || hopper_deterministic)) {
     w.dq_accum = w.total;
     w.dq_accum_dim = fast_dim;
     w.total += AlignUp(rows * static_cast<size_t>(fast_dim) * sizeof(float));
+  }
+  if (hopper_deterministic) {
+    w.dq_order = w.total;
+    w.dq_order_bytes =
+        static_cast<size_t>(DqOrderInts(c.batch, c.heads_q, c.max_seqlen_q)) * sizeof(int32_t);
+    w.total += AlignUp(w.dq_order_bytes);
   }
   if (p.score_mod && fast_dim > 0) {
     w.block_mask = w.total;
@@ -396,7 +417,7 @@ BwdWorkspaceLayout PlanBwdWorkspace(const Problem& p, const DeviceFacts& d) {
       w.total += AlignUp(static_cast<size_t>(e[0] * e[1] * e[2] * e[3]) * sizeof(float));
     }
   }
-  if (ReservesSchedule(p, d, /*backward=*/true) && !c.deterministic) {
+  if (ReservesSchedule(p, d, /*backward=*/true)) {
     w.schedule = w.total;
     w.has_schedule = true;
     w.total += AlignUp(ScheduleBytes(c.batch));
@@ -524,8 +545,9 @@ BackwardPlan PlanBackward(const Problem& p, const BwdTensors& t, const DeviceFac
     plan.why = Format("hopper backward: instances 64 and 128 only (this is %d)", dim);
   } else if (HopperVariantOf(p) == KernelVariant::kFull) {
     plan.why = "hopper backward: no bias tensor or dropout (softcap and ALiBi run there)";
-  } else if (c.deterministic) {
-    plan.why = "hopper backward: non-deterministic mode only (config.deterministic = 1)";
+  } else if (c.deterministic && plan.workspace.dq_order_bytes == 0) {
+    plan.why = "hopper backward: deterministic mode needs the dQ accumulator and order flags "
+               "in the workspace, which this problem's plan has not";
   } else if (!t.lse.present()) {
     plan.why = "hopper backward: needs the forward's LSE";
   } else if (!TmaDescribes(t.q, true, p) || !TmaDescribes(t.d_o, true, p) ||
@@ -537,6 +559,8 @@ BackwardPlan PlanBackward(const Problem& p, const BwdTensors& t, const DeviceFac
   } else {
     plan.path = KernelPath::kHopperWgmma;
     plan.variant = HopperVariantOf(p);
+    // Deterministic: the kernel's own instances add dQ in a fixed order of the key blocks.
+    plan.dq = c.deterministic ? DqMode::kFixedOrderThenConvert : DqMode::kAtomicThenConvert;
     // THD: the heavy-first schedule of the key tiles. The plain grid's blocks past a sequence's
     // keys write nothing there, so leaving them out changes no output.
     if (p.thd && plan.workspace.has_schedule && c.batch >= 1 && n_tiles + 1 <= kScheduleMaxBins)

@@ -49,6 +49,8 @@ enum class DqMode : int {
   kDirect = 0,         // the simple kernels write dQ
   kAtomicThenConvert,  // float32 atomics into the workspace, then LaunchConvertDq
   kDeterministic,      // a second kernel per query tile in a fixed key order (config.deterministic)
+  kFixedOrderThenConvert,  // the Hopper key-block kernel adds to the workspace in a fixed key
+                           // order (config.deterministic), then LaunchConvertDq
 };
 const char* DqModeName(DqMode mode);
 
@@ -90,6 +92,9 @@ struct FwdWorkspaceLayout {
 struct BwdWorkspaceLayout {
   size_t delta = 0, sink_partial = 0, dq_accum = 0, total = 0;
   int dq_accum_dim = 0;  // 0: no dQ accumulator
+  // Deterministic problems the Hopper backward may run: its dQ order flags (int32,
+  // dq_accum_layout.h's DqOrderInts), right after dq_accum; 0 bytes otherwise.
+  size_t dq_order = 0, dq_order_bytes = 0;
   // score_mod: block masks of the key-block and dQ kernels, float32 gradient sums per tensor.
   size_t block_mask = 0, block_mask_dq = 0;
   size_t block_mask_bytes = 0, block_mask_dq_bytes = 0;

@@ -36,12 +36,15 @@ template <typename Element, int kHeadDim, Sm90Scores kScores>
 Status LaunchWgmmaForward(const FlashParams& p, cudaStream_t stream, bool* launched);
 
 // The wgmma key-block kernel of the backward (bwd_kernel_sm90.cuh) with the score policy kScores
-// (plain, or softcap-alibi: the forward's policies, its own instance set) at kHeadDim 64 or 128 in
-// non-deterministic mode, in place of LaunchFastBackward, when the planner chose it: needs the
-// preprocess before (D, zeroed dq_accum with dq_accum_dim == kHeadDim) and LaunchConvertDq after,
-// with dq_accum_tiled set (the kernel leaves dQ in the tiled order of dq_accum_layout.h).
-// *launched as for the forward.
-template <typename Element, int kHeadDim, Sm90Scores kScores>
+// (plain, or softcap-alibi: the forward's policies, its own instance set) at kHeadDim 64 or 128,
+// in place of LaunchFastBackward, when the planner chose it: needs the preprocess before (D,
+// zeroed dq_accum with dq_accum_dim == kHeadDim) and LaunchConvertDq after, with dq_accum_tiled
+// set (the kernel leaves dQ in the tiled order of dq_accum_layout.h). kDeterministic (its own
+// instances, so that the non-deterministic kernels carry none of its code): for
+// p.deterministic, dQ added to the workspace in a fixed order of the key blocks, which needs
+// p.dq_order (DqOrderInts(batch, heads_q, max_seqlen_q) int32 values; the launcher zeroes them).
+// *launched as for the forward (also false when p.deterministic is not kDeterministic).
+template <typename Element, int kHeadDim, Sm90Scores kScores, bool kDeterministic>
 Status LaunchWgmmaBackward(const FlashParams& p, cudaStream_t stream, bool* launched);
 
 // Encodes a CUtensorMap (128-byte aligned storage of 128 bytes at `map`) for a q/k/v tensor of

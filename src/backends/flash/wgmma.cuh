@@ -416,6 +416,39 @@ __device__ __forceinline__ void BulkWait() {
 #endif
 }
 
+// ---- Ordering between blocks through global memory (the deterministic backward's dQ order) ----
+
+// Orders this thread's global-memory accesses of the async proxy (bulk copies) and of the generic
+// proxy (loads, stores) with each other: after a completed bulk reduce-add and before the store
+// that tells another block about it, and after the load that learned of another block's and
+// before this thread's next bulk reduce-add.
+__device__ __forceinline__ void FenceProxyAsyncGlobal() {
+#if FUSEDATTN_SM90_DEVICE
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+#endif
+}
+// ld.acquire.gpu of an int32 in global memory: later accesses of this thread are ordered after
+// it (and after what the releasing thread did before its release store).
+__device__ __forceinline__ int LoadAcquireGpu(const int32_t* address) {
+  int value = 0;
+#if FUSEDATTN_SM90_DEVICE
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n"
+               : "=r"(value)
+               : "l"(reinterpret_cast<uint64_t>(address))
+               : "memory");
+#endif
+  return value;
+}
+// st.release.gpu of an int32 in global memory: this thread's earlier accesses are visible to a
+// thread whose acquire load reads the value.
+__device__ __forceinline__ void StoreReleaseGpu(int32_t* address, int value) {
+#if FUSEDATTN_SM90_DEVICE
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(reinterpret_cast<uint64_t>(address)),
+               "r"(value)
+               : "memory");
+#endif
+}
+
 // ---- Register reallocation between warpgroups ----
 
 template <int kRegs>

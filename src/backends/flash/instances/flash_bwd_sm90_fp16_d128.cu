@@ -2,5 +2,5 @@
 #include "backends/flash/bwd_kernel_sm90.cuh"
 
 namespace fusedattn::flash {
-template Status LaunchWgmmaBackward<Half, 128, Sm90Scores::kPlain>(const FlashParams&, cudaStream_t, bool*);
+template Status LaunchWgmmaBackward<Half, 128, Sm90Scores::kPlain, false>(const FlashParams&, cudaStream_t, bool*);
 }  // namespace fusedattn::flash
