@@ -106,6 +106,20 @@ TEST(FlashPlanForward, D256RunsTheHopperForward) {
   EXPECT_EQ(plan.instance, 256);
 }
 
+TEST(FlashPlanForward, D64TakesTheLongKeyTileFromFourThousandKeys) {
+  fusedattn_config c = Config(64);
+  c.max_seqlen_kv = 4095;
+  EXPECT_EQ(Forward(c).keys_per_step, 64);  // two blocks per SM: short sequences need the overlap
+  c.max_seqlen_kv = 4096;
+  EXPECT_EQ(Forward(c).path, KernelPath::kHopperWgmma);
+  EXPECT_EQ(Forward(c).keys_per_step, 128);
+  EXPECT_EQ(Forward(Config(128)).keys_per_step, 128);
+  EXPECT_EQ(Forward(Config(256)).keys_per_step, 80);
+  DeviceFacts mma_sync_only = H100();
+  mma_sync_only.wgmma_allowed = false;
+  EXPECT_EQ(Forward(c, mma_sync_only).keys_per_step, 0);  // no Hopper tile off the Hopper kernel
+}
+
 TEST(FlashPlanBackward, D256RunsMmaSyncBecauseTheHopperBackwardHasNoSuchInstance) {
   BackwardPlan plan = Backward(Config(256));
   EXPECT_EQ(plan.path, KernelPath::kMmaSync);
@@ -713,7 +727,8 @@ TEST(FlashPlan, TheWorkspaceIsTheSameForEveryLayoutOfTheTensors) {
 
 TEST(FlashPlan, ExplainNamesPathInstanceVariantScheduleAndWorkspace) {
   EXPECT_EQ(DescribeForwardPlan(Forward(Thd(Config()))),
-            "forward: hopper-wgmma d128 plain, thd-heavy-first schedule, workspace 256 B");
+            "forward: hopper-wgmma d128 plain, thd-heavy-first schedule, 128 keys per step, "
+            "workspace 256 B");
   fusedattn_config c = Config(256);
   c.softcap = 30.0;
   EXPECT_EQ(DescribeBackwardPlan(Backward(c)),
@@ -723,7 +738,7 @@ TEST(FlashPlan, ExplainNamesPathInstanceVariantScheduleAndWorkspace) {
   fusedattn_config alibi = Config(64);
   alibi.bias_type = FUSEDATTN_BIAS_ALIBI;
   EXPECT_EQ(DescribeForwardPlan(Forward(alibi)),
-            "forward: hopper-wgmma d64 softcap-alibi, workspace 0 B");
+            "forward: hopper-wgmma d64 softcap-alibi, 64 keys per step, workspace 0 B");
   EXPECT_EQ(DescribeBackwardPlan(Backward(alibi)),
             "backward: hopper-wgmma d64 softcap-alibi, dQ atomic+convert, workspace " +
                 std::to_string(Backward(alibi).workspace.total) + " B");

@@ -537,6 +537,24 @@ std::vector<Case> CasesFor(fusedattn_dtype dtype, int64_t d) {
     add("custom_scale", c);
   }
   SoftcapAlibiCases(dtype, d, add);
+  {
+    // From 4096 keys d64 runs its long-key tile (sm90.h, Sm90ForwardKeysPerStep): its masks, a
+    // sequence ending mid-tile, the half tile at the end of the keys and the softcap-alibi
+    // variant on problems above that length (the other head dims run their one tile).
+    fusedattn_config c = Config(1, 2, 1, 130, 4200, d, dtype);
+    c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    add("long_keys_causal_bottom_right_mqa", c);
+    c.mask = FUSEDATTN_MASK_PADDING;
+    TensorOptions o;
+    o.len_q = {97};
+    o.len_kv = {4100};
+    add("long_keys_padding_nan_in_padding", c, o, true);
+    c.mask = FUSEDATTN_MASK_NONE;
+    c.max_seqlen_kv = 4096;
+    c.softcap = 5.0;
+    c.bias_type = FUSEDATTN_BIAS_ALIBI;
+    add("long_keys_4096_softcap_alibi", c);
+  }
   return cases;
 }
 
@@ -688,6 +706,19 @@ TEST(FlashWgmmaSanitize, SmallCases) {
   p.len_q = {200, 33};
   p.len_kv = {260, 131};
   ExpectForwardMatches({"sanitize padding d128 fp16", c, p, true, true});
+}
+
+// d64's long-key tile (from 4096 keys): THD with a sequence ending mid-tile and an empty one.
+TEST(FlashWgmmaSanitize, LongKeyTileD64) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
+  fusedattn_config c = Config(3, 2, 1, 70, 4100, 64, FUSEDATTN_DTYPE_BFLOAT16);
+  SetFormats(&c, FUSEDATTN_FORMAT_THD);
+  c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
+  TensorOptions o;
+  o.len_q = {70, 0, 33};
+  o.len_kv = {4100, 30, 4097};
+  o.thd_gaps = true;
+  ExpectForwardMatches({"sanitize long-key tile THD d64 bf16", c, o, false, true});
 }
 
 // Softcap and ALiBi on the Hopper forward (the softcap-alibi instances) at every head dim.

@@ -6,7 +6,7 @@
 //    K of the first step, then Q, then K(j) ahead of V(j - 1) (V lags K by one step, the order in
 //    which the consumers use them), each into stage j % 2, waiting until both consumers released
 //    the stage (k_empty / v_empty) before overwriting it;
-//  * warpgroups 1 and 2 are consumers (setmaxnreg 240 at d128 and d256, 104 at d64), 64 query
+//  * warpgroups 1 and 2 are consumers (setmaxnreg 240, or 104 on d64's two-block tile), 64 query
 //    rows each: S = Q K^T with both operands from shared memory (m64nNk16, K-major), the online
 //    softmax in registers (exp2 with the scale folded into one FFMA), then O += P V with P in
 //    registers as the A operand and V an MN-major B operand (transpose bit).
@@ -14,13 +14,15 @@
 // issues S(n) and O += P(n - 1) V(n - 1) back to back; the last O += P V comes alone. At d128
 // and d256 a consumer waits only for S(n), masks it and computes its softmax while its
 // O += P V still runs on the tensor cores, then rescales O and packs P(n) (intra-warpgroup
-// overlap; d256 rescales O instead between the issue of S(n + 1) and of O += P(n) V(n)). At d64
-// (104 registers cannot hold S, P and O at once) O += P V completes before S(n) is issued.
+// overlap; d256 rescales O instead between the issue of S(n + 1) and of O += P(n) V(n)); so
+// does d64 from 4096 keys (its long-key tile). On d64's two-block tile (104 registers cannot
+// hold S, P and O at once) O += P V completes before S(n) is issued.
 // Around the issue of a step's products the two consumers take turns (ping-pong, two named
 // barriers; d64 and d128 only), so that one consumer's softmax runs while the tensor cores
 // compute the other's products.
-// Tiles per head dim (Sm90FwdTile): 128 query rows per block; 64 keys per step at d64, 128 at
-// d128, 80 at d256. Every tile is loaded as 64-column TMA boxes, one per 128-byte swizzle block
+// Tiles per head dim (Sm90FwdTile): 128 query rows per block; 64 keys per step and two blocks
+// per SM at d64 below 4096 keys, 128 keys per step at d64 from 4096 keys and at d128 (one block
+// per SM; sm90.h's Sm90ForwardKeysPerStep chooses), 80 at d256. Every tile is loaded as 64-column TMA boxes, one per 128-byte swizzle block
 // (d256 rows are 512 bytes: four boxes per tile).
 // Key tiles are walked from the last to the first; only tiles the mask reaches are visited and
 // element masks run only on tiles that cross a boundary (per consumer's 64 rows). Out-of-bounds
@@ -51,17 +53,21 @@
 
 namespace fusedattn::flash {
 
-template <int kHeadDim>
+// kLongKeys (d64 only, sm90.h's Sm90ForwardKeysPerStep): d128's configuration at d64.
+template <int kHeadDim, bool kLongKeys = false>
 struct Sm90FwdTile {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
                 "wgmma forward: head dims 64, 128 and 256");
+  static_assert(!kLongKeys || kHeadDim == 64, "the long-key tile is d64's");
+  static constexpr bool kTwoBlocks = kHeadDim == 64 && !kLongKeys;
   static constexpr int kBlockM = 128;  // 2 consumer warpgroups x 64 rows
   // d64: 64 keys per step and two blocks per SM (registers for 2 x 384 threads), so that one
-  // block's prologue and epilogue overlap the other's main loop on short sequences; d128: one
-  // block per SM with 128 keys per step; d256: 80 keys per step, what shared memory holds (Q
-  // 64 KB + 2 stages of K and V at 40 KB each = 224 KB of the 227 KB a block may have).
-  static constexpr int kBlockN = kHeadDim == 64 ? 64 : kHeadDim == 128 ? 128 : 80;
-  static constexpr int kMinBlocks = kHeadDim == 64 ? 2 : 1;
+  // block's prologue and epilogue overlap the other's main loop on short sequences, or with
+  // kLongKeys d128's tile; d128: one block per SM with 128 keys per step; d256: 80 keys per
+  // step, what shared memory holds (Q 64 KB + 2 stages of K and V at 40 KB each = 224 KB of the
+  // 227 KB a block may have).
+  static constexpr int kBlockN = kTwoBlocks ? 64 : kHeadDim == 256 ? 80 : 128;
+  static constexpr int kMinBlocks = kTwoBlocks ? 2 : 1;
   static constexpr int kStages = 2;
   static constexpr int kThreads = 384;
   static constexpr int kConsumerWarps = 8;
@@ -69,15 +75,15 @@ struct Sm90FwdTile {
   // 8 (168 or 80); the producer gives back what the consumers take.
   static constexpr int kStartRegs = 65536 / (kThreads * kMinBlocks) / 8 * 8;
   static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = kHeadDim == 64 ? 104 : 240;
+  static constexpr int kConsumerRegs = kTwoBlocks ? 104 : 240;
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * kStartRegs,
                 "register budget");
   // The softmax of S(n + 1) overlaps O += P(n) V(n) of the same consumer: S, P and O in
-  // registers at once (64 + 32 + 64 at d128, 40 + 20 + 128 at d256). d64's 104 registers cannot
-  // hold its 32 + 16 + 32 with the rest (ptxas then serializes every wgmma, C7512): there
-  // O += P V completes before S is issued, and only the ping-pong between the consumers hides
-  // the softmax.
-  static constexpr bool kOverlapSoftmax = kHeadDim >= 128;
+  // registers at once (64 + 32 + 64 at d128, 40 + 20 + 128 at d256). d64's two-block tile's 104
+  // registers cannot hold its 32 + 16 + 32 with the rest (ptxas then serializes every wgmma,
+  // C7512): there O += P V completes before S is issued, and only the ping-pong between the
+  // consumers hides the softmax.
+  static constexpr bool kOverlapSoftmax = !kTwoBlocks;
   // d256: O (128 registers per thread) is rescaled right after S(n + 1) = Q K^T is issued, while
   // the tensor cores compute it, and just before O += P(n) V(n) is issued, rather than after
   // O += P V completes, where the rescale would delay the next step (FlashAttention-3's
@@ -100,11 +106,11 @@ struct Sm90Maps {
   CUtensorMap q, k, v;
 };
 
-template <typename Element, int kHeadDim, Sm90Scores kScores>
-__global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
+template <typename Element, int kHeadDim, Sm90Scores kScores, bool kLongKeys>
+__global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlocks)
     WgmmaForwardKernel(const __grid_constant__ Sm90Maps maps, const FlashParams p, int m_tiles) {
 #if FUSEDATTN_SM90_DEVICE
-  using Tile = Sm90FwdTile<kHeadDim>;
+  using Tile = Sm90FwdTile<kHeadDim, kLongKeys>;
   constexpr bool kTransformScores = kScores == Sm90Scores::kSoftcapAlibi;
   constexpr int kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN, kStages = Tile::kStages;
   constexpr int kColBlocks = Tile::kColBlocks, kKvBytes = Tile::kKvBytes;
@@ -563,16 +569,11 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim>::kMinBlocks)
 #endif  // FUSEDATTN_SM90_DEVICE
 }
 
-template <typename Element, int kHeadDim, Sm90Scores kScores>
-Status LaunchWgmmaForward(const FlashParams& p, cudaStream_t stream, bool* launched) {
-  using Tile = Sm90FwdTile<kHeadDim>;
+// One tile's launch (kLongKeys: Sm90FwdTile).
+template <typename Element, int kHeadDim, Sm90Scores kScores, bool kLongKeys>
+Status LaunchWgmmaForwardTile(const FlashParams& p, cudaStream_t stream, bool* launched) {
+  using Tile = Sm90FwdTile<kHeadDim, kLongKeys>;
   static_assert(Tile::kBlockM == kSm90ScheduleRowsForward, "schedule.h: the planner's rows");
-  *launched = false;
-  const bool policy_runs_it =
-      kScores == Sm90Scores::kPlain ? !NeedsFullKernel(p) : Sm90SoftcapAlibiProblem(p);
-  if (!policy_runs_it || !(p.scale > 0.f) || p.head_dim_qk > kHeadDim ||
-      p.head_dim_v > kHeadDim || p.qkv_dtype != p.o_dtype)
-    return Status::Ok();
   const bool bf16 = std::is_same_v<Element, Bfloat16>;
   Sm90Maps maps;
   if (!EncodeLaunchTensorMap(&maps.q, p, p.q, true, p.head_dim_qk, Tile::kBlockM, bf16) ||
@@ -593,7 +594,7 @@ Status LaunchWgmmaForward(const FlashParams& p, cudaStream_t stream, bool* launc
         LaunchTileSchedule(p, /*by_keys=*/false, Tile::kBlockM, m_tiles, stream, &scheduled));
     if (scheduled) run.schedule = p.schedule_workspace;
   }
-  auto kernel = WgmmaForwardKernel<Element, kHeadDim, kScores>;
+  auto kernel = WgmmaForwardKernel<Element, kHeadDim, kScores, kLongKeys>;
   FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             Tile::kSmemBytes));
   kernel<<<static_cast<unsigned>(blocks), Tile::kThreads, Tile::kSmemBytes, stream>>>(maps, run,
@@ -601,6 +602,21 @@ Status LaunchWgmmaForward(const FlashParams& p, cudaStream_t stream, bool* launc
   *launched = true;
   FUSEDATTN_CUDA_CHECK(cudaGetLastError());
   return Status::Ok();
+}
+
+template <typename Element, int kHeadDim, Sm90Scores kScores>
+Status LaunchWgmmaForward(const FlashParams& p, cudaStream_t stream, bool* launched) {
+  *launched = false;
+  const bool policy_runs_it =
+      kScores == Sm90Scores::kPlain ? !NeedsFullKernel(p) : Sm90SoftcapAlibiProblem(p);
+  if (!policy_runs_it || !(p.scale > 0.f) || p.head_dim_qk > kHeadDim ||
+      p.head_dim_v > kHeadDim || p.qkv_dtype != p.o_dtype)
+    return Status::Ok();
+  if constexpr (kHeadDim == 64) {
+    if (Sm90ForwardKeysPerStep(kHeadDim, p.max_seqlen_kv) == 128)
+      return LaunchWgmmaForwardTile<Element, kHeadDim, kScores, true>(p, stream, launched);
+  }
+  return LaunchWgmmaForwardTile<Element, kHeadDim, kScores, false>(p, stream, launched);
 }
 
 }  // namespace fusedattn::flash

@@ -26,6 +26,7 @@
 #include "backends/flash/jit.h"
 #include "backends/flash/kernels.h"
 #include "backends/flash/schedule.h"
+#include "backends/flash/sm90.h"
 #include "backends/flash/tiles.h"
 #include "common/philox.h"
 #include "flex/score_mod.h"
@@ -486,6 +487,7 @@ ForwardPlan PlanForward(const Problem& p, const FwdTensors& t, const DeviceFacts
   } else {
     plan.path = KernelPath::kHopperWgmma;
     plan.variant = HopperVariantOf(p);
+    plan.keys_per_step = Sm90ForwardKeysPerStep(dim, c.max_seqlen_kv);
     // THD: the heavy-first schedule, where no row outside the sequences is written anyway; a
     // [batch, heads, max_seqlen_q] LSE gets -inf past len_q from the plain grid only.
     if (p.thd && plan.workspace.has_schedule && (!t.lse.present() || t.lse_packed) &&
@@ -673,6 +675,7 @@ std::string DescribeForwardPlan(const ForwardPlan& plan) {
   if (!plan.status.ok()) return "forward: refused: " + plan.status.message();
   std::string s = "forward: " + KernelText(plan.path, plan.instance, plan.variant, plan.schedule);
   if (plan.path == KernelPath::kDecode) s += Format(", %d splits", plan.decode_splits);
+  if (plan.path == KernelPath::kHopperWgmma) s += Format(", %d keys per step", plan.keys_per_step);
   s += Format(", workspace %zu B", plan.workspace.total);
   if (!plan.why.empty()) s += " (" + plan.why + ")";
   return s;

@@ -111,6 +111,7 @@ struct ForwardPlan {
   KernelVariant variant = KernelVariant::kPlain;
   TileSchedule schedule = TileSchedule::kPlainGrid;
   int decode_splits = 0;  // kDecode: splits over the keys (decode.h's DecodePlan)
+  int keys_per_step = 0;  // kHopperWgmma: its tile's keys per step (sm90.h, Sm90ForwardKeysPerStep)
   FwdWorkspaceLayout workspace;
   std::string why;  // why no faster path runs it (empty when the Hopper path does, or none could)
 };

@@ -35,6 +35,19 @@ enum class Sm90Scores : int { kPlain = 0, kSoftcapAlibi = 1 };
 template <typename Element, int kHeadDim, Sm90Scores kScores>
 Status LaunchWgmmaForward(const FlashParams& p, cudaStream_t stream, bool* launched);
 
+// Keys per step of the wgmma forward's tile at instance kHeadDim for a problem with this many keys
+// (the planner prints it, the launcher runs it). d64 has two tiles: 64 keys per step with two
+// blocks per SM (one block's prologue and epilogue overlap the other's loop, which short
+// sequences need), and from 4096 keys d128's configuration, 128 keys per step, one block per SM
+// with 240 registers per consumer and the intra-warpgroup overlap (H200, bf16 s16384: 413
+// against 386-389 TFLOP/s, causal 408 against 370; s4096 +1-2%; s1024 8-13% slower).
+// d128: 128; d256: 80.
+constexpr int kSm90D64LongKeys = 4096;
+inline int Sm90ForwardKeysPerStep(int instance, int64_t max_seqlen_kv) {
+  if (instance == 64) return max_seqlen_kv >= kSm90D64LongKeys ? 128 : 64;
+  return instance == 128 ? 128 : 80;
+}
+
 // The wgmma key-block kernel of the backward (bwd_kernel_sm90.cuh) with the score policy kScores
 // (plain, or softcap-alibi: the forward's policies, its own instance set) at kHeadDim 64 or 128,
 // in place of LaunchFastBackward, when the planner chose it: needs the preprocess before (D,
