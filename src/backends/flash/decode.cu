@@ -279,6 +279,8 @@ Status RunDecode(const Problem& problem, const FwdTensors& t, const FlashParams&
     d.page_table = t.page_table;
     d.page_table_stride = t.page_table_stride;
     d.page_size = static_cast<int>(c.page_size);
+    if ((d.page_size & (d.page_size - 1)) == 0)
+      while ((int64_t{1} << (d.page_shift + 1)) <= d.page_size) ++d.page_shift;
     d.num_pages = t.num_pages;
     d.seqlens_kv = t.seqlens_kv;
   }

@@ -69,6 +69,7 @@ struct DecodeParams {
   const int32_t* page_table = nullptr;
   int64_t page_table_stride = 0;
   int page_size = 0;
+  int page_shift = -1;  // log2(page_size) when it is a power of two, else -1
   int64_t num_pages = 0;
   const int32_t* seqlens_kv = nullptr;
   // Work split: rows = group * max_seqlen_q query rows per (sequence, kv head), row r being

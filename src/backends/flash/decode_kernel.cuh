@@ -192,9 +192,12 @@ __global__ void __launch_bounds__(DecodeTile<kHeadDim>::kWarps * 32,
       if constexpr (kPaged) {
         // j < len_kv <= max_seqlen_kv, and the row holds ceil(max_seqlen_kv / page_size)
         // entries (validated): the entry read is one of the sequence's own.
-        const int64_t page = valid[pass] ? __ldg(table_row + j / d.page_size) : 0;
+        // A power-of-two page size (page_shift >= 0, uniform) takes a shift and a mask instead
+        // of the integer division and remainder, which cost dozens of instructions per row.
+        const int entry = d.page_shift >= 0 ? j >> d.page_shift : j / d.page_size;
+        const int64_t page = valid[pass] ? __ldg(table_row + entry) : 0;
         valid[pass] = valid[pass] && page >= 0 && page < d.num_pages;
-        const int64_t token = j % d.page_size;
+        const int64_t token = d.page_shift >= 0 ? j & (d.page_size - 1) : j % d.page_size;
         if (valid[pass]) {
           k_off[pass] = page * p.k.stride_b + token * p.k.stride_s;
           v_off[pass] = page * p.v.stride_b + token * p.v.stride_s;
