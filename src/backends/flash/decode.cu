@@ -1,6 +1,7 @@
 // Host side of flash's decode kernel (decode.h) and the combine kernel of its splits.
 #include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <cmath>
 
 #include "backends/flash/decode.h"
@@ -203,23 +204,32 @@ bool WantsDecode(const Problem& p, const DeviceFacts& device) {
 // reduction. Splits are whole 64-key tiles, at most kMaxSplits (the combine's limit). Among the
 // split counts whose cost is within 5% of the least, the fewest: fewer partials to write and
 // combine. With base >= slots the batch alone fills the GPU: one split, no combine.
+//
+// Host cost: up to kMaxSplits candidates with a few 64-bit divisions each (about 1 us), and a
+// call plans its decode several times (fit, workspace, plan, run), a decode loop every step with
+// the same numbers for 64 steps: the thread keeps its last answer.
 int DecodeSplitsFor(int64_t tiles, int64_t base, int64_t slots) {
   if (base <= 0 || slots <= 0 || base >= slots) return 1;
-  auto used = [&](int64_t s) {  // splits with keys: ceil(tiles / ceil(tiles / s))
-    const int64_t per = (tiles + s - 1) / s;
-    return (tiles + per - 1) / per;
-  };
-  auto cost = [&](int64_t s) {
-    const int64_t per = (tiles + s - 1) / s;
-    const int64_t waves = (base * used(s) + slots - 1) / slots;
-    return waves * (per + 1);
-  };
+  thread_local int64_t last_tiles = -1, last_base = -1, last_slots = -1;
+  thread_local int last_splits = 1;
+  if (tiles == last_tiles && base == last_base && slots == last_slots) return last_splits;
   const int64_t most = std::min<int64_t>(tiles, kMaxSplits);
-  int64_t least = cost(1);
-  for (int64_t s = 2; s <= most; ++s) least = std::min(least, cost(s));
+  int64_t used[kMaxSplits + 1], cost[kMaxSplits + 1];
+  int64_t least = INT64_MAX;
+  for (int64_t s = 1; s <= most; ++s) {
+    const int64_t per = (tiles + s - 1) / s;
+    used[s] = (tiles + per - 1) / per;  // splits with keys
+    cost[s] = (base * used[s] + slots - 1) / slots * (per + 1);
+    least = std::min(least, cost[s]);
+  }
+  int splits = 1;
   for (int64_t s = 1; s <= most; ++s)
-    if (cost(s) * 100 <= least * 105) return static_cast<int>(used(s));
-  return 1;
+    if (cost[s] * 100 <= least * 105) {
+      splits = static_cast<int>(used[s]);
+      break;
+    }
+  last_tiles = tiles, last_base = base, last_slots = slots, last_splits = splits;
+  return splits;
 }
 
 DecodePlan PlanDecode(const Problem& p, const DeviceFacts& device) {
