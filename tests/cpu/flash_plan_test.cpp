@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "backends/flash/decode.h"
 #include "backends/flash/jit.h"
 #include "backends/flash/planner.h"
 #include "backends/flash/schedule.h"
@@ -470,6 +471,74 @@ TEST(FlashPlanForward, DecodeSplitsFillTheDevicesSms) {
   one_sm.sm_count = 1;
   EXPECT_EQ(Forward(PagedDecode(), one_sm).decode_splits, 1);
   EXPECT_EQ(PlanFwdWorkspace(p, one_sm).decode_bytes, 0u);
+}
+
+// Issue 21's weak points: one sequence, GQA 32/8, a long cache. Eight (sequence, kv head) pairs
+// cannot fill the H100's 132 SMs x 2 blocks (d128: 107 KB of shared memory a block) or x 3 (d64
+// with 16 rows: 77 KB), so the keys are split until every slot streams about the same number
+// of key tiles: 32 splits of 1024 keys fill 256 of 264 slots at d128 (FlashAttention's 0.85
+// rule took 29 splits of 1152 keys, 232 blocks), 47 of 704 fill 376 of 396 at d64.
+fusedattn_config LongDecode(int64_t skv, int64_t d, int64_t hq, int64_t sq, int64_t page_size) {
+  fusedattn_config c = Config(d);
+  c.batch = 1, c.heads_q = hq, c.heads_kv = 8, c.max_seqlen_q = sq, c.max_seqlen_kv = skv;
+  if (page_size > 0)  // per-sequence key lengths, as PagedDecode
+    c.mask = sq > 1 ? FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT : FUSEDATTN_MASK_PADDING;
+  else
+    c.mask = sq > 1 ? FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT : FUSEDATTN_MASK_NONE;
+  c.page_size = page_size;
+  return c;
+}
+
+struct DecodeSplitPoint {
+  int64_t skv, d, hq, sq, page_size;
+  int splits, keys_per_split, blocks, blocks_per_sm;
+};
+
+TEST(FlashPlanForward, DecodeSplitsFillEveryBlockSlotAtBatchOne) {
+  const DecodeSplitPoint points[] = {
+      {4096, 128, 32, 1, 0, 32, 128, 256, 2},      {32768, 128, 32, 1, 0, 32, 1024, 256, 2},
+      {32768, 128, 32, 1, 16, 32, 1024, 256, 2},   {131072, 128, 32, 1, 64, 32, 4096, 256, 2},
+      {32768, 128, 64, 4, 0, 32, 1024, 256, 2},    // 32 rows a block (64/8 x sq 4)
+      {32768, 64, 32, 1, 0, 47, 704, 376, 3},      {131072, 64, 32, 4, 16, 47, 2816, 376, 3},
+  };
+  for (const DecodeSplitPoint& x : points) {
+    SCOPED_TRACE("skv " + std::to_string(x.skv) + " d" + std::to_string(x.d) + " hq " +
+                 std::to_string(x.hq) + " sq " + std::to_string(x.sq) + " page " +
+                 std::to_string(x.page_size));
+    const ForwardPlan plan = Forward(LongDecode(x.skv, x.d, x.hq, x.sq, x.page_size));
+    ASSERT_TRUE(plan.status.ok()) << plan.status.message();
+    ASSERT_EQ(plan.path, KernelPath::kDecode);
+    EXPECT_EQ(plan.decode_splits, x.splits);
+    EXPECT_EQ(plan.decode_keys_per_split, x.keys_per_split);
+    EXPECT_EQ(plan.decode_blocks, x.blocks);
+    EXPECT_EQ(plan.decode_blocks_per_sm, x.blocks_per_sm);
+    EXPECT_TRUE(Contains(DescribeForwardPlan(plan),
+                         std::to_string(x.splits) + " splits of " +
+                             std::to_string(x.keys_per_split) + " keys"))
+        << DescribeForwardPlan(plan);
+  }
+}
+
+// The slots come from the DeviceFacts: an A100 (164 KB per SM) holds one d128 block per SM.
+TEST(FlashPlanForward, DecodeSplitsFollowTheDevicesSlots) {
+  const ForwardPlan plan = Forward(LongDecode(32768, 128, 32, 1, 16), A100());
+  ASSERT_EQ(plan.path, KernelPath::kDecode);
+  EXPECT_EQ(plan.decode_blocks_per_sm, 1);
+  EXPECT_LE(plan.decode_blocks, 108);
+  EXPECT_GE(plan.decode_blocks, 100);
+}
+
+// The split rule itself: the busiest slot's tiles (waves x (tiles per split + 1)); the fewest
+// splits within 5% of the least; no splitting when the batch fills the slots or there are none.
+TEST(FlashPlanForward, DecodeSplitRule) {
+  EXPECT_EQ(DecodeSplitsFor(512, 8, 264), 32);    // b1 hkv8 skv32768 d128
+  EXPECT_EQ(DecodeSplitsFor(512, 64, 264), 4);    // b8: 256 blocks of 128 tiles
+  EXPECT_EQ(DecodeSplitsFor(2048, 64, 264), 4);   // b8 skv131072: more splits gain < 5%
+  EXPECT_EQ(DecodeSplitsFor(8, 8, 264), 8);       // one tile a split
+  EXPECT_EQ(DecodeSplitsFor(1, 8, 264), 1);       // one tile
+  EXPECT_EQ(DecodeSplitsFor(100000, 1, 264), 122);  // within 5% of 128 (the combine's limit)
+  EXPECT_EQ(DecodeSplitsFor(512, 264, 264), 1);   // the batch fills the slots
+  EXPECT_EQ(DecodeSplitsFor(512, 8, 0), 1);       // no device
 }
 
 TEST(FlashPlanRefusal, HeadDimsWhoseSimpleKernelsDoNotFitSharedMemory) {

@@ -323,6 +323,51 @@ TEST(FlashDecodeContiguous, TrainingForwardFloat16) {
   EXPECT_GE(ExpectDecodeMatchesReference(c, TensorOptions{}), 1);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Many splits (issue 21's small batches against long caches)
+// ---------------------------------------------------------------------------------------------
+
+// GQA 32/8 with one long sequence (20000 keys) and a short one (100): 16 (sequence, kv head)
+// pairs, so the planner splits the keys many ways (on a 132-SM H100: 16 splits of 1280 keys at
+// d128, 23 of 896 at d64, three d64 blocks per SM); every split of the short sequence past its
+// 100 keys sees none (LSE_s = -inf: weight 0 in the combine). Paged (page 16, unused pool rows
+// NaN) and contiguous (padding mask).
+struct ManySplitsCase {
+  int64_t head_dim, page_size, sq;
+};
+
+class FlashDecodeManySplits : public ::testing::TestWithParam<ManySplitsCase> {};
+
+TEST_P(FlashDecodeManySplits, LongAndShortSequenceMatchReference) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
+  const ManySplitsCase x = GetParam();
+  fusedattn_config c = DecodeConfig(32, 8, x.sq, 20000, x.head_dim, x.page_size);
+  c.batch = 2;
+  if (x.page_size == 0)
+    c.mask = x.sq > 1 ? FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT : FUSEDATTN_MASK_PADDING;
+  else if (x.sq > 1)
+    c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+  TensorOptions o;
+  o.seed = 2122;
+  o.len_kv = {20000, 100};
+  o.spare_pages = 3;
+  if (x.sq > 1) o.len_q = {static_cast<int32_t>(x.sq), static_cast<int32_t>(x.sq)};
+  const int splits = ExpectDecodeMatchesReference(c, o);
+  EXPECT_GT(splits, 8) << "16 (sequence, kv head) pairs should be split many ways";
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, FlashDecodeManySplits,
+                         ::testing::Values(ManySplitsCase{128, 16, 1}, ManySplitsCase{128, 0, 1},
+                                           ManySplitsCase{64, 16, 1}, ManySplitsCase{64, 0, 1},
+                                           ManySplitsCase{128, 64, 4}, ManySplitsCase{64, 0, 4}),
+                         [](const auto& info) {
+                           const ManySplitsCase& x = info.param;
+                           return "D" + std::to_string(x.head_dim) +
+                                  (x.page_size ? "_Page" + std::to_string(x.page_size)
+                                               : std::string("_Contiguous")) +
+                                  "_Sq" + std::to_string(x.sq);
+                         });
+
 // Problems the decode kernel does not take still run on flash's other kernels (contiguous) or
 // are refused with the reason (paged).
 TEST(FlashDecodeSelection, PagedRefusalsNameTheReason) {
@@ -406,6 +451,19 @@ TEST(FlashDecodeSanitize, PagedAndContiguousSplits) {
   EXPECT_GT(ExpectDecodeMatchesReference(c, DecodeOptions(300, true, -1)), 1);
   c.page_size = 0;
   EXPECT_GE(ExpectDecodeMatchesReference(c, TensorOptions{}), 1);
+}
+
+// Many splits under memcheck and racecheck: 5 sequences (4000, 0, 1, 333 and 64 keys) x 2 kv
+// heads over 63 key tiles, split 32 ways at d64 paged and 21 at d128 contiguous on an H100, so
+// most splits of the short sequences see no key: the combine's batched reads of the partials
+// and the programmatic launches (sm_90).
+TEST(FlashDecodeSanitize, ManySplits) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
+  fusedattn_config c = DecodeConfig(8, 2, 4, 4000, 64, 16);
+  c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+  EXPECT_GT(ExpectDecodeMatchesReference(c, DecodeOptions(4000, true, -1)), 8);
+  c = DecodeConfig(8, 2, 1, 4000, 128, 0);
+  EXPECT_GT(ExpectDecodeMatchesReference(c, TensorOptions{}), 8);
 }
 
 }  // namespace

@@ -35,6 +35,16 @@ struct DecodeTile {
   static constexpr int kStages = kHeadDim == 64 ? 4 : 3;
 };
 
+// Blocks of an instance an SM should hold: the kernel's __launch_bounds__ minimum, so that
+// registers never keep that many off an SM (at most 65536 / (128 * n) registers a thread: 256
+// for 2, 170 for 3). Shared memory (DeviceFacts) may allow fewer; the planner counts the smaller
+// of the two. 3 only where shared memory lets three in on an H100: d64 with 16 rows (77 KB a
+// block, 3 x 3 tiles of 16 KB in flight per SM); d64 with 32 rows takes 78 KB, which two fit.
+template <int kHeadDim, int kRows>
+constexpr int DecodeMinBlocksPerSm() {
+  return kHeadDim == 64 && kRows == 16 ? 3 : 2;
+}
+
 // Dynamic shared memory of an instance (16-bit elements): Q (kRows rows), then either the K/V
 // stages or, after the key loop, the warps' partial results for the block's reduction.
 template <int kHeadDim, int kRows>
@@ -59,6 +69,7 @@ struct DecodeParams {
   const int32_t* page_table = nullptr;
   int64_t page_table_stride = 0;
   int page_size = 0;
+  int page_shift = -1;  // log2(page_size) when it is a power of two, else -1
   int64_t num_pages = 0;
   const int32_t* seqlens_kv = nullptr;
   // Work split: rows = group * max_seqlen_q query rows per (sequence, kv head), row r being
@@ -71,6 +82,11 @@ struct DecodeParams {
   // max_seqlen_q + i (times head_dim_v for O). splits == 1: the kernel writes o and lse itself.
   float* partial_o = nullptr;
   float* partial_lse = nullptr;
+  // Host side of the launch (the plan's programmatic_launch): launch the kernel, and the combine
+  // after it, with programmatic stream serialization (sm_90). Each kernel then waits
+  // (griddepcontrol.wait) for the grids before it to finish and their writes to be visible
+  // before it reads or writes global memory, and lets the next one start launching early.
+  bool programmatic_launch = false;
 };
 
 // How the decode kernel runs a problem (from the config and the DeviceFacts alone, so that the
@@ -80,8 +96,16 @@ struct DecodePlan {
   int block_rows = 16;  // kRows
   int rows = 0, row_chunks = 1;
   int splits = 1, tiles_per_split = 1;
+  int blocks_per_sm = 1;  // resident blocks an SM holds (shared memory, DecodeMinBlocksPerSm)
+  int64_t blocks = 0;     // the grid: batch * heads_kv * splits * row_chunks
+  bool programmatic_launch = false;  // sm_90 and later (DecodeParams::programmatic_launch)
   size_t workspace = 0;  // bytes of partials (0 with one split)
 };
+
+// The split count PlanDecode takes for `tiles` 64-key tiles per sequence when `base` blocks
+// (sequences x kv heads x row chunks) share `slots` resident block slots (SMs x blocks per SM).
+// Exposed for the planner's tests.
+int DecodeSplitsFor(int64_t tiles, int64_t base, int64_t slots);
 
 // Ok when the decode kernel runs this problem (CUDA tensors assumed), else why not: float16 or
 // bfloat16 (o_dtype equal), head_dim_qk = head_dim_v in {64, 128}, max_seqlen_q <= 16, no

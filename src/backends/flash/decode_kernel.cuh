@@ -27,6 +27,42 @@
 
 namespace fusedattn::flash {
 
+// Programmatic dependent launch (sm_90; DecodeParams::programmatic_launch). A grid launched with
+// programmatic stream serialization may start while the grid before it still runs: it waits for
+// that grid's completion and the visibility of its writes here, before its first global read or
+// write. AllowNextGridLaunch lets the grid after this one start launching (its blocks then wait
+// in WaitForPreviousGrid), which hides a launch's latency behind this grid's tail. Both are no-ops
+// for a grid launched without it, and compiled out before sm_90 (never launched that way there).
+__device__ __forceinline__ void WaitForPreviousGrid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void AllowNextGridLaunch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// Launches kernel<<<blocks, threads, smem, stream>>>(args...), with programmatic stream
+// serialization when `programmatic` (the kernel must call WaitForPreviousGrid first).
+template <typename... Args>
+Status LaunchMaybeProgrammatic(void (*kernel)(Args...), unsigned blocks, int threads, size_t smem,
+                               bool programmatic, cudaStream_t stream, const Args&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = programmatic ? 1 : 0;
+  FUSEDATTN_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+  return Status::Ok();
+}
+
 // Lengths and token starts of sequence b: the query side as the other kernels read it (padding,
 // THD); the keys from seqlens_kv (paged) or as LoadSeq gives them (contiguous). Clamped so that
 // bad index tensors can never send the kernel outside the tensors.
@@ -54,8 +90,10 @@ __device__ __forceinline__ SeqInfo DecodeSeq(const DecodeParams& d, int b) {
 }
 
 template <typename Element, int kHeadDim, int kRows, bool kPaged>
-__global__ void __launch_bounds__(DecodeTile<kHeadDim>::kWarps * 32)
+__global__ void __launch_bounds__(DecodeTile<kHeadDim>::kWarps * 32,
+                                  DecodeMinBlocksPerSm<kHeadDim, kRows>())
     DecodeKernel(const DecodeParams d) {
+  WaitForPreviousGrid();  // programmatic launch: the previous kernel's writes (q, K/V, max_logit)
   using T = typename ElementTraits<Element>::Type;
   using Tile = DecodeTile<kHeadDim>;
   constexpr int kBlockN = Tile::kBlockN, kWarps = Tile::kWarps, kStages = Tile::kStages;
@@ -154,9 +192,12 @@ __global__ void __launch_bounds__(DecodeTile<kHeadDim>::kWarps * 32)
       if constexpr (kPaged) {
         // j < len_kv <= max_seqlen_kv, and the row holds ceil(max_seqlen_kv / page_size)
         // entries (validated): the entry read is one of the sequence's own.
-        const int64_t page = valid[pass] ? __ldg(table_row + j / d.page_size) : 0;
+        // A power-of-two page size (page_shift >= 0, uniform) takes a shift and a mask instead
+        // of the integer division and remainder, which cost dozens of instructions per row.
+        const int entry = d.page_shift >= 0 ? j >> d.page_shift : j / d.page_size;
+        const int64_t page = valid[pass] ? __ldg(table_row + entry) : 0;
         valid[pass] = valid[pass] && page >= 0 && page < d.num_pages;
-        const int64_t token = j % d.page_size;
+        const int64_t token = d.page_shift >= 0 ? j & (d.page_size - 1) : j % d.page_size;
         if (valid[pass]) {
           k_off[pass] = page * p.k.stride_b + token * p.k.stride_s;
           v_off[pass] = page * p.v.stride_b + token * p.v.stride_s;
@@ -185,6 +226,7 @@ __global__ void __launch_bounds__(DecodeTile<kHeadDim>::kWarps * 32)
     if (st < n_count) issue_tile(n_first + st, st);
     CpAsyncCommit();
   }
+  AllowNextGridLaunch();  // the combine (or the next call) may start launching
 
   // This thread's rows: (mt, r) -> block row 16 mt + 8 r + g. Their queries, heads and visible
   // key ranges are fixed for the whole block.
@@ -414,9 +456,14 @@ Status LaunchDecodeInstance(const DecodeParams& d, cudaStream_t stream) {
   auto kernel = DecodeKernel<Element, kHeadDim, kRows, kPaged>;
   FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(smem)));
-  kernel<<<static_cast<unsigned>(blocks), DecodeTile<kHeadDim>::kWarps * 32, smem, stream>>>(d);
-  FUSEDATTN_CUDA_CHECK(cudaGetLastError());
-  return Status::Ok();
+  // All of the unified L1 as shared memory: the planner counts blocks_per_sm blocks resident
+  // from the SM's whole shared memory (DeviceFacts::smem_per_sm), and the K/V stream goes
+  // through shared memory (cp.async.cg), not L1.
+  FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                            static_cast<int>(cudaSharedmemCarveoutMaxShared)));
+  return LaunchMaybeProgrammatic(kernel, static_cast<unsigned>(blocks),
+                                 DecodeTile<kHeadDim>::kWarps * 32, smem, d.programmatic_launch,
+                                 stream, d);
 }
 
 template <typename Element, int kHeadDim>

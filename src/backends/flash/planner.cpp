@@ -445,6 +445,9 @@ ForwardPlan PlanForward(const Problem& p, const FwdTensors& t, const DeviceFacts
       plan.path = KernelPath::kDecode;
       plan.instance = decode.head_dim;
       plan.decode_splits = decode.splits;
+      plan.decode_keys_per_split = decode.tiles_per_split * DecodeTile<128>::kBlockN;
+      plan.decode_blocks = static_cast<int>(decode.blocks);
+      plan.decode_blocks_per_sm = decode.blocks_per_sm;
       return plan;
     }
     if (p.paged) {
@@ -674,7 +677,9 @@ std::string KernelText(KernelPath path, int instance, KernelVariant variant,
 std::string DescribeForwardPlan(const ForwardPlan& plan) {
   if (!plan.status.ok()) return "forward: refused: " + plan.status.message();
   std::string s = "forward: " + KernelText(plan.path, plan.instance, plan.variant, plan.schedule);
-  if (plan.path == KernelPath::kDecode) s += Format(", %d splits", plan.decode_splits);
+  if (plan.path == KernelPath::kDecode)
+    s += Format(", %d splits of %d keys, %d blocks (%d per SM)", plan.decode_splits,
+                plan.decode_keys_per_split, plan.decode_blocks, plan.decode_blocks_per_sm);
   if (plan.path == KernelPath::kHopperWgmma) s += Format(", %d keys per step", plan.keys_per_step);
   s += Format(", workspace %zu B", plan.workspace.total);
   if (!plan.why.empty()) s += " (" + plan.why + ")";

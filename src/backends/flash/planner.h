@@ -111,6 +111,7 @@ struct ForwardPlan {
   KernelVariant variant = KernelVariant::kPlain;
   TileSchedule schedule = TileSchedule::kPlainGrid;
   int decode_splits = 0;  // kDecode: splits over the keys (decode.h's DecodePlan)
+  int decode_keys_per_split = 0, decode_blocks = 0, decode_blocks_per_sm = 0;  // (the same)
   int keys_per_step = 0;  // kHopperWgmma: its tile's keys per step (sm90.h, Sm90ForwardKeysPerStep)
   FwdWorkspaceLayout workspace;
   std::string why;  // why no faster path runs it (empty when the Hopper path does, or none could)
