@@ -358,7 +358,7 @@ def analyze(point, direction, results, device):
         row["bound"] = "compute" if compute_s >= memory_s else "memory"
     for impl, r in results.items():
         entry = {"status": r.get("status", "failed")}
-        for key in ("error", "backend", "host_ms", "calls"):
+        for key in ("error", "backend", "host_ms", "calls", "round_times_ms", "rounds_ok"):
             if r.get(key):
                 entry[key] = r[key]
         if entry["status"] == "ok":
@@ -474,6 +474,34 @@ def host_table(rows):
         "n/a: not supported; fail/crash: see the failures below and the JSON.\n")
 
 
+# The host grid's paired comparisons: auto against each backend it may choose.
+HOST_PAIRS = (("fusedattn:auto", "fusedattn:cudnn"), ("fusedattn:auto", "fusedattn:flash"))
+
+
+def paired_differences(rows, pairs=HOST_PAIRS):
+    """One line per (pair, direction): the per-round differences of the back-to-back time
+    (a - b, microseconds), each taken within one round, where the rotated implementations ran
+    one after another on the same machine state. Rounds drift by more than the difference asked
+    about (the medians of two implementations over different rounds then disagree by tens of
+    microseconds); the differences within a round do not carry that drift."""
+    lines = []
+    for a, b in pairs:
+        for row in rows:
+            ea, eb = row["impls"].get(a), row["impls"].get(b)
+            if not ea or not eb or "rounds_ok" not in ea or "rounds_ok" not in eb:
+                continue
+            ta = dict(zip(ea["rounds_ok"], ea.get("round_times_ms", [])))
+            tb = dict(zip(eb["rounds_ok"], eb.get("round_times_ms", [])))
+            diffs = sorted((ta[r] - tb[r]) * 1e3 for r in ta if r in tb)
+            if not diffs:
+                continue
+            lines.append(
+                "- %s - %s, %s: median %+.1f µs over %d rounds (per round %s)" %
+                (a, b, row["direction"], statistics.median(diffs), len(diffs),
+                 ", ".join("%+.1f" % d for d in diffs)))
+    return lines
+
+
 def unsupported_notes(rows):
     """One line per implementation that ran on none of the rows, with its first reason (e.g.
     FlashAttention-4 not importable), so that a column of n/a says why."""
@@ -515,6 +543,10 @@ def write_markdown(path, sections, device):
     for grid, rows, unit in sections:
         if unit == "us":  # the host grid: microseconds per call, both timings in one table
             lines += ["", "## %s" % grid, "", host_table(rows)]
+            paired = paired_differences(rows)
+            if paired:
+                lines += ["", "Paired by round (back to back, the difference within each round):",
+                          ""] + paired
         else:
             lines += ["", "## %s" % grid, "", "Back to back (the headline):", "",
                       markdown_table(rows, unit),
@@ -712,6 +744,11 @@ def merge_rounds(tasks, results):
             if values:
                 result[per_round] = values
                 result[figure] = statistics.median(values)
+        # Which round each of round_times_ms is, so that two implementations can be compared
+        # round by round (paired_differences).
+        result["rounds_ok"] = [t.get("round", 0) for t in group
+                               if results.get(t["id"], {}).get("status") == "ok"
+                               and results[t["id"]].get("time_ms") is not None]
         merged[first["id"]] = result
     return first_tasks, merged
 

@@ -347,6 +347,30 @@ def test_merged_rounds_keep_the_median_and_skip_failed_rounds():
     assert fwd["impls"]["torch:cudnn"]["time_ms"] == 4.0
 
 
+def test_host_pairs_are_differences_within_each_round_both_ran():
+    point = bench.host_grid()[0]
+    tasks = bench.make_tasks([point], rounds=3)
+    results = {}
+    for t in tasks:
+        if t["kind"] != "measure":
+            continue
+        # Round r is slow for everyone (drift) and auto is 0.004 ms dearer than cuDNN within it.
+        base = 0.25 + 0.05 * t["round"]
+        extra = {"fusedattn:auto": 0.004, "fusedattn:cudnn": 0.0}.get(t["impl"], 0.001)
+        results[t["id"]] = {"id": t["id"], "status": "ok", "time_ms": base + extra}
+    cudnn_round1 = [t for t in tasks if t["kind"] == "measure" and t["impl"] == "fusedattn:cudnn"
+                    and t["direction"] == point.directions[0] and t["round"] == 1][0]
+    results[cudnn_round1["id"]] = {"id": cudnn_round1["id"], "status": "crashed"}
+    first_tasks, merged = bench.merge_rounds(tasks, results)
+    rows = bench.build_rows([point], first_tasks, merged, {"gemm_tflops": 800, "copy_tbps": 3})
+    lines = bench.paired_differences(rows, pairs=(("fusedattn:auto", "fusedattn:cudnn"),))
+    assert len(lines) == len(point.directions)
+    first = [line for line in lines if ", %s:" % point.directions[0] in line][0]
+    assert "median +4.0 µs over 2 rounds" in first  # round 1 has no cuDNN figure to pair
+    others = [line for line in lines if line != first]
+    assert all("median +4.0 µs over 3 rounds" in line for line in others)
+
+
 # Back to back and device only: the timing loops, their arithmetic and the tables of both figures.
 
 class FakeClock:
