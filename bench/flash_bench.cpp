@@ -8,12 +8,18 @@
 // Usage: flash_bench [--backend flash|cudnn|...] [--dtype bf16|fp16|all] [--d 64|128|...|all]
 //                    [--seqlen N|all] [--causal 0|1|all] [--tokens 16384] [--hidden 2048]
 //                    [--iters 10] [--fwd-only] [--deterministic] [--softcap C] [--alibi]
+//                    [--bias pre|post] [--bias-broadcast] [--bias-fp32]
 // --softcap C (> 0) caps the scores at C (fusedattn.h's softcap); --alibi adds ALiBi with the
 // ALiBi paper's slopes 2^(-8 (h + 1) / heads). With either, flash's Hopper forward and backward
 // run their softcap-alibi variant ([hopper-wgmma d128 softcap-alibi]).
 // --deterministic sets config.deterministic: on sm_90 at d64/d128 the Hopper backward then adds
 // dQ in a fixed key order (the backward's bracket ends in "dQ fixed-order+convert"; without the
 // flag "dQ atomic+convert"); bias tensors and dropout run on mma.sync ("dQ deterministic-kernel").
+// --bias pre|post adds a pre- or post-scale bias tensor [batch, heads, s, s] (--bias-broadcast:
+// [1, 1, s, s], shared by every sequence and head), in the qkv dtype (--bias-fp32: float32),
+// filled on the device with one finite value (no host copy of a tensor that reaches 8 GiB at
+// s 16384); flash's Hopper forward runs its bias variant ([hopper-wgmma d128 bias]), the
+// backward mma.sync (no bias gradient is asked for). --bias and --alibi exclude each other.
 // With --backend flash each line says which forward and which backward key-block kernel ran, as
 // the call's plan (planner.h) names it: [hopper-wgmma d128 plain] (Hopper, sm_90) or
 // [mma.sync d128 plain]; FUSEDATTN_FLASH_WGMMA=0 turns both wgmma kernels off.
@@ -74,6 +80,8 @@ struct Options {
   bool fwd_only = false, deterministic = false;
   double softcap = 0.0;  // 0: off
   bool alibi = false;
+  fusedattn_bias bias = FUSEDATTN_BIAS_NONE;  // PRE_SCALE or POST_SCALE: a bias tensor
+  bool bias_broadcast = false, bias_fp32 = false;
 };
 
 void RunOne(const Options& o, fusedattn_dtype dtype, int64_t d, int64_t seqlen, int causal) {
@@ -89,6 +97,11 @@ void RunOne(const Options& o, fusedattn_dtype dtype, int64_t d, int64_t seqlen, 
   c.deterministic = o.deterministic;
   c.softcap = o.softcap;
   if (o.alibi) c.bias_type = FUSEDATTN_BIAS_ALIBI;
+  if (o.bias != FUSEDATTN_BIAS_NONE) {
+    c.bias_type = o.bias;
+    c.bias_batch = o.bias_broadcast ? 1 : batch;
+    c.bias_heads = o.bias_broadcast ? 1 : heads;
+  }
   c.backend = o.backend;
   c.device = FUSEDATTN_DEVICE_CUDA;
 
@@ -115,11 +128,25 @@ void RunOne(const Options& o, fusedattn_dtype dtype, int64_t d, int64_t seqlen, 
       return;
   }
 
+  // The bias tensor: every byte 0x3c, a finite value in each dtype (bf16 0.0115, fp16 1.06,
+  // float32 0.0115).
+  const bool with_bias = o.bias != FUSEDATTN_BIAS_NONE;
+  DeviceTensor bias(o.bias_fp32 ? FUSEDATTN_DTYPE_FLOAT32 : dtype,
+                    with_bias ? std::vector<int64_t>{c.bias_batch, c.bias_heads, seqlen, seqlen}
+                              : std::vector<int64_t>{1});
+  if (!bias.data) return;
+  if (with_bias &&
+      !CudaOk(cudaMemset(bias.data, 0x3c,
+                         bias.count * fusedattn::bench::ElementBytes(bias.desc.dtype)),
+              "fill bias"))
+    return;
+
   fusedattn_fwd_args fa = fusedattn_fwd_args_init();
   fa.q = q.desc, fa.k = k.desc, fa.v = v.desc, fa.o = out.desc, fa.lse = lse.desc;
   fusedattn_bwd_args ba = fusedattn_bwd_args_init();
   ba.q = q.desc, ba.k = k.desc, ba.v = v.desc, ba.o = out.desc, ba.lse = lse.desc;
   if (o.alibi) fa.alibi_slopes = ba.alibi_slopes = slopes.desc;
+  if (with_bias) fa.bias = ba.bias = bias.desc;
   ba.d_o = d_o.desc, ba.dq = dq.desc, ba.dk = dk.desc, ba.dv = dv.desc;
 
   char msg[2048];
@@ -142,6 +169,9 @@ void RunOne(const Options& o, fusedattn_dtype dtype, int64_t d, int64_t seqlen, 
   std::string mods;
   if (o.softcap > 0) mods += " softcap=" + std::to_string(o.softcap).substr(0, 5);
   if (o.alibi) mods += " alibi";
+  if (with_bias)
+    mods += std::string(" bias=") + (o.bias == FUSEDATTN_BIAS_PRE_SCALE ? "pre" : "post") +
+            (o.bias_broadcast ? "[1,1,s,s]" : "[b,h,s,s]") + (o.bias_fp32 ? "f32" : "");
   std::printf("%s d=%-3lld s=%-5lld b=%-3lld h=%-3lld %-6s%s fwd %8.3f ms %6.1f TFLOP/s",
               dtype == FUSEDATTN_DTYPE_BFLOAT16 ? "bf16" : "fp16", (long long)d,
               (long long)seqlen, (long long)batch, (long long)heads,
@@ -216,10 +246,32 @@ int main(int argc, char** argv) {
       o.softcap = atof(value), next();
     } else if (flag == "--alibi") {
       o.alibi = true;
+    } else if (flag == "--bias") {
+      if (std::strcmp(value, "pre") == 0) {
+        o.bias = FUSEDATTN_BIAS_PRE_SCALE;
+      } else if (std::strcmp(value, "post") == 0) {
+        o.bias = FUSEDATTN_BIAS_POST_SCALE;
+      } else {
+        std::printf("--bias takes pre or post, not %s\n", value);
+        return 2;
+      }
+      next();
+    } else if (flag == "--bias-broadcast") {
+      o.bias_broadcast = true;
+    } else if (flag == "--bias-fp32") {
+      o.bias_fp32 = true;
     } else {
       std::printf("unknown flag %s (see the top of bench/flash_bench.cpp)\n", flag.c_str());
       return 2;
     }
+  }
+  if (o.alibi && o.bias != FUSEDATTN_BIAS_NONE) {
+    std::printf("--bias and --alibi exclude each other (config.bias_type is one of them)\n");
+    return 2;
+  }
+  if ((o.bias_broadcast || o.bias_fp32) && o.bias == FUSEDATTN_BIAS_NONE) {
+    std::printf("--bias-broadcast and --bias-fp32 need --bias pre|post\n");
+    return 2;
   }
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {

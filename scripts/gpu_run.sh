@@ -139,7 +139,8 @@ step_cli() {
 # what the plan chose fails the call). Expect, on an H100/H200: hopper-wgmma d128 plain with the
 # thd-heavy-first schedule (forward and backward) for the THD line; for d256 hopper-wgmma forward
 # and mma.sync backward ("hopper backward: instances 64 and 128 only"); for softcap
-# hopper-wgmma d128 softcap-alibi forward and backward; simple
+# hopper-wgmma d128 softcap-alibi forward and backward; for the post-scale bias line hopper-wgmma
+# d128 bias forward and mma.sync d128 full backward, and the bias run PASSes; simple
 # ("float16/bfloat16") for fp32; with FUSEDATTN_FLASH_WGMMA=0, mma.sync ("FUSEDATTN_FLASH_WGMMA=0");
 # for the paged decode line (132 SMs), "decode d128 plain, 4 splits, workspace 528384 B" (the
 # split count from the planner's DeviceFacts, as tests/cpu/flash_plan_test.cpp plans it); the
@@ -152,6 +153,10 @@ step_flash_plan() {
   "$bin" explain --backend flash --b 2 --h 8 --sq 512 --skv 512 --d 128 --softcap 30 --bwd || rc=1
   "$bin" explain --backend flash --b 2 --h 8 --sq 512 --skv 512 --d 128 --mask causal \
     --deterministic --bwd || rc=1
+  "$bin" explain --backend flash --b 2 --h 8 --sq 512 --skv 512 --d 128 --bias post_scale \
+    --bwd || rc=1
+  "$bin" run --backend flash --b 2 --h 8 --sq 300 --skv 333 --d 128 --bias pre_scale \
+    --bias-shape b,1 --mask causal --bwd --check --iters 1 || rc=1
   "$bin" explain --backend flash --b 2 --h 8 --sq 512 --skv 512 --d 64 --dtype fp32 || rc=1
   FUSEDATTN_FLASH_WGMMA=0 "$bin" explain --backend flash --b 2 --h 8 --sq 512 --skv 512 --d 128 \
     || rc=1
@@ -166,13 +171,16 @@ step_flash_plan() {
   # flash_bench names the planned kernels: [hopper-wgmma d128 plain] forward and backward, then
   # [hopper-wgmma d256 plain] forward and [mma.sync d256 plain] backward, then
   # [hopper-wgmma d128 softcap-alibi] forward and backward, then the deterministic Hopper backward
-  # ([hopper-wgmma d128 plain, dQ fixed-order+convert]).
+  # ([hopper-wgmma d128 plain, dQ fixed-order+convert]), then [hopper-wgmma d128 bias] forward and
+  # [mma.sync d128 full] backward.
   local bench="$BUILD/bench/flash_bench"
   if [ -x "$bench" ]; then
     "$bench" --dtype bf16 --d 128 --seqlen 4096 --causal 1 --iters 3 || rc=1
     "$bench" --dtype bf16 --d 256 --seqlen 4096 --causal 1 --iters 3 || rc=1
     "$bench" --dtype bf16 --d 128 --seqlen 4096 --causal 1 --iters 3 --softcap 30 --alibi || rc=1
     "$bench" --dtype bf16 --d 128 --seqlen 4096 --causal 1 --iters 3 --deterministic || rc=1
+    "$bench" --dtype bf16 --d 128 --seqlen 4096 --causal 1 --iters 3 --bias post \
+      --bias-broadcast || rc=1
   fi
   return $rc
 }

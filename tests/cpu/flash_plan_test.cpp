@@ -134,22 +134,68 @@ TEST(FlashPlanBackward, ThdAtD256ReservesNoScheduleForItsMmaSyncBackward) {
   EXPECT_TRUE(Forward(Thd(Config(256))).workspace.has_schedule);
 }
 
-TEST(FlashPlanForward, BiasTensorsAndDropoutTakeTheFullVariantOnMmaSync) {
-  fusedattn_config pre = Config(), post = Config(), dropout = Config(), softcap_dropout = Config();
-  pre.bias_type = FUSEDATTN_BIAS_PRE_SCALE;
-  post.bias_type = FUSEDATTN_BIAS_POST_SCALE;
-  post.softcap = 30.0;
+TEST(FlashPlanForward, DropoutTakesTheFullVariantOnMmaSync) {
+  fusedattn_config dropout = Config(), softcap_alibi_dropout = Config(), bias_dropout = Config();
   dropout.dropout = 0.1;
-  softcap_dropout.softcap = 30.0;
-  softcap_dropout.bias_type = FUSEDATTN_BIAS_ALIBI;
-  softcap_dropout.dropout = 0.1;
-  for (const fusedattn_config& c : {pre, post, dropout, softcap_dropout}) {
+  softcap_alibi_dropout.softcap = 30.0;
+  softcap_alibi_dropout.bias_type = FUSEDATTN_BIAS_ALIBI;
+  softcap_alibi_dropout.dropout = 0.1;
+  bias_dropout.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+  bias_dropout.dropout = 0.1;
+  for (const fusedattn_config& c : {dropout, softcap_alibi_dropout, bias_dropout}) {
     ForwardPlan plan = Forward(c);
     ASSERT_TRUE(plan.status.ok()) << plan.status.message();
     EXPECT_EQ(plan.variant, KernelVariant::kFull);
     EXPECT_EQ(plan.path, KernelPath::kMmaSync);
-    EXPECT_EQ(plan.why, "hopper forward: no bias tensor or dropout (softcap and ALiBi run there)");
+    EXPECT_EQ(plan.why, "hopper forward: no dropout (softcap, ALiBi and bias tensors run there)");
   }
+}
+
+TEST(FlashPlanForward, BiasTensorsTakeTheBiasVariantOfTheHopperForward) {
+  for (int64_t d : {64, 128, 256}) {
+    fusedattn_config pre = Config(d), post = Config(d), broadcast = Config(d);
+    pre.bias_type = FUSEDATTN_BIAS_PRE_SCALE;
+    pre.softcap = 30.0;
+    pre.mask = FUSEDATTN_MASK_CAUSAL;
+    post.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+    post.bias_batch = post.batch, post.bias_heads = post.heads_q;
+    broadcast.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+    broadcast.softmax_type = FUSEDATTN_SOFTMAX_OFF_BY_ONE;
+    for (const fusedattn_config& c : {pre, post, broadcast}) {
+      ForwardPlan plan = Forward(c);
+      ASSERT_TRUE(plan.status.ok()) << plan.status.message();
+      EXPECT_EQ(plan.path, KernelPath::kHopperWgmma);
+      EXPECT_EQ(plan.instance, d);
+      EXPECT_EQ(plan.variant, KernelVariant::kBias);
+      EXPECT_TRUE(plan.why.empty()) << plan.why;
+    }
+  }
+}
+
+TEST(FlashPlanForward, BiasThdTakesTheHeavyFirstSchedule) {
+  fusedattn_config c = Thd(Config());
+  c.bias_type = FUSEDATTN_BIAS_PRE_SCALE;
+  ForwardPlan plan = Forward(c);
+  EXPECT_EQ(plan.path, KernelPath::kHopperWgmma);
+  EXPECT_EQ(plan.variant, KernelVariant::kBias);
+  EXPECT_EQ(plan.schedule, TileSchedule::kThdHeavyFirst);
+}
+
+TEST(FlashPlanForward, BiasOffHopperTakesTheFullVariantOnMmaSync) {
+  fusedattn_config c = Config();
+  c.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+  ForwardPlan a100 = Forward(c, A100());
+  EXPECT_EQ(a100.path, KernelPath::kMmaSync);
+  EXPECT_EQ(a100.variant, KernelVariant::kFull);
+}
+
+TEST(FlashPlanBackward, BiasRunsTheMmaSyncBackward) {
+  fusedattn_config c = Config();
+  c.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+  BackwardPlan plan = Backward(c);
+  EXPECT_EQ(plan.path, KernelPath::kMmaSync);
+  EXPECT_EQ(plan.variant, KernelVariant::kFull);
+  EXPECT_EQ(plan.why, "hopper backward: no bias tensor or dropout (softcap and ALiBi run there)");
 }
 
 TEST(FlashPlanForward, SoftcapAndAlibiTakeTheSoftcapAlibiVariantOfTheHopperForward) {
@@ -816,6 +862,14 @@ TEST(FlashPlan, ExplainNamesPathInstanceVariantScheduleAndWorkspace) {
   EXPECT_EQ(DescribeBackwardPlan(Backward(deterministic)),
             "backward: hopper-wgmma d128 plain, dQ fixed-order+convert, workspace " +
                 std::to_string(Backward(deterministic).workspace.total) + " B");
+  fusedattn_config bias = Config(128);
+  bias.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+  EXPECT_EQ(DescribeForwardPlan(Forward(bias)),
+            "forward: hopper-wgmma d128 bias, 128 keys per step, workspace 0 B");
+  bias.dropout = 0.1;
+  EXPECT_EQ(DescribeForwardPlan(Forward(bias)),
+            "forward: mma.sync d128 full, workspace 0 B (hopper forward: no dropout (softcap, "
+            "ALiBi and bias tensors run there))");
   fusedattn_config big = Config();
   big.head_dim_qk = big.head_dim_v = 1024;
   EXPECT_TRUE(Contains(DescribeForwardPlan(Forward(big)), "forward: refused: head_dim_qk = 1024"));

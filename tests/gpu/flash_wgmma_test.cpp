@@ -6,12 +6,13 @@
 //    MnMajorA, is the backward's dQ = dS K with the transpose-A bit; modes 4 and 5 the d256
 //    forward's m64n80 S = Q K^T from four TMA boxes and m64n256 O += P V).
 //  * FlashWgmma/FlashWgmmaCase.*: forward cases (masks, lengths, layouts, GQA, sinks, softcap and
-//    ALiBi: the softcap-alibi variant) for bf16
+//    ALiBi: the softcap-alibi variant; pre- and post-scale bias tensors: the bias variant) for bf16
 //    and fp16 at head dims 64, 128 and 256: O, LSE and max_logit against the reference with the
 //    tolerances of shared/DESIGN.md, poisoned outputs, and on an sm_90 device the check that the
 //    call's plan (flash::PlanForwardCall, planner.h) is the wgmma kernel: the backend runs the
 //    plan, and a Hopper launcher that declines what the plan chose is an error, not a fall-back;
-//    the plan's variant is softcap-alibi exactly when the problem has softcap or ALiBi.
+//    the plan's variant is bias exactly when the problem has a bias tensor, else softcap-alibi
+//    exactly when it has softcap or ALiBi.
 //  * FlashWgmma.*: a large case, the dispatch rule, and FlashWgmmaSanitize.* for
 //    compute-sanitizer:
 //      compute-sanitizer --tool memcheck build/tests/fusedattn_gpu_tests --gtest_filter='FlashWgmmaSanitize*'
@@ -74,9 +75,12 @@ bool ForwardPlanIsWgmma(const fusedattn_config& config, const fusedattn_fwd_args
   Status s = flash::PlanForwardCall(config, args, &plan);
   EXPECT_TRUE(s.ok()) << s.message();
   if (plan.path != flash::KernelPath::kHopperWgmma) return false;
+  const bool bias = config.bias_type == FUSEDATTN_BIAS_PRE_SCALE ||
+                    config.bias_type == FUSEDATTN_BIAS_POST_SCALE;
   const bool modifiers = config.softcap > 0.0 || config.bias_type == FUSEDATTN_BIAS_ALIBI;
-  EXPECT_EQ(plan.variant,
-            modifiers ? flash::KernelVariant::kSoftcapAlibi : flash::KernelVariant::kPlain)
+  EXPECT_EQ(plan.variant, bias        ? flash::KernelVariant::kBias
+                          : modifiers ? flash::KernelVariant::kSoftcapAlibi
+                                      : flash::KernelVariant::kPlain)
       << flash::DescribeForwardPlan(plan);
   return true;
 #else
@@ -160,12 +164,57 @@ void PoisonPaddingRows(ProblemTensors* t) {
     poison(t->d_o, c.do_format, t->len_q, c.max_seqlen_q, c.heads_q, c.head_dim_v);
 }
 
+// Layouts of a bias tensor [bias_batch, bias_heads, max_seqlen_q, max_seqlen_kv] in the tests:
+// as MakeProblemTensors made it (contiguous, random everywhere), or a layout whose storage is NaN
+// everywhere except at the elements some sequence reads (rows < len_q and keys < len_kv of a
+// sequence that uses that bias batch): an element read from the wrong place (a wrong stride,
+// sequence or row start, the gaps of a strided layout) poisons O, and one past a sequence's end
+// is never visible (the sanitizer cases catch reads past the tensor).
+enum class BiasLayout {
+  kAsMade,
+  kDenseNanOutside,     // contiguous
+  kOddRowsNanOutside,   // keys contiguous, rows max_seqlen_kv + 3 apart (odd: no paired loads)
+  kKeysMajorNanOutside, // the queries contiguous, keys max_seqlen_q + 1 apart
+};
+
+void RelayoutBias(ProblemTensors* t, BiasLayout layout) {
+  if (layout == BiasLayout::kAsMade || t->bias.empty()) return;
+  const auto& c = t->config;
+  const int64_t bb = c.bias_batch, bh = c.bias_heads, sq = c.max_seqlen_q, sk = c.max_seqlen_kv;
+  std::vector<int64_t> strides;
+  switch (layout) {
+    case BiasLayout::kDenseNanOutside: strides = {bh * sq * sk, sq * sk, sk, 1}; break;
+    case BiasLayout::kOddRowsNanOutside: {
+      const int64_t head = sq * (sk + 3) + 1;
+      strides = {bh * head + 1, head, sk + 3, 1};
+      break;
+    }
+    default: strides = {bh * sk * (sq + 1), sk * (sq + 1), 1, sq + 1}; break;
+  }
+  const std::vector<int64_t> shape = {bb, bh, sq, sk};
+  int64_t storage = 1;
+  for (int x = 0; x < 4; ++x) storage += (shape[x] - 1) * strides[x];
+  HostTensor bias(t->bias.dtype(), shape, strides, storage);
+  bias.fill(std::numeric_limits<double>::quiet_NaN());
+  for (int64_t b = 0; b < bb; ++b)
+    for (int64_t h = 0; h < bh; ++h)
+      for (int64_t i = 0; i < sq; ++i)
+        for (int64_t j = 0; j < sk; ++j) {
+          bool read = false;  // by a sequence of this bias batch
+          for (int64_t s = 0; s < c.batch && !read; ++s)
+            read = (bb == 1 || s == b) && i < t->len_q[s] && j < t->len_kv[s];
+          if (read) bias.set(bias.offset_of({b, h, i, j}), t->bias.at({b, h, i, j}));
+        }
+  t->bias = std::move(bias);
+}
+
 struct Case {
   std::string name;
   fusedattn_config config;
   TensorOptions options;
   bool poison_padding = false;
   bool expect_wgmma = true;  // on an sm_90 device with the path enabled
+  BiasLayout bias_layout = BiasLayout::kAsMade;
 };
 
 // Forward on flash (device) and on the reference (host) from the same inputs; O, LSE and
@@ -175,6 +224,7 @@ void ExpectForwardMatches(const Case& k) {
   SCOPED_TRACE(k.name);
   ProblemTensors host = MakeProblemTensors(k.config, k.options);
   if (k.poison_padding) PoisonPaddingRows(&host);
+  RelayoutBias(&host, k.bias_layout);
   ProblemTensors ref = host;
   ref.config.backend = FUSEDATTN_BACKEND_REFERENCE;
   ref.config.device = FUSEDATTN_DEVICE_CPU;
@@ -470,16 +520,113 @@ void SoftcapAlibiCases(fusedattn_dtype dtype, int64_t d, Add& add) {
   }
 }
 
+// Bias tensors (the bias variant of the Hopper forward): pre- and post-scale, in the qkv dtype
+// and float32, shared by all (bias_batch = bias_heads = 1), per head, per sequence and full, with
+// and without softcap, through the masks, windows, GQA, sinks, padding and THD, in contiguous
+// and strided layouts with NaN wherever no sequence reads (BiasLayout); lengths end mid-tile.
+template <typename Add>
+void BiasCases(fusedattn_dtype dtype, int64_t d, Add& add) {
+  TensorOptions qkv_bias;
+  qkv_bias.bias_dtype = dtype;
+  TensorOptions f32_bias;
+  f32_bias.bias_dtype = FUSEDATTN_DTYPE_FLOAT32;
+  {
+    fusedattn_config c = Config(2, 4, 4, 300, 300, d, dtype);
+    c.mask = FUSEDATTN_MASK_CAUSAL;
+    c.bias_type = FUSEDATTN_BIAS_POST_SCALE;  // [1, 1, 300, 300]
+    add("post_bias_shared_causal", c, qkv_bias);
+    c.softcap = 0.8;
+    add("softcap_post_bias_shared_causal", c, qkv_bias);
+  }
+  {
+    fusedattn_config c = Config(2, 4, 2, 333, 280, d, dtype);
+    c.window_left = 100, c.window_right = 20;
+    c.bias_type = FUSEDATTN_BIAS_PRE_SCALE;
+    c.bias_batch = 2, c.bias_heads = 4;
+    add("pre_bias_full_f32_window_100_20_gqa", c, f32_bias);
+    c.softcap = 5.0;
+    add("softcap_pre_bias_full_f32_window_100_20_gqa", c, f32_bias);
+  }
+  {
+    fusedattn_config c = Config(2, 6, 2, 77, 300, d, dtype);
+    c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    c.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+    c.bias_batch = 2;  // shared by the heads: the heads-fastest grid
+    add("post_bias_per_sequence_odd_rows_causal_bottom_right", c, qkv_bias, false,
+        BiasLayout::kOddRowsNanOutside);
+  }
+  {
+    fusedattn_config c = Config(2, 4, 4, 200, 190, d, dtype);
+    c.bias_type = FUSEDATTN_BIAS_PRE_SCALE;
+    c.bias_heads = 4;
+    add("pre_bias_per_head_f32_keys_major", c, f32_bias, false, BiasLayout::kKeysMajorNanOutside);
+    c.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+    add("post_bias_per_head_keys_major", c, qkv_bias, false, BiasLayout::kKeysMajorNanOutside);
+  }
+  {
+    fusedattn_config c = Config(2, 2, 2, 150, 40, d, dtype);  // first 110 rows see no key
+    c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+    c.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+    add("post_bias_fully_masked_rows_with_sink", c, qkv_bias);
+  }
+  {
+    fusedattn_config c = Config(3, 4, 4, 260, 250, d, dtype);
+    c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
+    c.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+    c.bias_batch = 3, c.bias_heads = 4;
+    TensorOptions o = qkv_bias;
+    o.len_q = {1, 260, 129};
+    o.len_kv = {250, 3, 200};
+    add("post_bias_full_padding_causal_nan_outside", c, o, true, BiasLayout::kDenseNanOutside);
+    c.bias_type = FUSEDATTN_BIAS_PRE_SCALE;
+    c.bias_batch = 1, c.bias_heads = 1;
+    c.softcap = 0.8;
+    o.bias_dtype = FUSEDATTN_DTYPE_FLOAT32;
+    add("softcap_pre_bias_shared_f32_padding_odd_rows_nan_outside", c, o, true,
+        BiasLayout::kOddRowsNanOutside);
+  }
+  {
+    fusedattn_config c = Config(5, 4, 2, 150, 170, d, dtype);
+    SetFormats(&c, FUSEDATTN_FORMAT_THD);
+    c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
+    c.bias_type = FUSEDATTN_BIAS_PRE_SCALE;
+    c.bias_batch = 5;
+    TensorOptions o = f32_bias;
+    o.len_q = {150, 0, 17, 1, 129};
+    o.len_kv = {170, 5, 0, 64, 129};
+    o.thd_gaps = true;
+    add("pre_bias_per_sequence_f32_thd_uneven_with_empty_gaps", c, o, false,
+        BiasLayout::kDenseNanOutside);
+    o.thd_gaps = false;
+    o.lse_packed = true;  // the heavy-first schedule
+    o.bias_dtype = dtype;
+    c.mask = FUSEDATTN_MASK_PADDING;
+    c.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+    c.bias_batch = 1, c.bias_heads = 4;
+    c.softcap = 0.8;
+    add("softcap_post_bias_per_head_thd_packed_lse_keys_major", c, o, false,
+        BiasLayout::kKeysMajorNanOutside);
+  }
+  {
+    // From 4096 keys d64 runs its long-key tile (Sm90ForwardKeysPerStep).
+    fusedattn_config c = Config(1, 2, 1, 130, 4200, d, dtype);
+    c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    c.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+    add("long_keys_post_bias_shared_causal_bottom_right_mqa", c, qkv_bias);
+  }
+}
+
 std::vector<Case> CasesFor(fusedattn_dtype dtype, int64_t d) {
   std::vector<Case> cases;
   auto add = [&](std::string name, fusedattn_config c, TensorOptions o = {},
-                 bool poison_padding = false) {
+                 bool poison_padding = false, BiasLayout bias_layout = BiasLayout::kAsMade) {
     o.seed = 4000 + cases.size() * 13 + d;
     // max_seqlen_q <= 16 runs on the decode kernel (flash_decode_test.cpp), not on wgmma, at the
     // head dims it is built for (64 and 128).
     const bool decode = c.max_seqlen_q <= 16 && c.head_dim_qk == c.head_dim_v &&
                         (c.head_dim_qk == 64 || c.head_dim_qk == 128);
-    cases.push_back({name, c, o, poison_padding, !decode});
+    cases.push_back({name, c, o, poison_padding, !decode, bias_layout});
   };
   add("no_mask", Config(2, 4, 4, 200, 200, d, dtype));
   CausalCases(dtype, d, add);
@@ -555,6 +702,7 @@ std::vector<Case> CasesFor(fusedattn_dtype dtype, int64_t d) {
     c.bias_type = FUSEDATTN_BIAS_ALIBI;
     add("long_keys_4096_softcap_alibi", c);
   }
+  BiasCases(dtype, d, add);
   return cases;
 }
 
@@ -636,8 +784,9 @@ TEST(FlashWgmma, HeadDim256SequencesEndingMidTile) {
 }
 
 // The dispatch: plain problems of the 64, 128 and 256 instances take the wgmma kernel on sm_90,
-// and so do softcap and ALiBi (the softcap-alibi variant, checked by ExpectForwardMatches); bias
-// tensors, dropout, float32 and unaligned rows do not (and stay correct).
+// and so do softcap and ALiBi (the softcap-alibi variant) and bias tensors (the bias variant;
+// variants checked by ExpectForwardMatches); dropout, float32 and unaligned rows do not (and
+// stay correct).
 TEST(FlashWgmma, PathIsTakenExactlyWhenItShouldBe) {
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
   if (!WgmmaExpected())
@@ -660,10 +809,12 @@ TEST(FlashWgmma, PathIsTakenExactlyWhenItShouldBe) {
   ExpectForwardMatches({"dropout falls back", x, {}, false, false});
   x = c;
   x.bias_type = FUSEDATTN_BIAS_POST_SCALE;
-  ExpectForwardMatches({"post-scale bias falls back", x, {}, false, false});
+  ExpectForwardMatches({"post-scale bias", x, {}, false, true});
   x.bias_type = FUSEDATTN_BIAS_PRE_SCALE;
   x.softcap = 20.0;
-  ExpectForwardMatches({"pre-scale bias with softcap falls back", x, {}, false, false});
+  ExpectForwardMatches({"pre-scale bias with softcap", x, {}, false, true});
+  x.dropout = 0.1;
+  ExpectForwardMatches({"pre-scale bias with dropout falls back", x, {}, false, false});
   x = c;
   x.head_dim_qk = x.head_dim_v = 256;
   ExpectForwardMatches({"plain d256", x, {}, false, true});
@@ -791,6 +942,106 @@ TEST(FlashWgmma, SoftcapAlibiForwardThenEitherBackward) {
       ExpectClose("dK", host.dk, ref.dk, tol);
       ExpectClose("dV", host.dv, ref.dv, tol);
     }
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
+}
+
+// Bias tensors on the Hopper forward (the bias instances) at every head dim: bias tensors sized
+// exactly [bias_batch, bias_heads, max_seqlen_q, max_seqlen_kv] with lengths that end mid-tile,
+// so that a read past a row's last key or past the last row leaves the allocation.
+TEST(FlashWgmmaSanitize, BiasSmallCases) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
+  fusedattn_config c = Config(3, 4, 2, 150, 170, 64, FUSEDATTN_DTYPE_BFLOAT16);
+  SetFormats(&c, FUSEDATTN_FORMAT_THD);
+  c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
+  c.window_left = 90;
+  c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+  c.bias_type = FUSEDATTN_BIAS_PRE_SCALE;
+  c.bias_batch = 3;
+  TensorOptions o;
+  o.len_q = {150, 0, 140};
+  o.len_kv = {170, 30, 129};
+  o.thd_gaps = true;
+  o.bias_dtype = FUSEDATTN_DTYPE_FLOAT32;
+  ExpectForwardMatches({"sanitize pre-scale f32 bias THD d64 bf16", c, o, false, true,
+                        BiasLayout::kDenseNanOutside});
+  c = Config(2, 2, 2, 200, 260, 128, FUSEDATTN_DTYPE_FLOAT16);
+  c.mask = FUSEDATTN_MASK_PADDING;
+  c.softcap = 0.8;
+  c.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+  c.bias_heads = 2;
+  TensorOptions p;
+  p.len_q = {200, 33};
+  p.len_kv = {260, 131};
+  p.bias_dtype = FUSEDATTN_DTYPE_FLOAT16;
+  ExpectForwardMatches({"sanitize softcap post-scale bias odd rows padding d128 fp16", c, p, true,
+                        true, BiasLayout::kOddRowsNanOutside});
+  c = Config(1, 2, 2, 150, 170, 128, FUSEDATTN_DTYPE_BFLOAT16);
+  c.bias_type = FUSEDATTN_BIAS_POST_SCALE;  // [1, 1, 150, 170], contiguous: paired loads
+  TensorOptions q;
+  q.bias_dtype = FUSEDATTN_DTYPE_BFLOAT16;
+  ExpectForwardMatches({"sanitize post-scale bias d128 bf16", c, q, false, true});
+  c = Config(2, 2, 1, 100, 180, 256, FUSEDATTN_DTYPE_BFLOAT16);
+  c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+  c.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+  ExpectForwardMatches({"sanitize post-scale f32 bias causal d256 bf16", c, {}, false, true});
+}
+
+// A forward on the Hopper kernel's bias variant followed by the mma.sync backward (no Hopper
+// backward has a bias tensor) in either mode, from that forward's own O and LSE: the kernels agree
+// on the scores and the LSE, so the gradients, dbias included, match the reference's.
+TEST(FlashWgmma, BiasForwardThenMmaSyncBackward) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
+#ifdef FUSEDATTN_WITH_CUDA
+  for (int64_t d : {64, 128})
+    for (int variant : {0, 1})
+      for (int deterministic : {0, 1}) {
+        fusedattn_config c = Config(2, 4, 2, 200, 230, d, FUSEDATTN_DTYPE_BFLOAT16);
+        c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+        c.deterministic = deterministic;
+        c.bias_requires_grad = 1;
+        TensorOptions o;
+        o.seed = 977 + d;
+        if (variant == 0) {  // shared by all, float32
+          c.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+          o.bias_dtype = FUSEDATTN_DTYPE_FLOAT32;
+        } else {  // softcap, one per sequence and head, bf16
+          c.softcap = 0.8;
+          c.bias_type = FUSEDATTN_BIAS_PRE_SCALE;
+          c.bias_batch = c.batch, c.bias_heads = c.heads_q;
+          o.bias_dtype = FUSEDATTN_DTYPE_BFLOAT16;
+        }
+        SCOPED_TRACE("d" + std::to_string(d) +
+                     (variant == 0 ? " post-scale bias [1, 1] f32" : " softcap pre-scale bias bf16") +
+                     (deterministic ? " deterministic" : ""));
+        ProblemTensors host = MakeProblemTensors(c, o);
+        ProblemTensors ref = host;
+        ref.config.backend = FUSEDATTN_BACKEND_REFERENCE;
+        ref.config.device = FUSEDATTN_DEVICE_CPU;
+        ASSERT_NO_THROW(Forward(ref.config, ref.fwd_args()));
+        ASSERT_NO_THROW(Backward(ref.config, ref.bwd_args()));
+        DeviceProblem dev;
+        std::string error;
+        ASSERT_TRUE(dev.upload(host, &error)) << error;
+        size_t fwd_bytes = 0, bwd_bytes = 0;
+        ASSERT_NO_THROW(fwd_bytes = FwdWorkspaceSize(c));
+        ASSERT_NO_THROW(bwd_bytes = BwdWorkspaceSize(c));
+        DeviceBuffer fwd_workspace(fwd_bytes), bwd_workspace(bwd_bytes);
+        ASSERT_NO_THROW(Forward(c, dev.fwd_args(), fwd_workspace.ptr, fwd_bytes));
+        ASSERT_NO_THROW(Backward(c, dev.bwd_args(), bwd_workspace.ptr, bwd_bytes));
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_EQ(ForwardPlanIsWgmma(c, dev.fwd_args()), WgmmaExpected());
+        EXPECT_FALSE(BackwardPlanIsWgmma(c, dev.bwd_args()));
+        ASSERT_TRUE(dev.download_outputs(&host, &error)) << error;
+        const double tol = Tolerance(c.qkv_dtype);
+        ExpectClose("O", host.o, ref.o, tol);
+        ExpectClose("LSE", host.lse, ref.lse, tol);
+        ExpectClose("dQ", host.dq, ref.dq, tol);
+        ExpectClose("dK", host.dk, ref.dk, tol);
+        ExpectClose("dV", host.dv, ref.dv, tol);
+        ExpectClose("dbias", host.dbias, ref.dbias, tol);
+      }
 #else
   GTEST_SKIP() << "built without CUDA";
 #endif

@@ -181,6 +181,9 @@ Status HopperForward(int dim, flash::KernelVariant variant, const FlashParams& p
     case flash::KernelVariant::kSoftcapAlibi:
       status = HopperForwardOf<Element, flash::Sm90Scores::kSoftcapAlibi>(dim, p, s, &launched);
       break;
+    case flash::KernelVariant::kBias:
+      status = HopperForwardOf<Element, flash::Sm90Scores::kBias>(dim, p, s, &launched);
+      break;
     default:
       return InternalError("flash: no Hopper forward of the %s variant",
                            flash::KernelVariantName(variant));

@@ -34,10 +34,12 @@
 // tile with at most 64 keys left runs both products over 64 keys.
 // The epilogue (sink, LSE, max logit, fully masked rows) is fwd_kernel.cuh's.
 // Score policies (sm90.h's Sm90Scores, a template argument): the plain instances keep S in raw
-// q.k units and fold the scale into the softmax's FFMA; the softcap-alibi instances turn S into
-// fusedattn.h's score in log2 units right after S = Q K^T completes, on every key tile (the
-// softmax then runs with a scale of 1), and the mask follows on the tiles that cross a boundary,
-// as in the plain instances.
+// q.k units and fold the scale into the softmax's FFMA; the softcap-alibi and bias instances turn
+// S into fusedattn.h's score (in units of the factor that the softmax's FFMA then applies,
+// scale_log2) right after S = Q K^T completes, on every key tile, and the mask follows on the
+// tiles that cross a boundary, as in the plain instances. The bias instances read each thread's elements of the bias tensor
+// straight from global memory into registers at the top of the step (transform_scores,
+// bias_words), and walk the heads fastest when the bias is shared by the heads.
 #pragma once
 
 #include <climits>
@@ -111,7 +113,8 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
     WgmmaForwardKernel(const __grid_constant__ Sm90Maps maps, const FlashParams p, int m_tiles) {
 #if FUSEDATTN_SM90_DEVICE
   using Tile = Sm90FwdTile<kHeadDim, kLongKeys>;
-  constexpr bool kTransformScores = kScores == Sm90Scores::kSoftcapAlibi;
+  constexpr bool kTransformScores = kScores != Sm90Scores::kPlain;
+  constexpr bool kBiasTensor = kScores == Sm90Scores::kBias;
   constexpr int kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN, kStages = Tile::kStages;
   constexpr int kColBlocks = Tile::kColBlocks, kKvBytes = Tile::kKvBytes;
   constexpr int kSTiles = kBlockN / 8;   // 8-column slices of S
@@ -124,6 +127,19 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
     if (tile.tile < 0) return;  // past the last scheduled tile
   } else {
     tile = DecomposeBlock(blockIdx.x, m_tiles, p.heads_q);
+    if constexpr (kBiasTensor) {
+      // A bias shared by the heads: heads fastest, then query tiles, then sequences, so that the
+      // blocks running together are a few query tiles of every head and read the same bias rows
+      // (a wave streams its tiles' rows from memory once for all heads, where tiles-fastest
+      // streams the whole bias once per head; K/V are then re-read once per wave instead, from
+      // L2 between the heads' blocks of a wave).
+      if (p.bias.stride_h == 0 && p.heads_q > 1) {
+        tile.h = static_cast<int>(blockIdx.x % p.heads_q);
+        const int64_t rest = blockIdx.x / p.heads_q;
+        tile.tile = static_cast<int>(rest % m_tiles);
+        tile.b = static_cast<int>(rest / m_tiles);
+      }
+    }
   }
   const int b = tile.b, h = tile.h, hk = h / p.group;
   const SeqInfo seq = LoadSeq(p, b);
@@ -263,6 +279,133 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
   const int wg_m0 = m0 + wg * 64;
   const int row0 = wg_m0 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
 
+  // The bias tensor (kBias instances): this thread's fragment of a key tile, element (nt, c) of
+  // row r at key n0 + 8 nt + 2 t + c of row row0 + 8 r, loaded as raw 32-bit words at the top of
+  // the step that uses it, before its waits for K, the turn and S = Q K^T, so that the loads run
+  // under them (the words then hold kBlockN / 4 registers through the step). Two 16-bit elements
+  // (the qkv dtype) per word: the whole fragment; float32: one element per word, so the words
+  // hold the first half of the fragment's slices, and the second half is loaded once the first
+  // is applied (holding all of it, 64 more registers at d128, would spill; the top of the step
+  // prefetches it into L1, which holds no registers). Elements of rows at or past len_q and keys
+  // at or past len_kv are not read (0; the mask hides them), so nothing outside the sequence's
+  // [len_q, len_kv] corner of the bias is touched.
+  constexpr int kBiasWords = kBiasTensor ? kBlockN / 4 : 1;
+  uint32_t bias_words[kBiasWords];
+  const unsigned char* bias_row[2] = {nullptr, nullptr};  // rows row0, row0 + 8 (null: past len_q)
+  bool bias_fp32 = false, bias_pairs = false;
+  int64_t bias_stride_kv = 0;  // bytes
+  if constexpr (kBiasTensor) {
+    bias_fp32 = p.bias.dtype == FUSEDATTN_DTYPE_FLOAT32;
+    const int64_t size = bias_fp32 ? 4 : 2;
+    bias_stride_kv = p.bias.stride_kv * size;
+    // Both elements of a pair with one load: keys contiguous and every pair 2-element aligned.
+    bias_pairs = p.bias.stride_kv == 1 && reinterpret_cast<uintptr_t>(p.bias.data) % (2 * size) == 0 &&
+                 p.bias.stride_q % 2 == 0 && p.bias.stride_h % 2 == 0 && p.bias.stride_b % 2 == 0;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t i = row0 + 8 * r;
+      if (i < seq.len_q)
+        bias_row[r] = static_cast<const unsigned char*>(p.bias.data) +
+                      (b * p.bias.stride_b + h * p.bias.stride_h + i * p.bias.stride_q) * size;
+    }
+  }
+  // 16-bit bias: the pairs (nt, r) of the tile at n0 into bias_words[2 nt + r]. A tile inside
+  // the keys with paired loads (every tile of a long sequence but its last) takes one 32-bit load
+  // per pair, predicated on the row only; the others check every key.
+  auto load_bias16 = [&](int n0) {
+    if (bias_pairs && n0 + kBlockN <= seq.len_kv) {
+#pragma unroll
+      for (int nt = 0; nt < kSTiles; ++nt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int64_t j = n0 + 8 * nt + 2 * t;
+          bias_words[2 * nt + r] =
+              bias_row[r] != nullptr
+                  ? __ldg(reinterpret_cast<const unsigned int*>(bias_row[r] + 2 * j))
+                  : 0u;
+        }
+      return;
+    }
+#pragma unroll
+    for (int nt = 0; nt < kSTiles; ++nt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int j = n0 + 8 * nt + 2 * t;
+        uint32_t w = 0;
+        if (bias_row[r] != nullptr && j < seq.len_kv) {
+          if (bias_pairs && j + 1 < seq.len_kv) {
+            w = __ldg(reinterpret_cast<const unsigned int*>(bias_row[r] + 2 * int64_t{j}));
+          } else {
+            const unsigned char* at = bias_row[r] + j * bias_stride_kv;
+            w = __ldg(reinterpret_cast<const unsigned short*>(at));
+            if (j + 1 < seq.len_kv)
+              w |= uint32_t{__ldg(reinterpret_cast<const unsigned short*>(at + bias_stride_kv))}
+                   << 16;
+          }
+        }
+        bias_words[2 * nt + r] = w;
+      }
+  };
+  // float32 bias: slices [nt_first, nt_first + kSTiles / 2) of the tile at n0, element (nt, r, c)
+  // into bias_words[4 (nt - nt_first) + 2 r + c] (a tile inside the keys as load_bias16's).
+  auto load_bias32 = [&](int n0, int nt_first) {
+    if (bias_pairs && n0 + kBlockN <= seq.len_kv) {
+#pragma unroll
+      for (int k = 0; k < kSTiles / 2; ++k)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int64_t j = n0 + 8 * (nt_first + k) + 2 * t;
+          uint2 pair = make_uint2(0u, 0u);
+          if (bias_row[r] != nullptr)
+            pair = __ldg(reinterpret_cast<const uint2*>(bias_row[r] + 4 * j));
+          bias_words[4 * k + 2 * r] = pair.x;
+          bias_words[4 * k + 2 * r + 1] = pair.y;
+        }
+      return;
+    }
+#pragma unroll
+    for (int k = 0; k < kSTiles / 2; ++k)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int j = n0 + 8 * (nt_first + k) + 2 * t;
+        uint32_t w0 = 0, w1 = 0;
+        if (bias_row[r] != nullptr && j < seq.len_kv) {
+          if (bias_pairs && j + 1 < seq.len_kv) {
+            const uint2 pair = __ldg(reinterpret_cast<const uint2*>(bias_row[r] + 4 * int64_t{j}));
+            w0 = pair.x, w1 = pair.y;
+          } else {
+            const unsigned char* at = bias_row[r] + j * bias_stride_kv;
+            w0 = __ldg(reinterpret_cast<const unsigned int*>(at));
+            if (j + 1 < seq.len_kv)
+              w1 = __ldg(reinterpret_cast<const unsigned int*>(at + bias_stride_kv));
+          }
+        }
+        bias_words[4 * k + 2 * r] = w0;
+        bias_words[4 * k + 2 * r + 1] = w1;
+      }
+  };
+  // What a step loads at its top: the fragment (16-bit) or its first half (float32). The second
+  // float32 half is prefetched into L1 there (no registers held), on tiles inside the keys with
+  // paired loads, so that its loads after the first half's use find it close.
+  auto load_bias = [&](int n0) {
+    if constexpr (kBiasTensor) {
+      if (bias_fp32) {
+        load_bias32(n0, 0);
+        if (bias_pairs && n0 + kBlockN <= seq.len_kv) {
+#pragma unroll
+          for (int k = 0; k < kSTiles / 2; ++k)
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+              if (bias_row[r] != nullptr)
+                asm volatile("prefetch.global.L1 [%0];" ::"l"(
+                    bias_row[r] + 4 * int64_t{n0 + 8 * (kSTiles / 2 + k) + 2 * t}));
+        }
+      } else {
+        load_bias16(n0);
+      }
+    }
+  };
+
   float acc_o[kHeadDim / 2];
 #pragma unroll
   for (int i = 0; i < kHeadDim / 2; ++i) acc_o[i] = 0.f;
@@ -270,9 +413,12 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
   float row_sum[2] = {0.f, 0.f};              // this thread's columns only
   // What takes S's units to log2 units: scale * log2(e) (> 0, checked by the launcher) where S is
   // q.k, softcap * log2(e) where transform_scores leaves the softcap's tanh in S; the softmax's
-  // FFMA applies it, so the transform spends no multiply of its own on it.
-  const float scale_log2 = kTransformScores && p.softcap > 0.f ? p.softcap * kLog2e
-                                                                : p.scale * kLog2e;
+  // FFMA applies it, so the transform spends no multiply of its own on it. log2(e) where S is
+  // the score itself (a post-scale bias: added after the scale and the softcap).
+  const float scale_log2 =
+      kBiasTensor && p.bias_type == FUSEDATTN_BIAS_POST_SCALE ? kLog2e
+      : kTransformScores && p.softcap > 0.f                   ? p.softcap * kLog2e
+                                                              : p.scale * kLog2e;
 
   const uint32_t q_addr = SmemAddress(q_s) + wg * 64 * 128;
   const uint32_t k_addr = SmemAddress(k_s), v_addr = SmemAddress(v_s);
@@ -327,11 +473,74 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
     __syncwarp();
     if (lane == 0) sm90::MbarArrive(empty);
   };
-  // The softcap-alibi instances: S becomes fusedattn.h's score over scale_log2, on every tile
-  // (sm90_scores.cuh, the backward's arithmetic too): the softcap's tanh (or q.k without one)
-  // minus ALiBi's term with the slope divided by scale_log2. Masked elements are set after it.
+  // The softcap-alibi and bias instances: S becomes fusedattn.h's score over scale_log2, on every
+  // tile; masked elements are set after it.
+  //  softcap-alibi (sm90_scores.cuh, the backward's arithmetic too): the softcap's tanh (or q.k
+  //    without one) minus ALiBi's term with the slope divided by scale_log2;
+  //  bias (fusedattn.h's order, ScoreOf's arithmetic): a pre-scale bias b is added to q.k before
+  //    the scale and the softcap's tanh, S = tanh(scale (q.k + b) / softcap) (q.k + b without a
+  //    softcap), scale_log2 as for softcap-alibi; a post-scale one after them, in natural units,
+  //    S = softcap tanh(scale q.k / softcap) + b (scale q.k + b), scale_log2 = log2(e).
+  // bias_slices: slices [nt_first, nt_first + kNt) of S, bias_at(k, r, c) the bias of element
+  // (nt_first + k, r, c).
+  auto bias_slices = [&](auto& s, int nt_first, auto nt_count, const auto& bias_at) {
+    using Scores = sm90::SoftcapAlibiScores;
+    constexpr int kNt = decltype(nt_count)::value;
+    if (p.bias_type == FUSEDATTN_BIAS_PRE_SCALE) {
+#pragma unroll
+      for (int k = 0; k < kNt; ++k)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) s[4 * (nt_first + k) + 2 * r + c] += bias_at(k, r, c);
+      if (p.softcap > 0.f) {
+        const Scores scores(p);
+#pragma unroll
+        for (int e = 4 * nt_first; e < 4 * (nt_first + kNt); ++e) s[e] = scores.Tanh(s[e]);
+      }
+    } else if (p.softcap > 0.f) {
+      const Scores scores(p);
+#pragma unroll
+      for (int k = 0; k < kNt; ++k)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            float& x = s[4 * (nt_first + k) + 2 * r + c];
+            x = fmaf(p.softcap, scores.Tanh(x), bias_at(k, r, c));
+          }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kNt; ++k)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            float& x = s[4 * (nt_first + k) + 2 * r + c];
+            x = fmaf(x, p.scale, bias_at(k, r, c));
+          }
+    }
+  };
   auto transform_scores = [&](auto& s, int n0) {
-    if constexpr (kTransformScores) {
+    if constexpr (kBiasTensor) {
+      if (bias_fp32) {
+        auto fp32_at = [&](int k, int r, int c) {
+          return __uint_as_float(bias_words[4 * k + 2 * r + c]);
+        };
+        bias_slices(s, 0, sm90::Static<kSTiles / 2>(), fp32_at);
+        load_bias32(n0, kSTiles / 2);  // the second half (prefetched into L1: see load_bias)
+        bias_slices(s, kSTiles / 2, sm90::Static<kSTiles / 2>(), fp32_at);
+      } else {
+        auto bits16_at = [&](int k, int r, int c) {
+          const uint32_t w = bias_words[2 * k + r];
+          if constexpr (std::is_same_v<Element, Bfloat16>)
+            return __uint_as_float(c == 0 ? w << 16 : w & 0xffff0000u);
+          else
+            return __half2float(__ushort_as_half(static_cast<unsigned short>(c == 0 ? w : w >> 16)));
+        };
+        bias_slices(s, 0, sm90::Static<kSTiles>(), bits16_at);
+      }
+    } else if constexpr (kTransformScores) {
       using Scores = sm90::SoftcapAlibiScores;
       constexpr int kS = kBlockN / 2;
       if (p.softcap > 0.f) {
@@ -448,6 +657,7 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
     {
       const int n0 = (n_tile_end - 1) * kBlockN;
       float s[kBlockN / 2];  // S, then its exponentials
+      load_bias(n0);
       sm90::MbarWait(k_full, 0);
       // S over all kBlockN keys even on a half tile (the columns past the keys are masked
       // below): an m64n64 product here, into s or into registers of its own, made ptxas
@@ -471,6 +681,7 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
       const bool wait_turn = ping_pong && !(wg == 0 && it == 1);
       const bool pass_turn = ping_pong && !(wg == 1 && it == loop_count - 1);
       float s[kBlockN / 2];
+      load_bias(n0);  // bias instances: this step's bias, in flight through the waits below
       if constexpr (Tile::kOverlapSoftmax) {
         // Both products issued back to back; the softmax of S(it) runs while the tensor cores
         // still compute O += P V; then O is rescaled (d256: before O += P V, while S runs) and
@@ -604,11 +815,23 @@ Status LaunchWgmmaForwardTile(const FlashParams& p, cudaStream_t stream, bool* l
   return Status::Ok();
 }
 
+// Whether the bias instances run a problem: a pre- or post-scale bias tensor (of the qkv dtype or
+// float32), softcap or not, no dropout (the planner's HopperVariantOf on the config).
+template <typename Element>
+bool Sm90BiasProblem(const FlashParams& p) {
+  const fusedattn_dtype element =
+      std::is_same_v<Element, Bfloat16> ? FUSEDATTN_DTYPE_BFLOAT16 : FUSEDATTN_DTYPE_FLOAT16;
+  return (p.bias_type == FUSEDATTN_BIAS_PRE_SCALE || p.bias_type == FUSEDATTN_BIAS_POST_SCALE) &&
+         p.bias.data != nullptr && !p.dropout &&
+         (p.bias.dtype == element || p.bias.dtype == FUSEDATTN_DTYPE_FLOAT32);
+}
+
 template <typename Element, int kHeadDim, Sm90Scores kScores>
 Status LaunchWgmmaForward(const FlashParams& p, cudaStream_t stream, bool* launched) {
   *launched = false;
-  const bool policy_runs_it =
-      kScores == Sm90Scores::kPlain ? !NeedsFullKernel(p) : Sm90SoftcapAlibiProblem(p);
+  const bool policy_runs_it = kScores == Sm90Scores::kPlain          ? !NeedsFullKernel(p)
+                              : kScores == Sm90Scores::kSoftcapAlibi ? Sm90SoftcapAlibiProblem(p)
+                                                                     : Sm90BiasProblem<Element>(p);
   if (!policy_runs_it || !(p.scale > 0.f) || p.head_dim_qk > kHeadDim ||
       p.head_dim_v > kHeadDim || p.qkv_dtype != p.o_dtype)
     return Status::Ok();

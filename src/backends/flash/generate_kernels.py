@@ -11,7 +11,8 @@ HopperInstance for SM90_HEAD_DIMS).
 The Hopper kernels (wgmma + TMA: fwd_kernel_sm90.cuh, bwd_kernel_sm90.cuh) have their own
 instances, flash_fwd_sm90_*.cu and flash_bwd_sm90_*.cu, for the head dims of SM90_DIRECTIONS
 (the backward has no d256 tile yet); each direction has one set per score policy (sm90.h's
-Sm90Scores: plain, and flash_{fwd,bwd}_sm90_softcap_alibi_*.cu), and the backward one more per
+Sm90Scores: plain, and flash_{fwd,bwd}_sm90_softcap_alibi_*.cu; the forward also
+flash_fwd_sm90_bias_*.cu), and the backward one more per
 policy for deterministic mode (flash_bwd_sm90_[softcap_alibi_]deterministic_*.cu); CMake compiles them
 only when CMAKE_CUDA_ARCHITECTURES contains 90a, and for 90a alone (the other instances are
 compiled for every listed architecture).
@@ -44,7 +45,8 @@ template Status {launcher}<{element}, {dim}>(const FlashParams&, cudaStream_t);
 SM90_DIRECTIONS = {
     # name: (header, launcher, head dims, variants: file name part -> extra template arguments)
     "fwd": ("fwd_kernel_sm90.cuh", "LaunchWgmmaForward", [64, 128, 256],
-            {"": ", Sm90Scores::kPlain", "softcap_alibi_": ", Sm90Scores::kSoftcapAlibi"}),
+            {"": ", Sm90Scores::kPlain", "softcap_alibi_": ", Sm90Scores::kSoftcapAlibi",
+             "bias_": ", Sm90Scores::kBias"}),
     "bwd": ("bwd_kernel_sm90.cuh", "LaunchWgmmaBackward", [64, 128],
             {"": ", Sm90Scores::kPlain, false",
              "softcap_alibi_": ", Sm90Scores::kSoftcapAlibi, false",

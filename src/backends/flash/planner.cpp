@@ -8,7 +8,8 @@
 //     the device's shared memory, with q, k, v (and dO) rows contiguous and 16-byte aligned:
 //     a. the Hopper kernels: a build with sm_90a kernels, an sm_90 device, FUSEDATTN_FLASH_WGMMA
 //        not 0, instance 64, 128 (or 256, forward), tensors TMA can describe, the plain variant
-//        or softcap/ALiBi (variant softcap-alibi; no bias tensor or dropout); the forward also
+//        or softcap/ALiBi (variant softcap-alibi; no bias tensor or dropout), and in the forward
+//        also a bias tensor with or without softcap (variant bias; no dropout); the forward also
 //        needs scale > 0; THD problems take the heavy-first schedule where the workspace holds
 //        one (and, forward, the LSE is absent or packed). config.deterministic runs there too:
 //        the backward's deterministic instances add dQ in a fixed key order (dQ fixed-order+
@@ -49,6 +50,7 @@ const char* KernelVariantName(KernelVariant variant) {
     case KernelVariant::kPlain: return "plain";
     case KernelVariant::kFull: return "full";
     case KernelVariant::kSoftcapAlibi: return "softcap-alibi";
+    case KernelVariant::kBias: return "bias";
   }
   return "?";
 }
@@ -105,7 +107,7 @@ KernelVariant VariantOf(const Problem& p) {
 
 // The Hopper kernels' variant of a problem (forward and backward): plain, softcap-alibi (softcap
 // and/or ALiBi, the launchers' Sm90SoftcapAlibiProblem), or kFull where they have none (a bias
-// tensor, dropout).
+// tensor, dropout). The forward's is HopperForwardVariantOf (below).
 KernelVariant HopperVariantOf(const Problem& p) {
   const auto& c = p.config;
   if (c.dropout > 0.0 || c.bias_type == FUSEDATTN_BIAS_PRE_SCALE ||
@@ -113,6 +115,16 @@ KernelVariant HopperVariantOf(const Problem& p) {
     return KernelVariant::kFull;
   if (c.softcap > 0.0 || c.bias_type == FUSEDATTN_BIAS_ALIBI) return KernelVariant::kSoftcapAlibi;
   return KernelVariant::kPlain;
+}
+
+// The Hopper forward's variant: HopperVariantOf's, or bias (a pre- or post-scale bias tensor,
+// softcap or not, no dropout: the launcher's Sm90BiasProblem), which only the forward has.
+KernelVariant HopperForwardVariantOf(const Problem& p) {
+  const auto& c = p.config;
+  if (c.dropout == 0.0 &&
+      (c.bias_type == FUSEDATTN_BIAS_PRE_SCALE || c.bias_type == FUSEDATTN_BIAS_POST_SCALE))
+    return KernelVariant::kBias;
+  return HopperVariantOf(p);
 }
 
 // Shared memory of the tensor-core kernels of a padded head dim (float16/bfloat16): the forward
@@ -478,8 +490,8 @@ ForwardPlan PlanForward(const Problem& p, const FwdTensors& t, const DeviceFacts
     plan.why = Format("hopper kernels: %s", device);
   } else if (!HopperInstance(dim, /*backward=*/false)) {
     plan.why = Format("hopper forward: instances 64, 128 and 256 only (this is %d)", dim);
-  } else if (HopperVariantOf(p) == KernelVariant::kFull) {
-    plan.why = "hopper forward: no bias tensor or dropout (softcap and ALiBi run there)";
+  } else if (HopperForwardVariantOf(p) == KernelVariant::kFull) {
+    plan.why = "hopper forward: no dropout (softcap, ALiBi and bias tensors run there)";
   } else if (!(p.scale() > 0.0)) {
     plan.why = "hopper forward: attn_scale > 0 only";
   } else if (!TmaDescribes(t.q, true, p) || !TmaDescribes(t.k, false, p) ||
@@ -489,7 +501,7 @@ ForwardPlan PlanForward(const Problem& p, const FwdTensors& t, const DeviceFacts
     plan.why = "hopper forward: more blocks than a CUDA grid holds";
   } else {
     plan.path = KernelPath::kHopperWgmma;
-    plan.variant = HopperVariantOf(p);
+    plan.variant = HopperForwardVariantOf(p);
     plan.keys_per_step = Sm90ForwardKeysPerStep(dim, c.max_seqlen_kv);
     // THD: the heavy-first schedule, where no row outside the sequences is written anyway; a
     // [batch, heads, max_seqlen_q] LSE gets -inf past len_q from the plain grid only.

@@ -35,8 +35,9 @@ const char* KernelPathName(KernelPath path);
 
 // The plain kernel keeps the registers that bias, ALiBi, softcap and dropout need in the full one
 // (mma.sync, score_mod-jit). The Hopper forward and backward have the plain variant and
-// softcap-alibi (softcap and/or ALiBi, sm90.h's Sm90Scores).
-enum class KernelVariant : int { kPlain = 0, kFull = 1, kSoftcapAlibi = 2 };
+// softcap-alibi (softcap and/or ALiBi, sm90.h's Sm90Scores); the Hopper forward also bias (a
+// pre- or post-scale bias tensor, softcap or not).
+enum class KernelVariant : int { kPlain = 0, kFull = 1, kSoftcapAlibi = 2, kBias = 3 };
 const char* KernelVariantName(KernelVariant variant);
 
 // The order of a kernel's blocks: one per (tile, head, sequence) of the longest sequence, or the

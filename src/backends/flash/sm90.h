@@ -23,9 +23,13 @@ bool WgmmaAllowedByEnvironment();
 // other:
 //  kPlain: s = scale * q.k (masks, windows, sinks, off-by-one);
 //  kSoftcapAlibi: softcap and/or ALiBi with the caller's slopes (fusedattn.h's pipeline without a
-//    bias tensor, sm90_scores.cuh), applied to every key tile before the mask.
-// Bias tensors and dropout have no Hopper kernels: the mma.sync full variant runs them.
-enum class Sm90Scores : int { kPlain = 0, kSoftcapAlibi = 1 };
+//    bias tensor, sm90_scores.cuh), applied to every key tile before the mask;
+//  kBias (forward only): a pre- or post-scale bias tensor (qkv dtype or float32, any strides,
+//    broadcast over batch and heads), with or without softcap, each thread's elements read from
+//    global memory (fwd_kernel_sm90.cuh).
+// Dropout has no Hopper kernels, nor bias tensors a Hopper backward: the mma.sync full variant
+// runs them.
+enum class Sm90Scores : int { kPlain = 0, kSoftcapAlibi = 1, kBias = 2 };
 
 // The wgmma forward on head dims padded to kHeadDim (64, 128 or 256) with the score policy
 // kScores, when the planner chose it (planner.cpp: the problem, the tensors TMA can describe,
