@@ -838,25 +838,51 @@ TEST(FlashWgmma, PathIsTakenExactlyWhenItShouldBe) {
   ExpectForwardMatches({"unaligned rows fall back", x, padded, false, false});
 }
 
-// Small problems for compute-sanitizer (memcheck, racecheck, synccheck).
-TEST(FlashWgmmaSanitize, SmallCases) {
-  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
+// The sanitize suites' two standard problems, with `variant` applied to both configs: THD at
+// d64 bf16 (gaps between sequences, an empty one, bottom-right causal with a window, a sink) and
+// a padding mask at d128 fp16 (NaN in the padding). `what` names the variant in the case names.
+template <typename Variant>
+std::vector<Case> SanitizeCases(const std::string& what, Variant variant) {
+  std::vector<Case> cases;
   fusedattn_config c = Config(3, 4, 2, 150, 170, 64, FUSEDATTN_DTYPE_BFLOAT16);
   SetFormats(&c, FUSEDATTN_FORMAT_THD);
   c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
   c.window_left = 90;
   c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+  variant(c);
   TensorOptions o;
   o.len_q = {150, 0, 140};
   o.len_kv = {170, 30, 129};
   o.thd_gaps = true;
-  ExpectForwardMatches({"sanitize THD d64 bf16", c, o, false, true});
+  cases.push_back({"sanitize " + what + "THD d64 bf16", c, o, false, true});
   c = Config(2, 2, 2, 200, 260, 128, FUSEDATTN_DTYPE_FLOAT16);
   c.mask = FUSEDATTN_MASK_PADDING;
+  variant(c);
   TensorOptions p;
   p.len_q = {200, 33};
   p.len_kv = {260, 131};
-  ExpectForwardMatches({"sanitize padding d128 fp16", c, p, true, true});
+  cases.push_back({"sanitize " + what + "padding d128 fp16", c, p, true, true});
+  return cases;
+}
+
+void NoVariant(fusedattn_config&) {}
+void SoftcapAndAlibi(fusedattn_config& c) {
+  c.softcap = 0.8;
+  c.bias_type = FUSEDATTN_BIAS_ALIBI;
+}
+// The backward's problems: no max_logit (the backward does not take it).
+template <typename Variant>
+std::vector<Case> BackwardSanitizeCases(const std::string& what, Variant variant) {
+  return SanitizeCases(what, [&](fusedattn_config& c) {
+    variant(c);
+    c.return_max_logit = 0;
+  });
+}
+
+// Small problems for compute-sanitizer (memcheck, racecheck, synccheck).
+TEST(FlashWgmmaSanitize, SmallCases) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
+  for (const Case& k : SanitizeCases("", NoVariant)) ExpectForwardMatches(k);
 }
 
 // d64's long-key tile (from 4096 keys): THD with a sequence ending mid-tile and an empty one.
@@ -875,26 +901,8 @@ TEST(FlashWgmmaSanitize, LongKeyTileD64) {
 // Softcap and ALiBi on the Hopper forward (the softcap-alibi instances) at every head dim.
 TEST(FlashWgmmaSanitize, SoftcapAlibiSmallCases) {
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
-  fusedattn_config c = Config(3, 4, 2, 150, 170, 64, FUSEDATTN_DTYPE_BFLOAT16);
-  SetFormats(&c, FUSEDATTN_FORMAT_THD);
-  c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
-  c.window_left = 90;
-  c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
-  c.softcap = 0.8;
-  c.bias_type = FUSEDATTN_BIAS_ALIBI;
-  TensorOptions o;
-  o.len_q = {150, 0, 140};
-  o.len_kv = {170, 30, 129};
-  o.thd_gaps = true;
-  ExpectForwardMatches({"sanitize softcap alibi THD d64 bf16", c, o, false, true});
-  c = Config(2, 2, 2, 200, 260, 128, FUSEDATTN_DTYPE_FLOAT16);
-  c.mask = FUSEDATTN_MASK_PADDING;
-  c.softcap = 0.8;
-  TensorOptions p;
-  p.len_q = {200, 33};
-  p.len_kv = {260, 131};
-  ExpectForwardMatches({"sanitize softcap padding d128 fp16", c, p, true, true});
-  c = Config(2, 2, 1, 100, 180, 256, FUSEDATTN_DTYPE_BFLOAT16);
+  for (const Case& k : SanitizeCases("softcap alibi ", SoftcapAndAlibi)) ExpectForwardMatches(k);
+  fusedattn_config c = Config(2, 2, 1, 100, 180, 256, FUSEDATTN_DTYPE_BFLOAT16);
   c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
   c.bias_type = FUSEDATTN_BIAS_ALIBI;
   ExpectForwardMatches({"sanitize alibi causal d256 bf16", c, {}, false, true});
@@ -1447,24 +1455,7 @@ TEST(FlashWgmmaBwd, PathIsTakenExactlyWhenItShouldBe) {
 //   compute-sanitizer --tool racecheck build/tests/fusedattn_gpu_tests --gtest_filter='FlashWgmmaBwdSanitize*'
 TEST(FlashWgmmaBwdSanitize, SmallCases) {
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
-  fusedattn_config c = Config(3, 4, 2, 150, 170, 64, FUSEDATTN_DTYPE_BFLOAT16);
-  c.return_max_logit = 0;
-  SetFormats(&c, FUSEDATTN_FORMAT_THD);
-  c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
-  c.window_left = 90;
-  c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
-  TensorOptions o;
-  o.len_q = {150, 0, 140};
-  o.len_kv = {170, 30, 129};
-  o.thd_gaps = true;
-  ExpectBackwardMatches({"sanitize THD d64 bf16", c, o, false, true});
-  c = Config(2, 2, 2, 200, 260, 128, FUSEDATTN_DTYPE_FLOAT16);
-  c.return_max_logit = 0;
-  c.mask = FUSEDATTN_MASK_PADDING;
-  TensorOptions p;
-  p.len_q = {200, 33};
-  p.len_kv = {260, 131};
-  ExpectBackwardMatches({"sanitize padding d128 fp16", c, p, true, true});
+  for (const Case& k : BackwardSanitizeCases("", NoVariant)) ExpectBackwardMatches(k);
 }
 
 // Deterministic mode (the deterministic instances: tickets, the dQ order flags, the waits) at
@@ -1506,28 +1497,9 @@ TEST(FlashWgmmaBwdSanitize, DeterministicSmallCases) {
 //   compute-sanitizer --tool memcheck build/tests/fusedattn_gpu_tests --gtest_filter='FlashWgmmaBwdSanitize.SoftcapAlibiSmallCases'
 TEST(FlashWgmmaBwdSanitize, SoftcapAlibiSmallCases) {
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
-  fusedattn_config c = Config(3, 4, 2, 150, 170, 64, FUSEDATTN_DTYPE_BFLOAT16);
-  c.return_max_logit = 0;
-  SetFormats(&c, FUSEDATTN_FORMAT_THD);
-  c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
-  c.window_left = 90;
-  c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
-  c.softcap = 0.8;
-  c.bias_type = FUSEDATTN_BIAS_ALIBI;
-  TensorOptions o;
-  o.len_q = {150, 0, 140};
-  o.len_kv = {170, 30, 129};
-  o.thd_gaps = true;
-  ExpectBackwardMatches({"sanitize softcap alibi THD d64 bf16", c, o, false, true});
-  c = Config(2, 2, 2, 200, 260, 128, FUSEDATTN_DTYPE_FLOAT16);
-  c.return_max_logit = 0;
-  c.mask = FUSEDATTN_MASK_PADDING;
-  c.softcap = 0.8;
-  TensorOptions p;
-  p.len_q = {200, 33};
-  p.len_kv = {260, 131};
-  ExpectBackwardMatches({"sanitize softcap padding d128 fp16", c, p, true, true});
-  c = Config(2, 4, 1, 100, 180, 128, FUSEDATTN_DTYPE_BFLOAT16);
+  for (const Case& k : BackwardSanitizeCases("softcap alibi ", SoftcapAndAlibi))
+    ExpectBackwardMatches(k);
+  fusedattn_config c = Config(2, 4, 1, 100, 180, 128, FUSEDATTN_DTYPE_BFLOAT16);
   c.return_max_logit = 0;
   c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
   c.bias_type = FUSEDATTN_BIAS_ALIBI;
