@@ -77,6 +77,16 @@ size_t Aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 // ---- Forward: which path ----
 
+// The forward plan of `c`: the Hopper kernel at instance d with `variant`, no refusal on the way.
+void ExpectHopperForward(const fusedattn_config& c, int64_t d, KernelVariant variant) {
+  ForwardPlan plan = Forward(c);
+  ASSERT_TRUE(plan.status.ok()) << plan.status.message();
+  EXPECT_EQ(plan.path, KernelPath::kHopperWgmma);
+  EXPECT_EQ(plan.instance, d);
+  EXPECT_EQ(plan.variant, variant);
+  EXPECT_TRUE(plan.why.empty()) << plan.why;
+}
+
 TEST(FlashPlanForward, PlainD128OnH100RunsTheHopperKernel) {
   ForwardPlan plan = Forward(Config(128));
   ASSERT_TRUE(plan.status.ok()) << plan.status.message();
@@ -161,24 +171,9 @@ TEST(FlashPlanForward, BiasTensorsTakeTheBiasVariantOfTheHopperForward) {
     post.bias_batch = post.batch, post.bias_heads = post.heads_q;
     broadcast.bias_type = FUSEDATTN_BIAS_POST_SCALE;
     broadcast.softmax_type = FUSEDATTN_SOFTMAX_OFF_BY_ONE;
-    for (const fusedattn_config& c : {pre, post, broadcast}) {
-      ForwardPlan plan = Forward(c);
-      ASSERT_TRUE(plan.status.ok()) << plan.status.message();
-      EXPECT_EQ(plan.path, KernelPath::kHopperWgmma);
-      EXPECT_EQ(plan.instance, d);
-      EXPECT_EQ(plan.variant, KernelVariant::kBias);
-      EXPECT_TRUE(plan.why.empty()) << plan.why;
-    }
+    for (const fusedattn_config& c : {pre, post, broadcast})
+      ExpectHopperForward(c, d, KernelVariant::kBias);
   }
-}
-
-TEST(FlashPlanForward, BiasThdTakesTheHeavyFirstSchedule) {
-  fusedattn_config c = Thd(Config());
-  c.bias_type = FUSEDATTN_BIAS_PRE_SCALE;
-  ForwardPlan plan = Forward(c);
-  EXPECT_EQ(plan.path, KernelPath::kHopperWgmma);
-  EXPECT_EQ(plan.variant, KernelVariant::kBias);
-  EXPECT_EQ(plan.schedule, TileSchedule::kThdHeavyFirst);
 }
 
 TEST(FlashPlanForward, BiasOffHopperTakesTheFullVariantOnMmaSync) {
@@ -207,24 +202,21 @@ TEST(FlashPlanForward, SoftcapAndAlibiTakeTheSoftcapAlibiVariantOfTheHopperForwa
     both.bias_type = FUSEDATTN_BIAS_ALIBI;
     both.mask = FUSEDATTN_MASK_CAUSAL;
     both.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
-    for (const fusedattn_config& c : {softcap, alibi, both}) {
-      ForwardPlan plan = Forward(c);
-      ASSERT_TRUE(plan.status.ok()) << plan.status.message();
-      EXPECT_EQ(plan.path, KernelPath::kHopperWgmma);
-      EXPECT_EQ(plan.instance, d);
-      EXPECT_EQ(plan.variant, KernelVariant::kSoftcapAlibi);
-      EXPECT_TRUE(plan.why.empty()) << plan.why;
-    }
+    for (const fusedattn_config& c : {softcap, alibi, both})
+      ExpectHopperForward(c, d, KernelVariant::kSoftcapAlibi);
   }
 }
 
-TEST(FlashPlanForward, SoftcapAlibiThdTakesTheHeavyFirstSchedule) {
-  fusedattn_config c = Thd(Config());
-  c.bias_type = FUSEDATTN_BIAS_ALIBI;
-  ForwardPlan plan = Forward(c);
-  EXPECT_EQ(plan.path, KernelPath::kHopperWgmma);
-  EXPECT_EQ(plan.variant, KernelVariant::kSoftcapAlibi);
-  EXPECT_EQ(plan.schedule, TileSchedule::kThdHeavyFirst);
+TEST(FlashPlanForward, VariantsOnThdTakeTheHeavyFirstSchedule) {
+  for (fusedattn_bias bias : {FUSEDATTN_BIAS_ALIBI, FUSEDATTN_BIAS_PRE_SCALE}) {
+    fusedattn_config c = Thd(Config());
+    c.bias_type = bias;
+    ForwardPlan plan = Forward(c);
+    EXPECT_EQ(plan.path, KernelPath::kHopperWgmma);
+    EXPECT_EQ(plan.variant, bias == FUSEDATTN_BIAS_ALIBI ? KernelVariant::kSoftcapAlibi
+                                                         : KernelVariant::kBias);
+    EXPECT_EQ(plan.schedule, TileSchedule::kThdHeavyFirst);
+  }
 }
 
 TEST(FlashPlanForward, SoftcapAndAlibiOffHopperTakeTheFullVariantOnMmaSync) {
