@@ -908,6 +908,45 @@ TEST(FlashWgmmaSanitize, SoftcapAlibiSmallCases) {
   ExpectForwardMatches({"sanitize alibi causal d256 bf16", c, {}, false, true});
 }
 
+#ifdef FUSEDATTN_WITH_CUDA
+// The forward and then the backward of c on the device, the backward from that forward's own O
+// and LSE (as a training step runs them), and both on the reference backend on the host from the
+// same inputs: *host receives the device's outputs, *ref the reference's; *dev keeps the device
+// tensors (for the plan checks).
+void ForwardThenBackwardOnDeviceAndReference(const fusedattn_config& c, const TensorOptions& o,
+                                             ProblemTensors* host, ProblemTensors* ref,
+                                             DeviceProblem* dev) {
+  *host = MakeProblemTensors(c, o);
+  *ref = *host;
+  ref->config.backend = FUSEDATTN_BACKEND_REFERENCE;
+  ref->config.device = FUSEDATTN_DEVICE_CPU;
+  ASSERT_NO_THROW(Forward(ref->config, ref->fwd_args()));
+  ASSERT_NO_THROW(Backward(ref->config, ref->bwd_args()));
+  std::string error;
+  ASSERT_TRUE(dev->upload(*host, &error)) << error;
+  size_t fwd_bytes = 0, bwd_bytes = 0;
+  ASSERT_NO_THROW(fwd_bytes = FwdWorkspaceSize(c));
+  ASSERT_NO_THROW(bwd_bytes = BwdWorkspaceSize(c));
+  DeviceBuffer fwd_workspace(fwd_bytes), bwd_workspace(bwd_bytes);
+  ASSERT_NO_THROW(Forward(c, dev->fwd_args(), fwd_workspace.ptr, fwd_bytes));
+  ASSERT_NO_THROW(Backward(c, dev->bwd_args(), bwd_workspace.ptr, bwd_bytes));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_TRUE(dev->download_outputs(host, &error)) << error;
+}
+
+// O, LSE and every gradient the reference computed (dbias where it has one), within the dtype's
+// tolerance.
+void ExpectForwardAndGradientsClose(const ProblemTensors& host, const ProblemTensors& ref) {
+  const double tol = Tolerance(host.config.qkv_dtype);
+  ExpectClose("O", host.o, ref.o, tol);
+  ExpectClose("LSE", host.lse, ref.lse, tol);
+  ExpectClose("dQ", host.dq, ref.dq, tol);
+  ExpectClose("dK", host.dk, ref.dk, tol);
+  ExpectClose("dV", host.dv, ref.dv, tol);
+  ExpectClose("dbias", host.dbias, ref.dbias, tol);
+}
+#endif
+
 // A forward on the Hopper kernel (softcap-alibi) followed by the Hopper backward (softcap-alibi)
 // in either mode (deterministic: its deterministic instances), each from that forward's own O and
 // LSE: the kernels agree on the scores and the LSE, so the gradients match the reference's.
@@ -924,31 +963,12 @@ TEST(FlashWgmma, SoftcapAlibiForwardThenEitherBackward) {
       SCOPED_TRACE("d" + std::to_string(d) + (deterministic ? " deterministic" : ""));
       TensorOptions o;
       o.seed = 977 + d;
-      ProblemTensors host = MakeProblemTensors(c, o);
-      ProblemTensors ref = host;
-      ref.config.backend = FUSEDATTN_BACKEND_REFERENCE;
-      ref.config.device = FUSEDATTN_DEVICE_CPU;
-      ASSERT_NO_THROW(Forward(ref.config, ref.fwd_args()));
-      ASSERT_NO_THROW(Backward(ref.config, ref.bwd_args()));
+      ProblemTensors host, ref;
       DeviceProblem dev;
-      std::string error;
-      ASSERT_TRUE(dev.upload(host, &error)) << error;
-      size_t fwd_bytes = 0, bwd_bytes = 0;
-      ASSERT_NO_THROW(fwd_bytes = FwdWorkspaceSize(c));
-      ASSERT_NO_THROW(bwd_bytes = BwdWorkspaceSize(c));
-      DeviceBuffer fwd_workspace(fwd_bytes), bwd_workspace(bwd_bytes);
-      ASSERT_NO_THROW(Forward(c, dev.fwd_args(), fwd_workspace.ptr, fwd_bytes));
-      ASSERT_NO_THROW(Backward(c, dev.bwd_args(), bwd_workspace.ptr, bwd_bytes));
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      ASSERT_NO_FATAL_FAILURE(ForwardThenBackwardOnDeviceAndReference(c, o, &host, &ref, &dev));
       EXPECT_EQ(ForwardPlanIsWgmma(c, dev.fwd_args()), WgmmaExpected());
       EXPECT_EQ(BackwardPlanIsWgmma(c, dev.bwd_args()), WgmmaExpected());
-      ASSERT_TRUE(dev.download_outputs(&host, &error)) << error;
-      const double tol = Tolerance(c.qkv_dtype);
-      ExpectClose("O", host.o, ref.o, tol);
-      ExpectClose("LSE", host.lse, ref.lse, tol);
-      ExpectClose("dQ", host.dq, ref.dq, tol);
-      ExpectClose("dK", host.dk, ref.dk, tol);
-      ExpectClose("dV", host.dv, ref.dv, tol);
+      ExpectForwardAndGradientsClose(host, ref);
     }
 #else
   GTEST_SKIP() << "built without CUDA";
@@ -1023,32 +1043,12 @@ TEST(FlashWgmma, BiasForwardThenMmaSyncBackward) {
         SCOPED_TRACE("d" + std::to_string(d) +
                      (variant == 0 ? " post-scale bias [1, 1] f32" : " softcap pre-scale bias bf16") +
                      (deterministic ? " deterministic" : ""));
-        ProblemTensors host = MakeProblemTensors(c, o);
-        ProblemTensors ref = host;
-        ref.config.backend = FUSEDATTN_BACKEND_REFERENCE;
-        ref.config.device = FUSEDATTN_DEVICE_CPU;
-        ASSERT_NO_THROW(Forward(ref.config, ref.fwd_args()));
-        ASSERT_NO_THROW(Backward(ref.config, ref.bwd_args()));
+        ProblemTensors host, ref;
         DeviceProblem dev;
-        std::string error;
-        ASSERT_TRUE(dev.upload(host, &error)) << error;
-        size_t fwd_bytes = 0, bwd_bytes = 0;
-        ASSERT_NO_THROW(fwd_bytes = FwdWorkspaceSize(c));
-        ASSERT_NO_THROW(bwd_bytes = BwdWorkspaceSize(c));
-        DeviceBuffer fwd_workspace(fwd_bytes), bwd_workspace(bwd_bytes);
-        ASSERT_NO_THROW(Forward(c, dev.fwd_args(), fwd_workspace.ptr, fwd_bytes));
-        ASSERT_NO_THROW(Backward(c, dev.bwd_args(), bwd_workspace.ptr, bwd_bytes));
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        ASSERT_NO_FATAL_FAILURE(ForwardThenBackwardOnDeviceAndReference(c, o, &host, &ref, &dev));
         EXPECT_EQ(ForwardPlanIsWgmma(c, dev.fwd_args()), WgmmaExpected());
         EXPECT_FALSE(BackwardPlanIsWgmma(c, dev.bwd_args()));
-        ASSERT_TRUE(dev.download_outputs(&host, &error)) << error;
-        const double tol = Tolerance(c.qkv_dtype);
-        ExpectClose("O", host.o, ref.o, tol);
-        ExpectClose("LSE", host.lse, ref.lse, tol);
-        ExpectClose("dQ", host.dq, ref.dq, tol);
-        ExpectClose("dK", host.dk, ref.dk, tol);
-        ExpectClose("dV", host.dv, ref.dv, tol);
-        ExpectClose("dbias", host.dbias, ref.dbias, tol);
+        ExpectForwardAndGradientsClose(host, ref);
       }
 #else
   GTEST_SKIP() << "built without CUDA";
