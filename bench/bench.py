@@ -546,7 +546,7 @@ def write_markdown(path, sections, device):
             paired = paired_differences(rows)
             if paired:
                 lines += ["", "Paired by round (back to back, the difference within each round):",
-                          ""] + paired
+                          ""] + paired + [""]
         else:
             lines += ["", "## %s" % grid, "", "Back to back (the headline):", "",
                       markdown_table(rows, unit),
