@@ -206,6 +206,12 @@ std::vector<VariantCase> Variants() {
       {"Page128D64",  // two key tiles of 64 per page
        [](C& c, O&) { c.page_size = 128, c.head_dim_qk = c.head_dim_v = 64; }},
       {"PageLongerThanSequences", [](C& c, O&) { c.page_size = 2048; }},
+      {"D64LongKeysTile",  // from 4096 keys d64 runs 128 keys per step (Sm90ForwardKeysPerStep)
+       [](C& c, O& o) {
+         c.head_dim_qk = c.head_dim_v = 64;
+         c.max_seqlen_kv = 4200;
+         o.len_kv[0] = 4200;
+       }},
       {"HeadDim96", [](C& c, O&) { c.head_dim_qk = c.head_dim_v = 96; }},
       {"BhsdPool", [](C& c, O&) { c.kv_format = FUSEDATTN_FORMAT_BHSD; }},
       {"SbhdPool", [](C& c, O&) { c.kv_format = FUSEDATTN_FORMAT_SBHD; }},
