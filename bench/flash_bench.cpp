@@ -9,6 +9,8 @@
 //                    [--seqlen N|all] [--causal 0|1|all] [--tokens 16384] [--hidden 2048]
 //                    [--iters 10] [--fwd-only] [--deterministic] [--softcap C] [--alibi]
 //                    [--bias pre|post] [--bias-broadcast] [--bias-fp32]
+//        flash_bench --paged-prefill [--batch 8] [--new-tokens 2048] [--cached 8192]
+//                    [--heads-q 32] [--heads-kv 8] [--page-sizes 16,64] [--d 128] [--dtype bf16]
 // --softcap C (> 0) caps the scores at C (fusedattn.h's softcap); --alibi adds ALiBi with the
 // ALiBi paper's slopes 2^(-8 (h + 1) / heads). With either, flash's Hopper forward and backward
 // run their softcap-alibi variant ([hopper-wgmma d128 softcap-alibi]).
@@ -25,8 +27,17 @@
 // [mma.sync d128 plain]; FUSEDATTN_FLASH_WGMMA=0 turns both wgmma kernels off.
 // Defaults run the standard grid: bf16 and fp16, d 64 and 128, seqlen 1024..16384 at 16k tokens
 // (batch = tokens / seqlen, heads = hidden / d), causal and not. Exits 0 without a GPU.
+//
+// --paged-prefill times chunked prefill against a paged K/V cache next to the same problem with
+// contiguous K/V, forward only (issue 21: paged >= 0.95x contiguous): --batch 8 sequences of
+// --new-tokens 2048 THD queries each against --cached 8192 earlier tokens plus the chunk's own
+// (10240 keys), causal bottom-right, --heads-q 32 --heads-kv 8, d from --d (128), dtypes from
+// --dtype (bf16), --page-sizes 16,64. The pages of every sequence are a shuffled permutation of
+// the pool. Each line prints both times, TFLOP/s and the ratio contiguous ms / paged ms, with the
+// kernels the plans ran.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -82,7 +93,112 @@ struct Options {
   bool alibi = false;
   fusedattn_bias bias = FUSEDATTN_BIAS_NONE;  // PRE_SCALE or POST_SCALE: a bias tensor
   bool bias_broadcast = false, bias_fp32 = false;
+  // --paged-prefill
+  bool paged_prefill = false;
+  int64_t batch = 8, new_tokens = 2048, cached = 8192, heads_q = 32, heads_kv = 8;
+  std::vector<int64_t> page_sizes = {16, 64};
 };
+
+#ifdef FUSEDATTN_WITH_FLASH
+std::string ForwardPlanText(const fusedattn_config& c, const fusedattn_fwd_args& a) {
+  fusedattn::flash::ForwardPlan plan;
+  if (!fusedattn::flash::PlanForwardCall(c, a, &plan).ok()) return "no plan";
+  return fusedattn::flash::DescribeForwardPlan(plan);
+}
+#endif
+
+bool Upload(DeviceTensor& t, const std::vector<int32_t>& host) {
+  return t.data && CudaOk(cudaMemcpy(t.data, host.data(), host.size() * sizeof(int32_t),
+                                     cudaMemcpyHostToDevice),
+                          "upload int32");
+}
+
+// Chunked prefill, paged against contiguous K/V (see the top of the file).
+void RunPagedPrefill(const Options& o, fusedattn_dtype dtype, int64_t d) {
+  const int64_t b = o.batch, sq = o.new_tokens, skv = o.cached + o.new_tokens;
+  const int64_t hq = o.heads_q, hkv = o.heads_kv;
+  std::mt19937 rng(1);
+  fusedattn_config c = FUSEDATTN_CONFIG_INIT;
+  c.batch = b, c.heads_q = hq, c.heads_kv = hkv, c.max_seqlen_q = sq, c.max_seqlen_kv = skv;
+  c.head_dim_qk = c.head_dim_v = d;
+  c.qkv_dtype = c.o_dtype = dtype;
+  c.q_format = c.kv_format = c.o_format = c.do_format = c.dqkv_format = FUSEDATTN_FORMAT_THD;
+  c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+  c.backend = o.backend;
+  c.device = FUSEDATTN_DEVICE_CUDA;
+
+  DeviceTensor q(dtype, {b * sq, hq, d}, rng, true), out(dtype, {b * sq, hq, d}, rng, false);
+  DeviceTensor k(dtype, {b * skv, hkv, d}, rng, true), v(dtype, {b * skv, hkv, d}, rng, true);
+  DeviceTensor cu_q(FUSEDATTN_DTYPE_INT32, {b + 1}), cu_kv(FUSEDATTN_DTYPE_INT32, {b + 1});
+  std::vector<int32_t> host_cu_q(b + 1), host_cu_kv(b + 1);
+  for (int64_t i = 0; i <= b; ++i)
+    host_cu_q[i] = static_cast<int32_t>(i * sq), host_cu_kv[i] = static_cast<int32_t>(i * skv);
+  if (!q.data || !out.data || !k.data || !v.data || !Upload(cu_q, host_cu_q) ||
+      !Upload(cu_kv, host_cu_kv))
+    return;
+  // FLOPs of the keys each query sees: query i of a sequence sees cached + i + 1 keys.
+  const double pairs = static_cast<double>(b) * (sq * static_cast<double>(o.cached) +
+                                                 sq * (sq + 1) / 2.0);
+  const double flops = 4.0 * hq * d * pairs;
+  char msg[2048];
+  auto time_forward = [&](const fusedattn_config& config, const fusedattn_fwd_args& args,
+                          const char* what) {
+    size_t bytes = 0;
+    if (!ApiOk(fusedattn_fwd_workspace_size(&config, &bytes, msg, sizeof msg), what, msg))
+      return -1.0;
+    void* workspace = nullptr;
+    if (bytes && !CudaOk(cudaMalloc(&workspace, bytes), "cudaMalloc workspace")) return -1.0;
+    const double ms = TimeMs(o.iters, [&] {
+      return ApiOk(fusedattn_fwd(&config, &args, workspace, bytes, nullptr, msg, sizeof msg),
+                   what, msg);
+    });
+    if (workspace) cudaFree(workspace);
+    return ms;
+  };
+
+  fusedattn_fwd_args contiguous = fusedattn_fwd_args_init();
+  contiguous.q = q.desc, contiguous.k = k.desc, contiguous.v = v.desc, contiguous.o = out.desc;
+  contiguous.cu_seqlens_q = cu_q.desc, contiguous.cu_seqlens_kv = cu_kv.desc;
+  const double contiguous_ms = time_forward(c, contiguous, "contiguous fwd");
+  std::string contiguous_plan;
+#ifdef FUSEDATTN_WITH_FLASH
+  if (o.backend == FUSEDATTN_BACKEND_FLASH) contiguous_plan = ForwardPlanText(c, contiguous);
+#endif
+
+  for (int64_t page : o.page_sizes) {
+    const int64_t per_seq = (skv + page - 1) / page, pages = b * per_seq;
+    fusedattn_config pc = c;
+    pc.kv_format = FUSEDATTN_FORMAT_BSHD;  // pools [num_pages, page_size, heads_kv, d]
+    pc.page_size = page;
+    DeviceTensor pool_k(dtype, {pages, page, hkv, d}, rng, true),
+        pool_v(dtype, {pages, page, hkv, d}, rng, true);
+    DeviceTensor table(FUSEDATTN_DTYPE_INT32, {b, per_seq}), lens(FUSEDATTN_DTYPE_INT32, {b});
+    std::vector<int32_t> host_table(pages), host_lens(b, static_cast<int32_t>(skv));
+    for (int64_t i = 0; i < pages; ++i) host_table[i] = static_cast<int32_t>(i);
+    std::shuffle(host_table.begin(), host_table.end(), rng);
+    if (!pool_k.data || !pool_v.data || !Upload(table, host_table) || !Upload(lens, host_lens))
+      return;
+    fusedattn_fwd_args paged = fusedattn_fwd_args_init();
+    paged.q = q.desc, paged.k = pool_k.desc, paged.v = pool_v.desc, paged.o = out.desc;
+    paged.cu_seqlens_q = cu_q.desc;
+    paged.page_table = table.desc, paged.seqlens_kv = lens.desc;
+    const double paged_ms = time_forward(pc, paged, "paged fwd");
+    std::printf("%s d=%lld b=%lld new=%lld cached=%lld hq=%lld hkv=%lld page=%-4lld "
+                "contiguous %8.3f ms %6.1f TFLOP/s | paged %8.3f ms %6.1f TFLOP/s | "
+                "contiguous/paged %.3f",
+                dtype == FUSEDATTN_DTYPE_BFLOAT16 ? "bf16" : "fp16", (long long)d, (long long)b,
+                (long long)sq, (long long)o.cached, (long long)hq, (long long)hkv,
+                (long long)page, contiguous_ms, flops / contiguous_ms / 1e9, paged_ms,
+                flops / paged_ms / 1e9, paged_ms > 0 ? contiguous_ms / paged_ms : 0.0);
+#ifdef FUSEDATTN_WITH_FLASH
+    if (o.backend == FUSEDATTN_BACKEND_FLASH)
+      std::printf(" [contiguous: %s] [paged: %s]", contiguous_plan.c_str(),
+                  ForwardPlanText(pc, paged).c_str());
+#endif
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+}
 
 void RunOne(const Options& o, fusedattn_dtype dtype, int64_t d, int64_t seqlen, int causal) {
   const int64_t batch = o.tokens / seqlen > 0 ? o.tokens / seqlen : 1;
@@ -260,6 +376,26 @@ int main(int argc, char** argv) {
       o.bias_broadcast = true;
     } else if (flag == "--bias-fp32") {
       o.bias_fp32 = true;
+    } else if (flag == "--paged-prefill") {
+      o.paged_prefill = true;
+    } else if (flag == "--batch") {
+      o.batch = atoll(value), next();
+    } else if (flag == "--new-tokens") {
+      o.new_tokens = atoll(value), next();
+    } else if (flag == "--cached") {
+      o.cached = atoll(value), next();
+    } else if (flag == "--heads-q") {
+      o.heads_q = atoll(value), next();
+    } else if (flag == "--heads-kv") {
+      o.heads_kv = atoll(value), next();
+    } else if (flag == "--page-sizes") {  // comma-separated
+      o.page_sizes.clear();
+      for (const char* p = value; *p;) {
+        o.page_sizes.push_back(atoll(p));
+        const char* comma = std::strchr(p, ',');
+        p = comma ? comma + 1 : p + std::strlen(p);
+      }
+      next();
     } else {
       std::printf("unknown flag %s (see the top of bench/flash_bench.cpp)\n", flag.c_str());
       return 2;
@@ -282,6 +418,15 @@ int main(int argc, char** argv) {
   cudaGetDeviceProperties(&prop, 0);
   std::printf("%s, backend %s, %d iterations\n", prop.name, fusedattn_backend_name(o.backend),
               o.iters);
+  if (o.paged_prefill) {
+    // One dtype and head dim unless given: bf16 d128.
+    const std::vector<fusedattn_dtype> dtypes =
+        o.dtypes.size() > 1 ? std::vector<fusedattn_dtype>{FUSEDATTN_DTYPE_BFLOAT16} : o.dtypes;
+    const std::vector<int64_t> dims = o.dims.size() > 1 ? std::vector<int64_t>{128} : o.dims;
+    for (fusedattn_dtype dtype : dtypes)
+      for (int64_t d : dims) RunPagedPrefill(o, dtype, d);
+    return 0;
+  }
   for (fusedattn_dtype dtype : o.dtypes)
     for (int64_t d : o.dims)
       for (int causal : o.causal)

@@ -214,8 +214,10 @@
  * the device as it loads it and never follows one outside [0, num_pages) (that sequence's results
  * are then undefined), and clamps lengths as above, so that nothing outside the pools and the
  * table's used entries is read. On the GPU, flash runs paged K/V (its decode kernel: max_seqlen_q
- * <= 16, float16/bfloat16, head_dim_qk = head_dim_v in {64, 128}, no dropout or score_mod); the
- * other GPU backends and the problems flash refuses say why in their reasons.
+ * <= 16, float16/bfloat16, head_dim_qk = head_dim_v in {64, 128}, no dropout or score_mod; and
+ * on sm_90, chunked prefill with more query rows: float16/bfloat16, head dims up to 128, no bias
+ * tensor, dropout or score_mod, page_size a power of two >= 16); the other GPU backends and the
+ * problems flash refuses say why in their reasons.
  *
  * Where tensors live: config.device says it. CUDA: device memory (or memory the device can read);
  * the reference backend then copies to the host and back. CPU: host memory, only the reference

@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "backends/flash/decode.h"
 #include "backends/flash/jit.h"
@@ -448,9 +450,9 @@ TEST(FlashPlanRefusal, CpuTensors) {
   EXPECT_TRUE(Contains(plan.status.message(), "CUDA tensors only")) << plan.status.message();
 }
 
-TEST(FlashPlanRefusal, PagedKvTheDecodeKernelCannotRun) {
+TEST(FlashPlanRefusal, PagedKvNeitherTheDecodeKernelNorTheHopperForwardRuns) {
   fusedattn_config c = Config(96);  // the decode kernel has instances 64 and 128
-  c.page_size = 16;
+  c.page_size = 48;                 // the Hopper forward takes powers of two from 16
   c.max_seqlen_q = 1;
   c.mask = FUSEDATTN_MASK_PADDING;
   Problem p;
@@ -458,9 +460,12 @@ TEST(FlashPlanRefusal, PagedKvTheDecodeKernelCannotRun) {
   ASSERT_TRUE(made.ok()) << made.message();
   ForwardPlan plan = PlanForward(p, DenseFwdTensors(p), H100());
   EXPECT_EQ(plan.status.code(), FUSEDATTN_ERROR_NOT_SUPPORTED);
-  EXPECT_TRUE(Contains(plan.status.message(), "runs on flash's decode kernel only"))
-      << plan.status.message();
-  EXPECT_TRUE(Contains(plan.status.message(), "{64, 128}")) << plan.status.message();
+  const std::string& why = plan.status.message();
+  EXPECT_TRUE(Contains(why, "runs on flash's decode kernel or its Hopper forward")) << why;
+  EXPECT_TRUE(Contains(why, "{64, 128}")) << why;
+  EXPECT_TRUE(Contains(why, "the Hopper forward reads paged K/V with page sizes that are powers "
+                            "of two of at least 16")) << why;
+  EXPECT_TRUE(Contains(why, "but page_size = 48")) << why;
 }
 
 fusedattn_config PagedDecode() {
@@ -485,9 +490,10 @@ TEST(FlashPlanRefusal, PagedKvBeforeComputeCapability80) {
   turing.compute_capability = 75;
   ForwardPlan plan = Forward(PagedDecode(), turing);
   EXPECT_EQ(plan.status.code(), FUSEDATTN_ERROR_NOT_SUPPORTED);
-  EXPECT_TRUE(Contains(plan.status.message(), "runs on flash's decode kernel only"))
+  EXPECT_TRUE(Contains(plan.status.message(), "runs on flash's decode kernel or its Hopper forward"))
       << plan.status.message();
   EXPECT_TRUE(Contains(plan.status.message(), "compute capability 8.0")) << plan.status.message();
+  EXPECT_TRUE(Contains(plan.status.message(), "not sm_90")) << plan.status.message();
 }
 
 TEST(FlashPlanForward, ShortQueriesAgainstContiguousKvRunOnTheDecodeKernel) {
@@ -577,6 +583,136 @@ TEST(FlashPlanForward, DecodeSplitRule) {
   EXPECT_EQ(DecodeSplitsFor(100000, 1, 264), 122);  // within 5% of 128 (the combine's limit)
   EXPECT_EQ(DecodeSplitsFor(512, 264, 264), 1);   // the batch fills the slots
   EXPECT_EQ(DecodeSplitsFor(512, 8, 0), 1);       // no device
+}
+
+// ---- Paged K/V: chunked prefill on the Hopper forward ----
+
+// Chunked prefill: THD queries (up to 512 new tokens per sequence) against a paged cache of up
+// to 4096 keys, bottom-right causal.
+fusedattn_config PagedPrefill(int64_t d = 128, int64_t page_size = 16) {
+  fusedattn_config c = Config(d);
+  c.q_format = c.o_format = c.do_format = c.dqkv_format = FUSEDATTN_FORMAT_THD;
+  c.kv_format = FUSEDATTN_FORMAT_BSHD;  // the pools' layout
+  c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+  c.max_seqlen_q = 512, c.max_seqlen_kv = 4096;
+  c.page_size = page_size;
+  return c;
+}
+
+TEST(FlashPlanForward, PagedChunkedPrefillRunsTheHopperForwardsPagedInstance) {
+  ForwardPlan plan = Forward(PagedPrefill());
+  ASSERT_TRUE(plan.status.ok()) << plan.status.message();
+  EXPECT_EQ(plan.path, KernelPath::kHopperWgmma);
+  EXPECT_TRUE(plan.paged);
+  EXPECT_EQ(plan.instance, 128);
+  EXPECT_EQ(plan.variant, KernelVariant::kPlain);
+  EXPECT_EQ(plan.schedule, TileSchedule::kThdHeavyFirst);  // the heaviest sequences first
+  EXPECT_TRUE(plan.workspace.has_schedule);
+  const std::string text = DescribeForwardPlan(plan);
+  EXPECT_TRUE(Contains(text, "hopper-wgmma d128 plain, thd-heavy-first schedule")) << text;
+  EXPECT_TRUE(Contains(text, "128 keys per step, paged K/V")) << text;
+}
+
+TEST(FlashPlanForward, PagedDecodeUpTo16QueryRowsStaysOnTheDecodeKernel) {
+  fusedattn_config c = PagedPrefill();
+  for (int64_t sq : {1, 4, 16}) {
+    c.max_seqlen_q = sq;
+    ForwardPlan plan = Forward(c);
+    EXPECT_EQ(plan.path, KernelPath::kDecode) << "max_seqlen_q " << sq;
+    EXPECT_FALSE(plan.paged);
+  }
+  c.max_seqlen_q = 17;
+  ForwardPlan plan = Forward(c);
+  EXPECT_EQ(plan.path, KernelPath::kHopperWgmma);
+  EXPECT_TRUE(plan.paged);
+}
+
+TEST(FlashPlanForward, PagedFewQueryRowsTheDecodeKernelRefusesRunOnTheHopperForward) {
+  fusedattn_config c = PagedPrefill(96);  // the decode kernel has d64 and d128 only
+  c.max_seqlen_q = 1;
+  ForwardPlan plan = Forward(c);
+  EXPECT_EQ(plan.path, KernelPath::kHopperWgmma);
+  EXPECT_TRUE(plan.paged);
+  EXPECT_EQ(plan.instance, 128);
+}
+
+TEST(FlashPlanForward, PagedPowerOfTwoPageSizesFrom16RunTheHopperForwardAtD64AndD128) {
+  for (int64_t d : {64, 128})
+    for (int64_t page : {16, 32, 64, 128, 256, 4096}) {
+      ForwardPlan plan = Forward(PagedPrefill(d, page));
+      EXPECT_EQ(plan.path, KernelPath::kHopperWgmma) << "d" << d << " page " << page;
+      EXPECT_TRUE(plan.paged);
+      EXPECT_EQ(plan.instance, d);
+    }
+}
+
+TEST(FlashPlanRefusal, PagedPrefillPageSizesTheHopperForwardDoesNotTake) {
+  for (int64_t page : {1, 8, 24, 48, 100}) {
+    ForwardPlan plan = Forward(PagedPrefill(128, page));
+    EXPECT_EQ(plan.status.code(), FUSEDATTN_ERROR_NOT_SUPPORTED) << "page " << page;
+    const std::string& why = plan.status.message();
+    EXPECT_TRUE(Contains(why, "max_seqlen_q <= 16")) << why;  // the decode kernel's reason
+    EXPECT_TRUE(Contains(why, "powers of two of at least 16")) << why;
+    EXPECT_TRUE(Contains(why, Format("but page_size = %lld", (long long)page))) << why;
+    EXPECT_EQ(PlanCheck(Make(PagedPrefill(128, page)), H100()).message(), why);
+  }
+}
+
+TEST(FlashPlanForward, PagedSoftcapAndAlibiTakeThePagedSoftcapAlibiInstance) {
+  fusedattn_config c = PagedPrefill(64);
+  c.softcap = 30.0;
+  EXPECT_EQ(Forward(c).variant, KernelVariant::kSoftcapAlibi);
+  c.softcap = 0.0;
+  c.bias_type = FUSEDATTN_BIAS_ALIBI;
+  ForwardPlan plan = Forward(c);
+  EXPECT_EQ(plan.path, KernelPath::kHopperWgmma);
+  EXPECT_TRUE(plan.paged);
+  EXPECT_EQ(plan.variant, KernelVariant::kSoftcapAlibi);
+}
+
+TEST(FlashPlanRefusal, PagedPrefillWhatTheHopperForwardHasNot) {
+  struct Case {
+    std::string name, reason;
+    std::function<void(fusedattn_config&)> apply;
+    DeviceFacts device = H100();
+  };
+  std::vector<Case> cases = {
+      {"d256", "instances 64 and 128", [](fusedattn_config& c) {
+         c.head_dim_qk = c.head_dim_v = 256;
+       }},
+      {"float32", "float16/bfloat16", [](fusedattn_config& c) {
+         c.qkv_dtype = c.o_dtype = FUSEDATTN_DTYPE_FLOAT32;
+       }},
+      {"dropout", "no bias tensor or dropout", [](fusedattn_config& c) { c.dropout = 0.1; }},
+      {"bias", "no bias tensor or dropout", [](fusedattn_config& c) {
+         c.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+       }},
+      {"negative scale", "attn_scale > 0", [](fusedattn_config& c) { c.attn_scale = -1.0; }},
+      {"A100", "not sm_90", [](fusedattn_config&) {}, A100()},
+  };
+  DeviceFacts no_wgmma = H100();
+  no_wgmma.wgmma_allowed = false;
+  cases.push_back({"FUSEDATTN_FLASH_WGMMA=0", "hopper kernels", [](fusedattn_config&) {},
+                   no_wgmma});
+  for (const Case& k : cases) {
+    fusedattn_config c = PagedPrefill();
+    k.apply(c);
+    ForwardPlan plan = Forward(c, k.device);
+    EXPECT_EQ(plan.status.code(), FUSEDATTN_ERROR_NOT_SUPPORTED) << k.name;
+    EXPECT_TRUE(Contains(plan.status.message(), k.reason)) << k.name << ": "
+                                                             << plan.status.message();
+  }
+}
+
+TEST(FlashPlanRefusal, PagedPoolsTmaCannotDescribe) {
+  Problem p = Make(PagedPrefill());
+  FwdTensors t = DenseFwdTensors(p);
+  EXPECT_TRUE(PlanForward(p, t, H100()).status.ok());
+  t.v.stride_b += 4;  // 8 bytes: not a 16-byte multiple
+  ForwardPlan plan = PlanForward(p, t, H100());
+  EXPECT_EQ(plan.status.code(), FUSEDATTN_ERROR_NOT_SUPPORTED);
+  EXPECT_TRUE(Contains(plan.status.message(), "TMA cannot describe q or the k/v page pools"))
+      << plan.status.message();
 }
 
 TEST(FlashPlanRefusal, HeadDimsWhoseSimpleKernelsDoNotFitSharedMemory) {

@@ -25,6 +25,7 @@
 #include "fusedattn/fusedattn.hpp"
 #include "gpu/device_memory.h"
 #include "gpu/expect_close.h"
+#include "gpu/paged_pools.h"
 #include "gpu/skip.h"
 #include "testing/tensors.h"
 
@@ -73,37 +74,6 @@ TensorOptions DecodeOptions(int64_t skv, bool share_prefix, int32_t unused_entry
   o.unused_page_entry = unused_entry;
   o.spare_pages = 3;
   return o;
-}
-
-// Index of (page, token, head, feature) in a pool of kv_format.
-std::vector<int64_t> PoolIndex(fusedattn_format format, int64_t page, int64_t token, int64_t h,
-                               int64_t x) {
-  switch (format) {
-    case FUSEDATTN_FORMAT_BHSD: return {page, h, token, x};
-    case FUSEDATTN_FORMAT_SBHD: return {token, page, h, x};
-    default: return {page, token, h, x};
-  }
-}
-
-// NaN in every pool element no sequence's keys are on (spare pages, the tail of last pages).
-void PoisonUnusedPoolRows(ProblemTensors* t) {
-  const fusedattn_config& c = t->config;
-  const int64_t ps = c.page_size, width = t->page_table.shape()[1];
-  std::vector<char> used(static_cast<size_t>(t->num_pages * ps), 0);
-  for (int64_t b = 0; b < c.batch; ++b)
-    for (int64_t j = 0; j < t->len_kv[b]; ++j) {
-      const int64_t page = static_cast<int64_t>(t->page_table.get(b * width + j / ps));
-      used[static_cast<size_t>(page * ps + j % ps)] = 1;
-    }
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  for (HostTensor* pool : {&t->k, &t->v})
-    for (int64_t page = 0; page < t->num_pages; ++page)
-      for (int64_t token = 0; token < ps; ++token) {
-        if (used[static_cast<size_t>(page * ps + token)]) continue;
-        for (int64_t h = 0; h < c.heads_kv; ++h)
-          for (int64_t x = 0; x < pool->shape()[3]; ++x)
-            pool->set(pool->offset_of(PoolIndex(c.kv_format, page, token, h, x)), nan);
-      }
 }
 
 // Runs the case on flash (device) and the reference (host); compares O, LSE, max_logit.
@@ -368,11 +338,12 @@ INSTANTIATE_TEST_SUITE_P(Cases, FlashDecodeManySplits,
                                   "_Sq" + std::to_string(x.sq);
                          });
 
-// Problems the decode kernel does not take still run on flash's other kernels (contiguous) or
-// are refused with the reason (paged).
+// Problems the decode kernel does not take still run on flash's other kernels (contiguous), on
+// the Hopper forward's paged instances (paged; flash_paged_prefill_test.cpp), or are refused
+// with the reasons of both (paged; page size 48 is one the Hopper forward does not take).
 TEST(FlashDecodeSelection, PagedRefusalsNameTheReason) {
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
-  fusedattn_config c = DecodeConfig(8, 2, 1, 1000, 96, 16);
+  fusedattn_config c = DecodeConfig(8, 2, 1, 1000, 96, 48);
   fusedattn_backend backend = FUSEDATTN_BACKEND_AUTO;
   char msg[4096];
   ASSERT_EQ(fusedattn_get_backend(&c, &backend, msg, sizeof msg), FUSEDATTN_ERROR_NOT_SUPPORTED);
@@ -382,7 +353,7 @@ TEST(FlashDecodeSelection, PagedRefusalsNameTheReason) {
   c.dropout = 0.1;
   ASSERT_EQ(fusedattn_get_backend(&c, &backend, msg, sizeof msg), FUSEDATTN_ERROR_NOT_SUPPORTED);
   EXPECT_NE(std::string(msg).find("no dropout"), std::string::npos) << msg;
-  c = DecodeConfig(8, 2, 17, 1000, 128, 16);
+  c = DecodeConfig(8, 2, 17, 1000, 128, 48);
   ASSERT_EQ(fusedattn_get_backend(&c, &backend, msg, sizeof msg), FUSEDATTN_ERROR_NOT_SUPPORTED);
   EXPECT_NE(std::string(msg).find("max_seqlen_q <= 16"), std::string::npos) << msg;
 }

@@ -57,6 +57,32 @@ __device__ __forceinline__ SeqInfo LoadSeq(const FlashParams& p, int b) {
   return s;
 }
 
+// The query side of LoadSeq alone (len_q, start_q; the key side as without per-sequence
+// lengths: max_seqlen_kv keys from 0), with the same clamps: for callers that must not read
+// cu_seqlens_kv, which paged K/V does not have.
+__device__ __forceinline__ SeqInfo LoadQuerySeq(const FlashParams& p, int b) {
+  SeqInfo s{p.max_seqlen_q, p.max_seqlen_kv, 0, 0};
+  if (!p.padding) return s;
+  int64_t lq = int64_t{p.cu_seqlens_q[b + 1]} - p.cu_seqlens_q[b];
+  lq = ClampI64(lq, 0, p.max_seqlen_q);
+  if (p.thd) {
+    int64_t sq = p.seq_offsets_q ? p.seq_offsets_q[b] : p.cu_seqlens_q[b];
+    sq = ClampI64(sq, 0, p.tokens_q);
+    lq = lq < p.tokens_q - sq ? lq : p.tokens_q - sq;
+    s.start_q = sq;
+  }
+  s.len_q = static_cast<int>(lq);
+  return s;
+}
+
+// Sequence b of a paged K/V problem (p.paged): the query side as LoadSeq reads it, the keys
+// seqlens_kv[b] clamped to [0, max_seqlen_kv], starting at key 0 of the sequence's pages.
+__device__ __forceinline__ SeqInfo LoadPagedSeq(const FlashParams& p, int b) {
+  SeqInfo s = LoadQuerySeq(p, b);
+  s.len_kv = static_cast<int>(ClampI64(p.paged.seqlens_kv[b], 0, p.max_seqlen_kv));
+  return s;
+}
+
 // Element offset of (b, h, i, x) of a tensor; start is the sequence's token start.
 __device__ __forceinline__ int64_t Offset(const TensorArg& t, int b, int h, int64_t start,
                                           int64_t i, int64_t x) {

@@ -5,8 +5,9 @@
 // the mma.sync tensor-core kernels (fwd_kernel.cuh, bwd_kernel.cuh, one instance per padded head
 // dim under instances/), the NVRTC-compiled score_mod kernels (jit.h), the simple SIMT kernels
 // (simple_kernels.cu), or, for max_seqlen_q <= 16 against paged or contiguous K/V, the decode
-// kernel (decode.h, decode_kernel.cuh: split-KV with a combine, the only one that reads paged
-// K/V), with the variant, the THD schedule and the workspace layout. check(), the
+// kernel (decode.h, decode_kernel.cuh: split-KV with a combine); paged K/V with more query rows
+// (chunked prefill) runs on the Hopper forward's paged instances. With the variant, the THD
+// schedule and the workspace layout. check(), the
 // workspace sizes, forward() and backward() execute that plan; note() prints it for explain.
 //
 // Backward: a preprocess computes D = rowsum(dO * O); the fast kernel is parallel over key blocks
@@ -158,7 +159,18 @@ void SetFlexTensors(const Tensors& t, FlashParams* p) {
 // a silent fall-through to another kernel.
 #ifdef FUSEDATTN_FLASH_SM90
 template <typename Element, flash::Sm90Scores kScores>
-Status HopperForwardOf(int dim, const FlashParams& p, cudaStream_t s, bool* launched) {
+Status HopperForwardOf(int dim, bool paged, const FlashParams& p, cudaStream_t s,
+                       bool* launched) {
+  if (paged) {  // the paged instances: plain and softcap-alibi, d64 and d128 (generate_kernels.py)
+    if constexpr (kScores != flash::Sm90Scores::kBias) {
+      switch (dim) {
+        case 64: return flash::LaunchWgmmaForward<Element, 64, kScores, true>(p, s, launched);
+        case 128: return flash::LaunchWgmmaForward<Element, 128, kScores, true>(p, s, launched);
+      }
+    }
+    return InternalError("flash: no paged Hopper forward instance of this variant at head dim %d",
+                         dim);
+  }
   switch (dim) {
     case 64: return flash::LaunchWgmmaForward<Element, 64, kScores>(p, s, launched);
     case 128: return flash::LaunchWgmmaForward<Element, 128, kScores>(p, s, launched);
@@ -168,30 +180,33 @@ Status HopperForwardOf(int dim, const FlashParams& p, cudaStream_t s, bool* laun
 }
 #endif
 
+// paged: the plan's paged instances (p.paged set).
 template <typename Element>
-Status HopperForward(int dim, flash::KernelVariant variant, const FlashParams& p,
+Status HopperForward(int dim, flash::KernelVariant variant, bool paged, const FlashParams& p,
                      cudaStream_t s) {
 #ifdef FUSEDATTN_FLASH_SM90
   bool launched = false;
   Status status = Status::Ok();
   switch (variant) {
     case flash::KernelVariant::kPlain:
-      status = HopperForwardOf<Element, flash::Sm90Scores::kPlain>(dim, p, s, &launched);
+      status = HopperForwardOf<Element, flash::Sm90Scores::kPlain>(dim, paged, p, s, &launched);
       break;
     case flash::KernelVariant::kSoftcapAlibi:
-      status = HopperForwardOf<Element, flash::Sm90Scores::kSoftcapAlibi>(dim, p, s, &launched);
+      status =
+          HopperForwardOf<Element, flash::Sm90Scores::kSoftcapAlibi>(dim, paged, p, s, &launched);
       break;
     case flash::KernelVariant::kBias:
-      status = HopperForwardOf<Element, flash::Sm90Scores::kBias>(dim, p, s, &launched);
+      status = HopperForwardOf<Element, flash::Sm90Scores::kBias>(dim, paged, p, s, &launched);
       break;
     default:
       return InternalError("flash: no Hopper forward of the %s variant",
                            flash::KernelVariantName(variant));
   }
   if (status.ok() && !launched)
-    return InternalError("flash: the planner chose the Hopper forward (d%d %s) but its launcher "
-                         "declined the call (planner.cpp and LaunchWgmmaForward disagree)",
-                         dim, flash::KernelVariantName(variant));
+    return InternalError("flash: the planner chose the Hopper forward (d%d %s%s) but its "
+                         "launcher declined the call (planner.cpp and LaunchWgmmaForward "
+                         "disagree)",
+                         dim, flash::KernelVariantName(variant), paged ? ", paged K/V" : "");
   return status;
 #else
   return InternalError("flash: the planner chose the Hopper forward in a build without it");
@@ -342,8 +357,16 @@ class FlashBackendImpl final : public Backend {
                            JitVariant(problem, jit::Kernel::kForward, plan.instance, device),
                            p, base + plan.workspace.block_mask, s);
       case flash::KernelPath::kHopperWgmma:
-        return half ? HopperForward<flash::Half>(plan.instance, plan.variant, p, s)
-                    : HopperForward<flash::Bfloat16>(plan.instance, plan.variant, p, s);
+        if (plan.paged) {
+          p.paged.page_table = t.page_table;
+          p.paged.page_table_stride = t.page_table_stride;
+          p.paged.seqlens_kv = t.seqlens_kv;
+          p.paged.page_size = static_cast<int>(problem.config.page_size);
+          p.paged.num_pages = static_cast<int>(t.num_pages);
+        }
+        return half ? HopperForward<flash::Half>(plan.instance, plan.variant, plan.paged, p, s)
+                    : HopperForward<flash::Bfloat16>(plan.instance, plan.variant, plan.paged, p,
+                                                     s);
       case flash::KernelPath::kMmaSync:
         return half ? MmaSyncForward<flash::Half>(plan.instance, p, s)
                     : MmaSyncForward<flash::Bfloat16>(plan.instance, p, s);

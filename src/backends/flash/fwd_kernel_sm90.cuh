@@ -33,6 +33,10 @@
 // The last tile of a sequence with at most 64 rows left leaves consumer 1 idle, and d128's key
 // tile with at most 64 keys left runs both products over 64 keys.
 // The epilogue (sink, LSE, max logit, fully masked rows) is fwd_kernel.cuh's.
+// Paged K/V (kPaged, instances at d64 and d128; README "Paged K/V on the Hopper forward"): the
+// K and V maps are over the page pools and the producer loads a key tile as one box per page
+// (or one per tile when pages hold whole tiles), the page indices read from the page table as
+// it goes; the sequence's keys come from seqlens_kv, and V's rows past them are always zeroed.
 // Score policies (sm90.h's Sm90Scores, a template argument): the plain instances keep S in raw
 // q.k units and fold the scale into the softmax's FFMA; the softcap-alibi and bias instances turn
 // S into fusedattn.h's score (in units of the factor that the softmax's FFMA then applies,
@@ -108,11 +112,15 @@ struct Sm90Maps {
   CUtensorMap q, k, v;
 };
 
-template <typename Element, int kHeadDim, Sm90Scores kScores, bool kLongKeys>
+template <typename Element, int kHeadDim, Sm90Scores kScores, bool kLongKeys, bool kPaged>
 __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlocks)
     WgmmaForwardKernel(const __grid_constant__ Sm90Maps maps, const FlashParams p, int m_tiles) {
 #if FUSEDATTN_SM90_DEVICE
   using Tile = Sm90FwdTile<kHeadDim, kLongKeys>;
+  // Paged K/V: the boxes of a key tile are whole pages or whole tiles of a page, which needs
+  // kBlockN a power of two (Sm90PagedRefusal's page sizes then either divide it or are multiples).
+  static_assert(!kPaged || (Tile::kBlockN & (Tile::kBlockN - 1)) == 0,
+                "paged K/V: key tiles of a power-of-two size (d64, d128)");
   constexpr bool kTransformScores = kScores != Sm90Scores::kPlain;
   constexpr bool kBiasTensor = kScores == Sm90Scores::kBias;
   constexpr int kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN, kStages = Tile::kStages;
@@ -142,7 +150,12 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
     }
   }
   const int b = tile.b, h = tile.h, hk = h / p.group;
-  const SeqInfo seq = LoadSeq(p, b);
+  const SeqInfo seq = [&] {
+    if constexpr (kPaged)
+      return LoadPagedSeq(p, b);
+    else
+      return LoadSeq(p, b);
+  }();
   // The longest causal tiles (the last ones) start first.
   const int m_tile = (p.schedule != nullptr ? (seq.len_q + kBlockM - 1) / kBlockM : m_tiles) - 1 -
                      tile.tile;
@@ -200,35 +213,67 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
     const int lane = threadIdx.x;
     const int batch_coord = p.thd ? 0 : b;
     const int kv_row0 = static_cast<int>(seq.start_kv);
+    // Paged K/V: the maps are over the pools, [num_pages][heads_kv][page_size][d] with boxes of
+    // min(page_size, kBlockN) rows; page_size is a power of two of at least 16 (the launcher
+    // checks Sm90PagedRefusal), so that a box is a whole page (page_size < kBlockN: kBlockN /
+    // page_size boxes per tile) or a whole tile inside one page, and lands on a 2048-byte
+    // boundary of the stage (whole 128-byte swizzle atoms).
+    // Key tile [n0, n0 + kBlockN) of K or V into dst, completing on bar (lane 0 only).
+    // Contiguous: one box per column block, kKvBytes expected with the one arrival. Paged: one
+    // box (per column block) per page the tile touches below the sequence's length, the bytes of
+    // each expected as it is issued and the arrival after the last, so that boxes left out
+    // complete nothing: boxes past the keys (their K rows are masked, their V rows zeroed by
+    // load_values) and boxes of a page-table entry outside [0, num_pages), which is never
+    // followed (fusedattn.h: that sequence's results are undefined, nothing else is read).
+    // Only entries of keys below len_kv are read.
+    auto load_tile = [&](unsigned char* dst, const CUtensorMap* map, uint64_t* bar, int n0) {
+      if constexpr (!kPaged) {
+        sm90::MbarArriveExpectTx(bar, kKvBytes);
+#pragma unroll
+        for (int cb = 0; cb < kColBlocks; ++cb)
+          sm90::TmaLoad4d(dst + cb * kBlockN * 128, map, bar, cb * 64, kv_row0 + n0, hk,
+                          batch_coord);
+      } else {
+        // Computed here from the parameters (constant memory) rather than kept live across the
+        // walk: the producer has 24 registers.
+        const int32_t* page_row = p.paged.page_table + b * p.paged.page_table_stride;
+        const int page_shift = __ffs(p.paged.page_size) - 1;
+        const int box_rows = min(p.paged.page_size, kBlockN);
+        for (int r = 0; r < kBlockN && n0 + r < seq.len_kv; r += box_rows) {
+          const int key = n0 + r;
+          const int page = __ldg(page_row + (key >> page_shift));
+          if (page < 0 || page >= p.paged.num_pages) continue;
+          sm90::MbarExpectTx(bar, box_rows * 128 * kColBlocks);
+#pragma unroll
+          for (int cb = 0; cb < kColBlocks; ++cb)
+            sm90::TmaLoad4d(dst + cb * kBlockN * 128 + r * 128, map, bar, cb * 64,
+                            key & (p.paged.page_size - 1), hk, page);
+        }
+        sm90::MbarArrive(bar);
+      }
+    };
     // Step j of the walk reads key tile n_tile_end - 1 - j through stage j % kStages; the first
     // use of a stage waits for nothing (parity 1 of a fresh barrier).
     auto load_keys = [&](int j) {  // lane 0 only
       const int n0 = (n_tile_end - 1 - j) * kBlockN;
       const int stage = j % kStages;
       sm90::MbarWait(k_empty + stage, ((j / kStages) & 1) ^ 1);
-      sm90::MbarArriveExpectTx(k_full + stage, kKvBytes);
-#pragma unroll
-      for (int cb = 0; cb < kColBlocks; ++cb)
-        sm90::TmaLoad4d(k_s + stage * kKvBytes + cb * kBlockN * 128, &maps.k, k_full + stage,
-                        cb * 64, kv_row0 + n0, hk, batch_coord);
+      load_tile(k_s + stage * kKvBytes, &maps.k, k_full + stage, n0);
     };
     uint32_t fix_parity = 0;
     auto load_values = [&](int j) {  // the whole warp
       const int n0 = (n_tile_end - 1 - j) * kBlockN;
       const int stage = j % kStages;
       unsigned char* v_dst = v_s + stage * kKvBytes;
-      // Rows past the keys but inside the tensor exist only with per-sequence lengths; they are
-      // zeroed where O += P V reads them (all kBlockN rows, or the lower 64 on a half tile).
+      // Rows past the keys but inside the tensor exist only with per-sequence lengths (and
+      // paged K/V: the rest of the last page, boxes not loaded); they are zeroed where O += P V
+      // reads them (all kBlockN rows, or the lower 64 on a half tile).
       const int v_rows_read = half_keys_at(n0) ? 64 : kBlockN;
-      const bool patch_v = p.padding && n0 + v_rows_read > seq.len_kv;
+      const bool patch_v = (kPaged || p.padding) && n0 + v_rows_read > seq.len_kv;
       uint64_t* v_bar = patch_v ? fix : v_full + stage;
       if (lane == 0) {
         sm90::MbarWait(v_empty + stage, ((j / kStages) & 1) ^ 1);
-        sm90::MbarArriveExpectTx(v_bar, kKvBytes);
-#pragma unroll
-        for (int cb = 0; cb < kColBlocks; ++cb)
-          sm90::TmaLoad4d(v_dst + cb * kBlockN * 128, &maps.v, v_bar, cb * 64, kv_row0 + n0, hk,
-                          batch_coord);
+        load_tile(v_dst, &maps.v, v_bar, n0);
       }
       if (patch_v) {  // zero V's rows [len_kv - n0, kBlockN) (whole rows: the swizzle stays inside a row)
         sm90::MbarWait(fix, fix_parity);
@@ -780,17 +825,25 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
 #endif  // FUSEDATTN_SM90_DEVICE
 }
 
-// One tile's launch (kLongKeys: Sm90FwdTile).
-template <typename Element, int kHeadDim, Sm90Scores kScores, bool kLongKeys>
+// One tile's launch (kLongKeys: Sm90FwdTile; kPaged: K/V maps over the page pools).
+template <typename Element, int kHeadDim, Sm90Scores kScores, bool kLongKeys, bool kPaged>
 Status LaunchWgmmaForwardTile(const FlashParams& p, cudaStream_t stream, bool* launched) {
   using Tile = Sm90FwdTile<kHeadDim, kLongKeys>;
   static_assert(Tile::kBlockM == kSm90ScheduleRowsForward, "schedule.h: the planner's rows");
   const bool bf16 = std::is_same_v<Element, Bfloat16>;
   Sm90Maps maps;
-  if (!EncodeLaunchTensorMap(&maps.q, p, p.q, true, p.head_dim_qk, Tile::kBlockM, bf16) ||
-      !EncodeLaunchTensorMap(&maps.k, p, p.k, false, p.head_dim_qk, Tile::kBlockN, bf16) ||
-      !EncodeLaunchTensorMap(&maps.v, p, p.v, false, p.head_dim_v, Tile::kBlockN, bf16))
+  if (!EncodeLaunchTensorMap(&maps.q, p, p.q, true, p.head_dim_qk, Tile::kBlockM, bf16))
     return Status::Ok();
+  if constexpr (kPaged) {
+    const int box_rows = p.paged.page_size < Tile::kBlockN ? p.paged.page_size : Tile::kBlockN;
+    if (!EncodePageTensorMap(&maps.k, p, p.k, p.head_dim_qk, box_rows, bf16) ||
+        !EncodePageTensorMap(&maps.v, p, p.v, p.head_dim_v, box_rows, bf16))
+      return Status::Ok();
+  } else {
+    if (!EncodeLaunchTensorMap(&maps.k, p, p.k, false, p.head_dim_qk, Tile::kBlockN, bf16) ||
+        !EncodeLaunchTensorMap(&maps.v, p, p.v, false, p.head_dim_v, Tile::kBlockN, bf16))
+      return Status::Ok();
+  }
   const int m_tiles = (p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM;
   const int64_t blocks = int64_t{m_tiles} * p.heads_q * p.batch;
   if (blocks > INT_MAX) return Status::Ok();
@@ -805,7 +858,7 @@ Status LaunchWgmmaForwardTile(const FlashParams& p, cudaStream_t stream, bool* l
         LaunchTileSchedule(p, /*by_keys=*/false, Tile::kBlockM, m_tiles, stream, &scheduled));
     if (scheduled) run.schedule = p.schedule_workspace;
   }
-  auto kernel = WgmmaForwardKernel<Element, kHeadDim, kScores, kLongKeys>;
+  auto kernel = WgmmaForwardKernel<Element, kHeadDim, kScores, kLongKeys, kPaged>;
   FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             Tile::kSmemBytes));
   kernel<<<static_cast<unsigned>(blocks), Tile::kThreads, Tile::kSmemBytes, stream>>>(maps, run,
@@ -826,7 +879,7 @@ bool Sm90BiasProblem(const FlashParams& p) {
          (p.bias.dtype == element || p.bias.dtype == FUSEDATTN_DTYPE_FLOAT32);
 }
 
-template <typename Element, int kHeadDim, Sm90Scores kScores>
+template <typename Element, int kHeadDim, Sm90Scores kScores, bool kPaged>
 Status LaunchWgmmaForward(const FlashParams& p, cudaStream_t stream, bool* launched) {
   *launched = false;
   const bool policy_runs_it = kScores == Sm90Scores::kPlain          ? !NeedsFullKernel(p)
@@ -835,11 +888,17 @@ Status LaunchWgmmaForward(const FlashParams& p, cudaStream_t stream, bool* launc
   if (!policy_runs_it || !(p.scale > 0.f) || p.head_dim_qk > kHeadDim ||
       p.head_dim_v > kHeadDim || p.qkv_dtype != p.o_dtype)
     return Status::Ok();
+  // The paged instances run paged K/V of the page sizes they take, the others contiguous K/V.
+  const bool paged = p.paged.page_table != nullptr;
+  if (paged != kPaged || (paged && (Sm90PagedRefusal(p.paged.page_size) != nullptr ||
+                                    p.paged.seqlens_kv == nullptr)))
+    return Status::Ok();
   if constexpr (kHeadDim == 64) {
     if (Sm90ForwardKeysPerStep(kHeadDim, p.max_seqlen_kv) == 128)
-      return LaunchWgmmaForwardTile<Element, kHeadDim, kScores, true>(p, stream, launched);
+      return LaunchWgmmaForwardTile<Element, kHeadDim, kScores, true, kPaged>(p, stream,
+                                                                               launched);
   }
-  return LaunchWgmmaForwardTile<Element, kHeadDim, kScores, false>(p, stream, launched);
+  return LaunchWgmmaForwardTile<Element, kHeadDim, kScores, false, kPaged>(p, stream, launched);
 }
 
 }  // namespace fusedattn::flash

@@ -13,7 +13,8 @@ instances, flash_fwd_sm90_*.cu and flash_bwd_sm90_*.cu, for the head dims of SM9
 (the backward has no d256 tile yet); each direction has one set per score policy (sm90.h's
 Sm90Scores: plain, and flash_{fwd,bwd}_sm90_softcap_alibi_*.cu; the forward also
 flash_fwd_sm90_bias_*.cu), and the backward one more per
-policy for deterministic mode (flash_bwd_sm90_[softcap_alibi_]deterministic_*.cu); CMake compiles them
+policy for deterministic mode (flash_bwd_sm90_[softcap_alibi_]deterministic_*.cu), and the forward,
+at d64 and d128, one per policy for paged K/V (flash_fwd_sm90_paged_*.cu); CMake compiles them
 only when CMAKE_CUDA_ARCHITECTURES contains 90a, and for 90a alone (the other instances are
 compiled for every listed architecture).
 
@@ -43,10 +44,15 @@ template Status {launcher}<{element}, {dim}>(const FlashParams&, cudaStream_t);
 
 
 SM90_DIRECTIONS = {
-    # name: (header, launcher, head dims, variants: file name part -> extra template arguments)
+    # name: (header, launcher, head dims, variants: file name part -> extra template arguments
+    # [, the head dims of that variant where fewer])
     "fwd": ("fwd_kernel_sm90.cuh", "LaunchWgmmaForward", [64, 128, 256],
             {"": ", Sm90Scores::kPlain", "softcap_alibi_": ", Sm90Scores::kSoftcapAlibi",
-             "bias_": ", Sm90Scores::kBias"}),
+             "bias_": ", Sm90Scores::kBias",
+             # Paged K/V (chunked prefill against a paged cache): key tiles of 64 and 128 keys.
+             "paged_": (", Sm90Scores::kPlain, /*kPaged=*/true", [64, 128]),
+             "paged_softcap_alibi_": (", Sm90Scores::kSoftcapAlibi, /*kPaged=*/true",
+                                      [64, 128])}),
     "bwd": ("bwd_kernel_sm90.cuh", "LaunchWgmmaBackward", [64, 128],
             {"": ", Sm90Scores::kPlain, false",
              "softcap_alibi_": ", Sm90Scores::kSoftcapAlibi, false",
@@ -88,8 +94,11 @@ def main():
                         f.write(text)
     for direction, (header, launcher, head_dims, variants) in SM90_DIRECTIONS.items():
         for variant, extra in variants.items():
+            dims = head_dims
+            if isinstance(extra, tuple):
+                extra, dims = extra
             for dtype, element in DTYPES.items():
-                for dim in head_dims:
+                for dim in dims:
                     name = f"flash_{direction}_sm90_{variant}{dtype}_d{dim}.cu"
                     wanted.add(name)
                     text = SM90_TEMPLATE.format(header=header, launcher=launcher,

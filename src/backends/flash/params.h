@@ -58,6 +58,18 @@ struct FlexArgs {
   int block_mask_n_tiles = 0;  // row stride: key tiles per query tile
 };
 
+// Paged K/V (fusedattn.h "Paged K/V"): key j of sequence b is token j % page_size of page
+// page_table[b * page_table_stride + j / page_size]; only entries of keys below the sequence's
+// length are read, and one outside [0, num_pages) is never followed. seqlens_kv[b] is the
+// sequence's number of keys, clamped to [0, max_seqlen_kv]. page_table null: contiguous K/V.
+struct PagedKvArg {
+  const int32_t* page_table = nullptr;
+  int64_t page_table_stride = 0;
+  const int32_t* seqlens_kv = nullptr;
+  int page_size = 0;
+  int num_pages = 0;
+};
+
 struct FlashParams {
   // Shapes.
   int batch = 0, heads_q = 0, heads_kv = 0, group = 1;  // group = heads_q / heads_kv
@@ -135,6 +147,12 @@ struct FlashParams {
   //   order[batch] then tile_start[batch + 1] there; null: the plain (tile, head, sequence) grid.
   int32_t* schedule_workspace = nullptr;
   const int32_t* schedule = nullptr;
+
+  // Paged K/V on the Hopper forward's paged instances (fwd_kernel_sm90.cuh; the decode kernel
+  // takes the same in its DecodeParams): k and v are then the pools (stride_b from page to page,
+  // stride_s from token to token inside a page). Last in the struct, so that the other kernels'
+  // fields keep their offsets.
+  PagedKvArg paged;
 };
 
 enum DbiasMode { kDbiasNone = 0, kDbiasStore = 1, kDbiasAtomic = 2 };

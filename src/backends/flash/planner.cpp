@@ -1,7 +1,12 @@
 // The flash planner (planner.h): every decision of which kernel runs, in one place and in order.
 // The rules, fastest path first:
-//  1. Refusals (check()): CPU tensors, paged K/V, score_mod graphs the tensor-core kernels cannot
-//     compile, head dims whose simple-path shared memory does not fit, grids too large.
+//  1. Refusals (check()): CPU tensors, paged K/V neither the decode kernel nor the Hopper
+//     forward runs, score_mod graphs the tensor-core kernels cannot compile, head dims whose
+//     simple-path shared memory does not fit, grids too large.
+//  Paged K/V: at most 16 query rows per sequence (decode) on the decode kernel where it fits;
+//     else (chunked prefill) the Hopper forward's paged instances: sm_90 with the sm_90a
+//     kernels, instance 64 or 128, plain or softcap-alibi, scale > 0, a page size that is a
+//     power of two of at least 16, q and the pools described by TMA; nothing else reads pages.
 //  2. score_mod graph: the NVRTC-compiled tensor-core kernels (full variant), which need q, k, v
 //     (and dO) rows contiguous and 16-byte aligned; other tensors are refused at run time.
 //  3. Tensor-core instance (float16/bfloat16, head dims multiples of 8 up to 256) whose tiles fit
@@ -158,12 +163,48 @@ bool HopperInstance(int dim, bool backward) {
   return dim == 64 || dim == 128 || (dim == 256 && !backward);
 }
 
+// The most query rows per sequence that paged K/V runs on the decode kernel: its limit
+// (DecodeFits), for which it is tuned (a GQA group's rows packed into one tile, splits over the
+// keys). Longer queries (chunked prefill) take the Hopper forward, whose 128-row query tiles
+// read each key tile once per tile of queries.
+constexpr int64_t kPagedDecodeMaxRows = 16;
+
 // Why the Hopper kernels do not run on this device / build, or null when they may.
 const char* HopperDeviceRefusal(const DeviceFacts& d) {
   if (!d.sm90a_kernels) return "this build has no sm_90a kernels";
   if (d.compute_capability != 90) return "the device is not sm_90";
   if (!d.wgmma_allowed) return "FUSEDATTN_FLASH_WGMMA=0";
   return nullptr;
+}
+
+// Why the Hopper forward's paged instances cannot run a paged problem (from the config and the
+// device; the tensors TMA must describe are asked in PlanForward), or empty when they can.
+std::string HopperPagedRefusal(const Problem& p, const DeviceFacts& d) {
+  const auto& c = p.config;
+  if (const char* device = HopperDeviceRefusal(d)) return Format("hopper kernels: %s", device);
+  const int dim = TensorCoreInstance(p);
+  if (dim != 64 && dim != 128)
+    return Format("the Hopper forward reads paged K/V at instances 64 and 128 (float16/bfloat16, "
+                  "o_dtype equal, head dims multiples of 8 up to 128), but qkv_dtype = %s, "
+                  "o_dtype = %s, head_dim_qk = %lld, head_dim_v = %lld",
+                  DtypeName(c.qkv_dtype), DtypeName(c.o_dtype), (long long)c.head_dim_qk,
+                  (long long)c.head_dim_v);
+  if (p.score_mod) return "the Hopper forward does not compile score_mod graphs";
+  if (HopperVariantOf(p) == KernelVariant::kFull)
+    return "the Hopper forward's paged instances have no bias tensor or dropout (softcap and "
+           "ALiBi run there)";
+  if (!(p.scale() > 0.0)) return "the Hopper forward takes attn_scale > 0 only";
+  if (const char* page = Sm90PagedRefusal(c.page_size))
+    return Format("%s, but page_size = %lld", page, (long long)c.page_size);
+  const int64_t m_tiles = (c.max_seqlen_q + kSm90ScheduleRowsForward - 1) / kSm90ScheduleRowsForward;
+  if (m_tiles * c.heads_q * c.batch > INT_MAX)
+    return "the Hopper forward needs more blocks than a CUDA grid holds";
+  return std::string();
+}
+
+// Whether paged K/V takes the decode kernel (few query rows per sequence, and it fits).
+bool PagedTakesDecode(const Problem& p, const DeviceFacts& d) {
+  return p.config.max_seqlen_q <= kPagedDecodeMaxRows && DecodeFits(p, d).ok();
 }
 
 // cp.async copies 16-byte pieces of rows: the head dim must be the innermost axis and every row
@@ -188,6 +229,14 @@ bool TmaDescribes(const TensorView& t, bool query_side, const Problem& p) {
   return TmaDescribesTensor(reinterpret_cast<uintptr_t>(t.data), t.stride_b, t.stride_h,
                             t.stride_s, t.stride_d, rows,
                             query_side ? c.heads_q : c.heads_kv, p.thd ? 1 : c.batch);
+}
+
+// TMA over a page pool of paged K/V: [num_pages][heads_kv][page_size][d] (sm90_host.cpp's
+// EncodePageTensorMap).
+bool TmaDescribesPool(const TensorView& t, const Problem& p, int64_t num_pages) {
+  return TmaDescribesTensor(reinterpret_cast<uintptr_t>(t.data), t.stride_b, t.stride_h,
+                            t.stride_s, t.stride_d, p.config.page_size, p.config.heads_kv,
+                            num_pages);
 }
 
 jit::Variant JitVariant(const Problem& p, jit::Kernel kernel, int instance,
@@ -325,12 +374,14 @@ Status PlanCheck(const Problem& p, const DeviceFacts& d) {
         "FP8 attention (qkv_dtype %s): flash has no FP8 kernels yet (cuDNN and the reference "
         "run it)",
         DtypeName(c.qkv_dtype));
-  if (p.paged) {  // only the decode kernel reads pages (decode.h)
-    Status fits = DecodeFits(p, d);
-    if (!fits.ok())
-      return NotSupported("paged K/V (page_size = %lld) runs on flash's decode kernel only: %s",
-                          (long long)c.page_size, fits.message().c_str());
-    return Status::Ok();
+  if (p.paged) {  // the decode kernel (decode.h) and the Hopper forward's paged instances
+    if (PagedTakesDecode(p, d)) return Status::Ok();
+    const std::string hopper = HopperPagedRefusal(p, d);
+    if (hopper.empty()) return Status::Ok();
+    // (kPagedDecodeMaxRows is DecodeFits's own limit: it says why the decode kernel does not.)
+    return NotSupported(
+        "paged K/V (page_size = %lld) runs on flash's decode kernel or its Hopper forward: %s; %s",
+        (long long)c.page_size, DecodeFits(p, d).message().c_str(), hopper.c_str());
   }
   if (p.has_score_mod()) FUSEDATTN_RETURN_IF_ERROR(CheckScoreMod(p, d));
   const size_t need =
@@ -448,26 +499,48 @@ ForwardPlan PlanForward(const Problem& p, const FwdTensors& t, const DeviceFacts
   const int dim = TensorCoreInstance(p);
   const bool fits = dim > 0 && FastForwardSmem(dim) <= d.smem_per_block;
   const bool aligned = RowsAligned16(t.q) && RowsAligned16(t.k) && RowsAligned16(t.v);
-  // Paged K/V (PlanCheck: the decode kernel fits), and contiguous problems with max_seqlen_q <=
-  // 16 that it fits: it reads each kv head's keys once for its whole GQA group and splits long
-  // sequences over the GPU. It reads q, k, v rows with 16-byte copies.
-  if (p.paged || WantsDecode(p, d)) {
-    if (aligned) {
-      const DecodePlan decode = PlanDecode(p, d);
-      plan.path = KernelPath::kDecode;
-      plan.instance = decode.head_dim;
-      plan.decode_splits = decode.splits;
-      plan.decode_keys_per_split = decode.tiles_per_split * DecodeTile<128>::kBlockN;
-      plan.decode_blocks = static_cast<int>(decode.blocks);
-      plan.decode_blocks_per_sm = decode.blocks_per_sm;
-      return plan;
-    }
-    if (p.paged) {
+  // Paged K/V with at most kPagedDecodeMaxRows query rows per sequence, and contiguous problems
+  // with max_seqlen_q <= 16 that it fits: the decode kernel, which reads each kv head's keys
+  // once for its whole GQA group and splits long sequences over the GPU. It reads q, k, v rows
+  // with 16-byte copies.
+  const bool decode_kernel = p.paged ? PagedTakesDecode(p, d) : WantsDecode(p, d);
+  if (decode_kernel && aligned) {
+    const DecodePlan decode = PlanDecode(p, d);
+    plan.path = KernelPath::kDecode;
+    plan.instance = decode.head_dim;
+    plan.decode_splits = decode.splits;
+    plan.decode_keys_per_split = decode.tiles_per_split * DecodeTile<128>::kBlockN;
+    plan.decode_blocks = static_cast<int>(decode.blocks);
+    plan.decode_blocks_per_sm = decode.blocks_per_sm;
+    return plan;
+  }
+  // Other paged K/V (PlanCheck: the decode kernel or the Hopper forward's paged instances take
+  // it): chunked prefill on the Hopper forward, its producer loading key tiles from the pages.
+  if (p.paged) {
+    if (!HopperPagedRefusal(p, d).empty()) {  // the decode kernel's, on tensors it cannot read
       plan.status = NotSupported(
           "flash's decode kernel reads q, k and v rows with 16-byte copies: they must be "
           "contiguous along the head dim (stride 1) and 16-byte aligned (pointer and strides)");
       return plan;
     }
+    if (!TmaDescribes(t.q, true, p) || !TmaDescribesPool(t.k, p, t.num_pages) ||
+        !TmaDescribesPool(t.v, p, t.num_pages)) {
+      plan.status = NotSupported(
+          "paged K/V on flash's Hopper forward: TMA cannot describe q or the k/v page pools "
+          "(head dim contiguous, 16-byte aligned base and strides)");
+      return plan;
+    }
+    plan.path = KernelPath::kHopperWgmma;
+    plan.instance = dim;
+    plan.variant = HopperVariantOf(p);
+    plan.paged = true;
+    plan.keys_per_step = Sm90ForwardKeysPerStep(dim, c.max_seqlen_kv);
+    const int m_tiles = static_cast<int>((c.max_seqlen_q + kSm90ScheduleRowsForward - 1) /
+                                         kSm90ScheduleRowsForward);
+    if (p.thd && plan.workspace.has_schedule && (!t.lse.present() || t.lse_packed) &&
+        c.batch >= 1 && m_tiles + 1 <= kScheduleMaxBins)
+      plan.schedule = TileSchedule::kThdHeavyFirst;
+    return plan;
   }
   if (p.score_mod) {
     if (!(fits && aligned)) {
@@ -641,6 +714,11 @@ FwdTensors DenseFwdTensors(const Problem& p) {
   t.q = Dense(c.q_format, c.batch, c.max_seqlen_q, c.heads_q, c.head_dim_qk, c.qkv_dtype);
   t.k = Dense(c.kv_format, c.batch, c.max_seqlen_kv, c.heads_kv, c.head_dim_qk, c.qkv_dtype);
   t.v = Dense(c.kv_format, c.batch, c.max_seqlen_kv, c.heads_kv, c.head_dim_v, c.qkv_dtype);
+  if (p.paged) {  // pools of the pages every sequence's max_seqlen_kv keys need
+    t.num_pages = c.batch * ((c.max_seqlen_kv + c.page_size - 1) / c.page_size);
+    t.k = Dense(c.kv_format, t.num_pages, c.page_size, c.heads_kv, c.head_dim_qk, c.qkv_dtype);
+    t.v = Dense(c.kv_format, t.num_pages, c.page_size, c.heads_kv, c.head_dim_v, c.qkv_dtype);
+  }
   t.o = Dense(c.o_format, c.batch, c.max_seqlen_q, c.heads_q, c.head_dim_v, c.o_dtype);
   if (p.needs_lse()) {
     t.lse = DenseLse(p, &t.lse_packed);
@@ -693,6 +771,7 @@ std::string DescribeForwardPlan(const ForwardPlan& plan) {
     s += Format(", %d splits of %d keys, %d blocks (%d per SM)", plan.decode_splits,
                 plan.decode_keys_per_split, plan.decode_blocks, plan.decode_blocks_per_sm);
   if (plan.path == KernelPath::kHopperWgmma) s += Format(", %d keys per step", plan.keys_per_step);
+  if (plan.paged) s += ", paged K/V";
   s += Format(", workspace %zu B", plan.workspace.total);
   if (!plan.why.empty()) s += " (" + plan.why + ")";
   return s;

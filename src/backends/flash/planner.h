@@ -114,6 +114,9 @@ struct ForwardPlan {
   int decode_splits = 0;  // kDecode: splits over the keys (decode.h's DecodePlan)
   int decode_keys_per_split = 0, decode_blocks = 0, decode_blocks_per_sm = 0;  // (the same)
   int keys_per_step = 0;  // kHopperWgmma: its tile's keys per step (sm90.h, Sm90ForwardKeysPerStep)
+  // kHopperWgmma: the paged instances (K/V from a paged cache: chunked prefill; paged problems
+  // with at most 16 query rows per sequence take kDecode where it fits).
+  bool paged = false;
   FwdWorkspaceLayout workspace;
   std::string why;  // why no faster path runs it (empty when the Hopper path does, or none could)
 };

@@ -12,8 +12,8 @@ constexpr int kScheduleWarps = kScheduleThreads / 32;
 
 __device__ __forceinline__ int TileCount(const FlashParams& p, int b, bool by_keys, int tile_rows,
                                          int max_tiles) {
-  const SeqInfo s = LoadSeq(p, b);
-  const int len = by_keys ? s.len_kv : s.len_q;
+  // The query side alone when ordering query tiles (paged K/V has no cu_seqlens_kv to read).
+  const int len = by_keys ? LoadSeq(p, b).len_kv : LoadQuerySeq(p, b).len_q;
   const int tiles = (len + tile_rows - 1) / tile_rows;
   return tiles < max_tiles ? tiles : max_tiles;
 }

@@ -34,9 +34,11 @@ enum class Sm90Scores : int { kPlain = 0, kSoftcapAlibi = 1, kBias = 2 };
 // The wgmma forward on head dims padded to kHeadDim (64, 128 or 256) with the score policy
 // kScores, when the planner chose it (planner.cpp: the problem, the tensors TMA can describe,
 // scale > 0). The launcher keeps its own guards: *launched = false (nothing launched) when they
-// refuse what the plan chose (among them a problem of the other policy), which the backend
-// reports as an internal error.
-template <typename Element, int kHeadDim, Sm90Scores kScores>
+// refuse what the plan chose (among them a problem of the other policy, or paged K/V on a
+// contiguous instance and the reverse), which the backend reports as an internal error.
+// kPaged: K/V from a paged cache (p.paged; chunked prefill), instances at kHeadDim 64 and 128
+// only, a compile-time policy of the producer so that the contiguous instances carry none of it.
+template <typename Element, int kHeadDim, Sm90Scores kScores, bool kPaged = false>
 Status LaunchWgmmaForward(const FlashParams& p, cudaStream_t stream, bool* launched);
 
 // Keys per step of the wgmma forward's tile at instance kHeadDim for a problem with this many keys
@@ -50,6 +52,19 @@ constexpr int kSm90D64LongKeys = 4096;
 inline int Sm90ForwardKeysPerStep(int instance, int64_t max_seqlen_kv) {
   if (instance == 64) return max_seqlen_kv >= kSm90D64LongKeys ? 128 : 64;
   return instance == 128 ? 128 : 80;
+}
+
+// Why the paged instances of the wgmma forward cannot take this page size, or null when they
+// can: a power of two of at least 16 tokens. Their producer loads a key tile (Sm90ForwardKeys-
+// PerStep: 64 or 128 keys at d64, 128 at d128) as one TMA box per page (page_size below the tile) or per tile (pages of whole
+// tiles), each box on a 2048-byte boundary of the 128-byte swizzle; pages of fewer than 16
+// tokens would mean more than 8 boxes per tile and column block from one thread. The planner
+// and the launcher both ask this.
+inline const char* Sm90PagedRefusal(int64_t page_size) {
+  if (page_size < 16 || (page_size & (page_size - 1)) != 0)
+    return "the Hopper forward reads paged K/V with page sizes that are powers of two of at "
+           "least 16 (one TMA box per page or per key tile)";
+  return nullptr;
 }
 
 // The wgmma key-block kernel of the backward (bwd_kernel_sm90.cuh) with the score policy kScores
@@ -71,6 +86,12 @@ Status LaunchWgmmaBackward(const FlashParams& p, cudaStream_t stream, bool* laun
 // the planner asks before it chooses the Hopper path) or the driver entry point is missing.
 bool EncodeQkvTensorMap(void* map, const TensorArg& t, bool bf16, int64_t rows, int cols,
                         int heads, int batch, int box_rows);
+
+// EncodeQkvTensorMap for a page pool of paged K/V (p.k or p.v when p.paged.page_table is set):
+// [num_pages][heads_kv][page_size rows][cols] with the pool's strides (stride_b from page to
+// page), boxes of box_rows rows. Also false when TMA cannot describe the pool.
+bool EncodePageTensorMap(void* map, const FlashParams& p, const TensorArg& t, int cols,
+                         int box_rows, bool bf16);
 
 // EncodeQkvTensorMap for a tensor of a flash launch: query side (q, dO: max_seqlen_q rows,
 // heads_q) or key side (k, v: max_seqlen_kv, heads_kv); THD tensors are one batch of

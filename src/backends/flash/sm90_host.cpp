@@ -97,6 +97,12 @@ bool EncodeLaunchTensorMap(void* map, const FlashParams& p, const TensorArg& t, 
                             p.thd ? 1 : p.batch, box_rows);
 }
 
+bool EncodePageTensorMap(void* map, const FlashParams& p, const TensorArg& t, int cols,
+                         int box_rows, bool bf16) {
+  return EncodeQkvTensorMap(map, t, bf16, p.paged.page_size, cols, p.heads_kv,
+                            p.paged.num_pages, box_rows);
+}
+
 #else  // !FUSEDATTN_FLASH_SM90
 
 bool WgmmaCompiled() { return false; }
@@ -104,6 +110,9 @@ bool EncodeQkvTensorMap(void*, const TensorArg&, bool, int64_t, int, int, int, i
   return false;
 }
 bool EncodeLaunchTensorMap(void*, const FlashParams&, const TensorArg&, bool, int, int, bool) {
+  return false;
+}
+bool EncodePageTensorMap(void*, const FlashParams&, const TensorArg&, int, int, bool) {
   return false;
 }
 Status WgmmaTileSelfTest(int, bool, const void*, const void*, float*, cudaStream_t) {
