@@ -213,11 +213,13 @@
  * A GPU backend cannot read them on the host without a synchronization: it checks every index on
  * the device as it loads it and never follows one outside [0, num_pages) (that sequence's results
  * are then undefined), and clamps lengths as above, so that nothing outside the pools and the
- * table's used entries is read. On the GPU, flash runs paged K/V (its decode kernel: max_seqlen_q
- * <= 16, float16/bfloat16, head_dim_qk = head_dim_v in {64, 128}, no dropout or score_mod; and
- * on sm_90, chunked prefill with more query rows: float16/bfloat16, head dims up to 128, no bias
- * tensor, dropout or score_mod, page_size a power of two >= 16); the other GPU backends and the
- * problems flash refuses say why in their reasons.
+ * table's used entries is read. On the GPU, flash runs paged K/V: its decode kernel (max_seqlen_q
+ * <= 16, float16/bfloat16, head_dim_qk = head_dim_v in {64, 128}, no dropout or score_mod), and
+ * on sm_90 the Hopper forward's paged instances for the rest (chunked prefill with more query
+ * rows, and the few-row problems the decode kernel refuses): float16/bfloat16 with o_dtype equal,
+ * head dims multiples of 8 up to 128, attn_scale > 0, no bias tensor, dropout or score_mod,
+ * page_size a power of two >= 16, q and the pools 16-byte aligned for TMA; the other GPU backends
+ * and the problems flash refuses say why in their reasons.
  *
  * Where tensors live: config.device says it. CUDA: device memory (or memory the device can read);
  * the reference backend then copies to the host and back. CPU: host memory, only the reference
@@ -424,6 +426,8 @@ typedef struct fusedattn_config {
   int32_t bias_requires_grad; /* backward writes dbias */
 
   fusedattn_softmax softmax_type;
+  /* attn_scale and softcap: finite, and 0 or a normal float32 in magnitude (FLT_MIN..FLT_MAX),
+   * since the GPU kernels compute in float32; anything else is an invalid argument. */
   double attn_scale; /* 0: 1/sqrt(head_dim_qk) */
   double softcap;    /* 0: off */
   double dropout;    /* probability of dropping, in [0, 1) */

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cfloat>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -245,6 +246,12 @@ bool MulOverflows(int64_t a, int64_t b, int64_t* out) {
   return __builtin_mul_overflow(a, b, out);
 }
 
+// Whether a finite double is 0 or a normal float32 in magnitude (it rounds to neither 0, a
+// subnormal nor inf in float32).
+bool FloatNormalOrZero(double x) {
+  return x == 0.0 || (std::fabs(x) >= FLT_MIN && std::fabs(x) <= FLT_MAX);
+}
+
 }  // namespace
 
 Status MakeProblem(const fusedattn_config* user, bool has_cuda_device, Problem* problem) {
@@ -414,13 +421,26 @@ Status MakeProblem(const fusedattn_config* user, bool has_cuda_device, Problem* 
     return InvalidArgument("config.softmax_type = %d is not a fusedattn_softmax",
                            static_cast<int>(c.softmax_type));
 
+  // attn_scale and softcap are doubles, but the GPU kernels compute in float32: a value that is
+  // not 0 and not a normal float (below FLT_MIN or above FLT_MAX in magnitude) would become 0,
+  // a subnormal or inf there, and a backend that decides in double (the flash planner) and one
+  // of its kernels that decides in float would disagree about the problem.
   if (!std::isfinite(c.attn_scale))
     return InvalidArgument("config.attn_scale = %g must be finite (0 selects 1/sqrt(head_dim_qk))",
                            c.attn_scale);
+  if (!FloatNormalOrZero(c.attn_scale))
+    return InvalidArgument("config.attn_scale = %g is outside float32's normal range (%g to %g "
+                           "in magnitude, or 0): the GPU kernels compute in float32",
+                           c.attn_scale, static_cast<double>(FLT_MIN),
+                           static_cast<double>(FLT_MAX));
   if (c.attn_scale == 0.0) c.attn_scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim_qk));
   if (!std::isfinite(c.softcap) || c.softcap < 0.0)
     return InvalidArgument("config.softcap = %g must be finite and >= 0 (0 turns it off)",
                            c.softcap);
+  if (!FloatNormalOrZero(c.softcap))
+    return InvalidArgument("config.softcap = %g is outside float32's normal range (%g to %g, "
+                           "or 0 for off): the GPU kernels compute in float32",
+                           c.softcap, static_cast<double>(FLT_MIN), static_cast<double>(FLT_MAX));
   if (!(c.dropout >= 0.0 && c.dropout < 1.0))
     return InvalidArgument("config.dropout = %g must be in [0, 1)", c.dropout);
   if (c.dropout > 0.0) {

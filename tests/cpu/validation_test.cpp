@@ -230,6 +230,18 @@ std::vector<ConfigCase> ConfigCases() {
        {"config.softcap = -1.5"}},
       {"SoftcapInfinite", full, [](auto& c) { c.softcap = INFINITY; }, invalid,
        {"config.softcap = inf"}},
+      // The GPU kernels compute in float32: values that round to 0, a subnormal or inf there
+      // are refused, so that every backend sees the problem the planner saw.
+      {"AttnScaleBelowFloat", full, [](auto& c) { c.attn_scale = 1e-50; }, invalid,
+       {"config.attn_scale = 1e-50", "float32's normal range"}},
+      {"AttnScaleSubnormalFloat", full, [](auto& c) { c.attn_scale = -1e-40; }, invalid,
+       {"config.attn_scale = -1e-40", "float32's normal range"}},
+      {"AttnScaleAboveFloat", full, [](auto& c) { c.attn_scale = 1e39; }, invalid,
+       {"config.attn_scale = 1e+39", "float32's normal range"}},
+      {"SoftcapBelowFloat", full, [](auto& c) { c.softcap = 1e-50; }, invalid,
+       {"config.softcap = 1e-50", "float32's normal range"}},
+      {"SoftcapAboveFloat", full, [](auto& c) { c.softcap = 1e300; }, invalid,
+       {"config.softcap = 1e+300", "float32's normal range"}},
       {"DropoutNegative", full, [](auto& c) { c.dropout = -0.1; }, invalid,
        {"config.dropout = -0.1"}},
       {"DropoutOne", full, [](auto& c) { c.dropout = 1.0; }, invalid, {"config.dropout = 1"}},
