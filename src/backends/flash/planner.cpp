@@ -489,6 +489,20 @@ BwdWorkspaceLayout PlanBwdWorkspace(const Problem& p, const DeviceFacts& d) {
   return w;
 }
 
+// The Hopper forward's block order (contiguous and paged K/V): THD takes the heavy-first
+// schedule where the workspace holds one, and where no row outside the sequences is written
+// anyway (a [batch, heads, max_seqlen_q] LSE gets -inf past len_q from the plain grid only).
+TileSchedule HopperForwardSchedule(const Problem& p, const FwdTensors& t,
+                                   const FwdWorkspaceLayout& w) {
+  const auto& c = p.config;
+  const int64_t m_tiles =
+      (c.max_seqlen_q + kSm90ScheduleRowsForward - 1) / kSm90ScheduleRowsForward;
+  if (p.thd && w.has_schedule && (!t.lse.present() || t.lse_packed) && c.batch >= 1 &&
+      m_tiles + 1 <= kScheduleMaxBins)
+    return TileSchedule::kThdHeavyFirst;
+  return TileSchedule::kPlainGrid;
+}
+
 ForwardPlan PlanForward(const Problem& p, const FwdTensors& t, const DeviceFacts& d) {
   const auto& c = p.config;
   ForwardPlan plan;
@@ -535,11 +549,7 @@ ForwardPlan PlanForward(const Problem& p, const FwdTensors& t, const DeviceFacts
     plan.variant = HopperVariantOf(p);
     plan.paged = true;
     plan.keys_per_step = Sm90ForwardKeysPerStep(dim, c.max_seqlen_kv);
-    const int m_tiles = static_cast<int>((c.max_seqlen_q + kSm90ScheduleRowsForward - 1) /
-                                         kSm90ScheduleRowsForward);
-    if (p.thd && plan.workspace.has_schedule && (!t.lse.present() || t.lse_packed) &&
-        c.batch >= 1 && m_tiles + 1 <= kScheduleMaxBins)
-      plan.schedule = TileSchedule::kThdHeavyFirst;
+    plan.schedule = HopperForwardSchedule(p, t, plan.workspace);
     return plan;
   }
   if (p.score_mod) {
@@ -576,11 +586,7 @@ ForwardPlan PlanForward(const Problem& p, const FwdTensors& t, const DeviceFacts
     plan.path = KernelPath::kHopperWgmma;
     plan.variant = HopperForwardVariantOf(p);
     plan.keys_per_step = Sm90ForwardKeysPerStep(dim, c.max_seqlen_kv);
-    // THD: the heavy-first schedule, where no row outside the sequences is written anyway; a
-    // [batch, heads, max_seqlen_q] LSE gets -inf past len_q from the plain grid only.
-    if (p.thd && plan.workspace.has_schedule && (!t.lse.present() || t.lse_packed) &&
-        c.batch >= 1 && m_tiles + 1 <= kScheduleMaxBins)
-      plan.schedule = TileSchedule::kThdHeavyFirst;
+    plan.schedule = HopperForwardSchedule(p, t, plan.workspace);
   }
   return plan;
 }
