@@ -496,7 +496,8 @@ def paired_differences(rows, pairs=HOST_PAIRS):
             if not diffs:
                 continue
             lines.append(
-                "- %s - %s, %s: median %+.1f µs over %d rounds (per round %s)" %
+                "- %s - %s, %s: median %+.1f µs over %d rounds (the per-round differences, "
+                "sorted: %s)" %
                 (a, b, row["direction"], statistics.median(diffs), len(diffs),
                  ", ".join("%+.1f" % d for d in diffs)))
     return lines

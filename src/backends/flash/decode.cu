@@ -167,8 +167,8 @@ Status DecodeFits(const Problem& p, const DeviceFacts& device) {
                         (long long)c.head_dim_qk, (long long)c.head_dim_v);
   if (c.max_seqlen_q > 16)
     return NotSupported("flash's decode kernel takes max_seqlen_q <= 16 query rows per sequence, "
-                        "but max_seqlen_q = %lld (chunked prefill against pages runs on the "
-                        "Hopper forward)",
+                        "but max_seqlen_q = %lld (on sm_90, chunked prefill against pages runs "
+                        "on the Hopper forward)",
                         (long long)c.max_seqlen_q);
   if (c.dropout > 0.0)
     return NotSupported("flash's decode kernel has no dropout (dropout = %g)", c.dropout);

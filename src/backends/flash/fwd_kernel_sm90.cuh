@@ -869,7 +869,7 @@ Status LaunchWgmmaForwardTile(const FlashParams& p, cudaStream_t stream, bool* l
 }
 
 // Whether the bias instances run a problem: a pre- or post-scale bias tensor (of the qkv dtype or
-// float32), softcap or not, no dropout (the planner's HopperVariantOf on the config).
+// float32), softcap or not, no dropout (the planner's HopperForwardVariantOf on the config).
 template <typename Element>
 bool Sm90BiasProblem(const FlashParams& p) {
   const fusedattn_dtype element =
