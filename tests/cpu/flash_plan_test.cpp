@@ -517,6 +517,18 @@ TEST(FlashPlanForward, DecodeSplitsFillTheDevicesSms) {
   EXPECT_EQ(PlanFwdWorkspace(p, one_sm).decode_bytes, 0u);
 }
 
+// The decode kernel's programmatic launches need its griddepcontrol waits, which only the sm_90a
+// instances have: a newer GPU runs the compute_80 PTX without them, an sm_80 GPU has neither.
+TEST(FlashPlanForward, DecodeLaunchesProgrammaticallyOnSm90Only) {
+  const Problem p = Make(PagedDecode());
+  EXPECT_TRUE(PlanDecode(p, H100()).programmatic_launch);
+  EXPECT_FALSE(PlanDecode(p, A100()).programmatic_launch);
+  DeviceFacts blackwell = H100();
+  blackwell.compute_capability = 100;
+  blackwell.sm90a_kernels = false;
+  EXPECT_FALSE(PlanDecode(p, blackwell).programmatic_launch);
+}
+
 // Issue 21's weak points: one sequence, GQA 32/8, a long cache. Eight (sequence, kv head) pairs
 // cannot fill the H100's 132 SMs x 2 blocks (d128: 107 KB of shared memory a block) or x 3 (d64
 // with 16 rows: 77 KB), so the keys are split until every slot streams about the same number

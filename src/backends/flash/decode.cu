@@ -255,7 +255,11 @@ DecodePlan PlanDecode(const Problem& p, const DeviceFacts& device) {
   plan.tiles_per_split = static_cast<int>((tiles + splits - 1) / splits);
   plan.splits = static_cast<int>((tiles + plan.tiles_per_split - 1) / plan.tiles_per_split);
   plan.blocks = base * plan.splits;
-  plan.programmatic_launch = device.compute_capability >= 90;
+  // Programmatic launches only where the kernel that runs has griddepcontrol compiled in: the
+  // sm_90a instances (decode_kernel.cuh compiles the waits for __CUDA_ARCH__ >= 900). A newer GPU
+  // runs the default build's compute_80 PTX, without the waits, where such a launch would let a
+  // kernel read what the grid before it has not finished writing.
+  plan.programmatic_launch = device.compute_capability == 90;
   if (plan.splits > 1) {
     const size_t rows = static_cast<size_t>(plan.splits) * c.batch * c.heads_q * c.max_seqlen_q;
     plan.workspace = AlignUp(rows * c.head_dim_v * sizeof(float)) + AlignUp(rows * sizeof(float));

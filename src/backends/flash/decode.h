@@ -98,7 +98,7 @@ struct DecodePlan {
   int splits = 1, tiles_per_split = 1;
   int blocks_per_sm = 1;  // resident blocks an SM holds (shared memory, DecodeMinBlocksPerSm)
   int64_t blocks = 0;     // the grid: batch * heads_kv * splits * row_chunks
-  bool programmatic_launch = false;  // sm_90 and later (DecodeParams::programmatic_launch)
+  bool programmatic_launch = false;  // sm_90 only (DecodeParams::programmatic_launch)
   size_t workspace = 0;  // bytes of partials (0 with one split)
 };
 
