@@ -99,7 +99,7 @@ def oracle(q, keys, values, causal=False, window_size=(-1, -1), softcap=0.0,
 
 def _check_against_oracle(out, lse, q, keys, values, dtype, **kwargs):
     ref_out, ref_lse = oracle(q, keys, values, **kwargs)
-    assert out.shape == q.shape[:3] + (values[0].shape[-1],) and out.dtype == q.dtype
+    assert out.shape == q.shape[:3] + (values[0].shape[-1],) and out.dtype == dtype
     assert lse.shape == (q.shape[0], q.shape[2], q.shape[1]) and lse.dtype == torch.float32
     error = relative_error(out.float().numpy(), ref_out)
     assert error < TOLERANCE[DTYPE_NAMES[dtype]], "out: %.3g" % error
@@ -504,7 +504,8 @@ def test_varlen_with_block_table_is_forward_only():
 def test_varlen_block_table_shapes_are_said_in_the_calls_terms():
     q, cache, cu_q, cu_k = _varlen_paged([2, 2], [6, 3])
     with torch.no_grad(), pytest.raises(fusedattn.InvalidArgumentError,
-                                        match=r"k has shape .* pool of pages"):
+                                        match=r"k has 3 dimensions but a page pool .*"
+                                              r"\[num_pages, page_size, heads_kv, head_dim\]"):
         fa.flash_attn_varlen_func(q, cache.k[0], cache.v, cu_q, cu_k, 2, 6,
                                   block_table=cache.block_table)
 
