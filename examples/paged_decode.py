@@ -121,7 +121,7 @@ def main():
 
     cache = PagedCache(batch, args.blocks, args.page_size, max_blocks, heads_kv, dim, dtype,
                        device, generator)
-    cos, sin = rotary_tables(max_len, dim, device)
+    cos, sin = rotary_tables(max_blocks * args.page_size, dim, device)  # the table's capacity
     dense_k = [torch.zeros(0, heads_kv, dim, dtype=torch.float64, device=device)] * batch
     dense_v = list(dense_k)
     worst = 0.0
