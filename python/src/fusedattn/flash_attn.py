@@ -23,8 +23,9 @@ v then are page pools, the key lengths cu_seqlens_k's steps). Both run on fuseda
 (fusedattn.attention(..., page_table=, seqlens_kv=)) or, for a contiguous cache, its dense
 problem with per-sequence key lengths (_kvcache.py says which and why): on CPU tensors the
 reference backend; on CUDA tensors cuDNN or flash (paged K/V: flash's decode kernel for up to
-16 query rows per sequence, its Hopper forward for chunked prefill with page sizes that are
-powers of two of at least 16; fusedattn.explain says why a problem runs nowhere).
+16 query rows per sequence, float16/bfloat16, head dims 64 or 128; on sm_90 its Hopper forward
+for the rest, chunked prefill included, with page sizes that are powers of two of at least 16;
+fusedattn.explain says why a problem runs nowhere).
 
 Not taken, with an error that says so: return_attn_probs=True (fusedattn never materializes
 the probabilities; fusedattn.attention(..., return_lse=True) gives the log-sum-exp), alibi
@@ -116,7 +117,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     with k); None: every sequence has the whole cache (seqlen_cache, or max_num_blocks_per_seq
     * page_block_size keys). Sequence b attends to its first cache_seqlens[b] + seqlen_new keys,
     with causal and window_size aligned to their end (bottom-right), softcap, alibi_slopes
-    [heads] and softmax_scale as in flash_attn_func.
+    [heads] and softmax_scale as in flash_attn_func (a window side at least as long as the
+    cache's keys per sequence is unbounded, as flash_attn sets it).
 
     rotary_cos, rotary_sin: [seqlen_ro, rotary_dim / 2] (with k; seqlen_ro at least the cache's
     keys per sequence): the new keys are rotated at positions cache_seqlens + i before they are
