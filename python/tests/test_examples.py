@@ -1,6 +1,7 @@
 """The programs of examples/ run as a user runs them (a subprocess, tiny sizes, on the CPU's
 reference backend here; on CUDA with `-m gpu` on the GPU machine) and finish without error: each
-checks its own result (the GPT's loss falls; generation with fusedattn gives sdpa's tokens)."""
+checks its own result (the GPT's loss falls; generation with fusedattn gives sdpa's tokens; the
+paged KV cache's decode agrees with a dense recomputation at every step)."""
 
 import os
 import subprocess
@@ -36,6 +37,12 @@ def test_hf_generate(device):
     stdout = _run("hf_generate.py", "--device", device, "--dtype", "float32",
                   "--max-new-tokens", "8")
     assert "agree on 100.0% of the tokens" in stdout
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_paged_decode(device):
+    stdout = _run("paged_decode.py", "--device", device, "--new-tokens", "6")
+    assert "every step agrees with the dense recomputation" in stdout
 
 
 def test_hf_train_step_bench_runs_on_cpu(tmp_path):

@@ -1,7 +1,8 @@
 """fusedattn.flash_attn against FlashAttention-2's documented semantics, written here in float64
 torch (the flash_attn package is not a test dependency): [batch, seq, heads, dim] tensors,
 causal and sliding windows aligned to the bottom-right corner, softcap, ALiBi, GQA, the varlen
-functions over cu_seqlens, the packed variants, and the arguments it refuses."""
+functions over cu_seqlens, the packed variants, and the arguments it refuses. KV caches
+(flash_attn_with_kvcache, varlen with block_table): test_flash_attn_kvcache.py."""
 
 import pytest
 
@@ -176,13 +177,6 @@ def _qkv(shape=(1, 4, 2, 8)):
 def test_return_attn_probs_is_refused():
     with pytest.raises(fusedattn.NotSupportedError, match="return_attn_probs"):
         fa.flash_attn_func(*_qkv(), return_attn_probs=True)
-
-
-def test_block_table_is_refused():
-    q, k, v = _tensors([(4, 2, 8)] * 3, "cpu")
-    cu = torch.tensor([0, 4], dtype=torch.int32)
-    with pytest.raises(fusedattn.NotSupportedError, match="paged KV"):
-        fa.flash_attn_varlen_func(q, k, v, cu, cu, 4, 4, block_table=torch.zeros(1, 1))
 
 
 def test_varlen_without_max_seqlen_is_refused():

@@ -26,12 +26,13 @@ from ._api import (attention, attention_backward, backends, backward, cudnn_vers
 from ._problem import config_dict, make_config
 from ._run import Gradients
 from ._sdpa import scaled_dot_product_attention
-from .flash_attn import flash_attn_func, flash_attn_varlen_func
+from .flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 
 __version__ = _C.version()
 
 __all__ = ["attention", "attention_backward", "explain", "backends", "version", "cudnn_version",
            "flex", "scaled_dot_product_attention", "flash_attn_func", "flash_attn_varlen_func",
+           "flash_attn_with_kvcache",
            "forward", "backward", "make_config", "config_dict", "workspace_size", "Gradients",
            "Error",
            "InvalidArgumentError", "NotSupportedError", "OutOfMemoryError"]
