@@ -439,6 +439,15 @@ REFUSALS = {
     "cache_batch_idx_outside_the_cache": (
         fusedattn.InvalidArgumentError, r"cache_batch_idx\[2\] = 5 is outside the cache's 5",
         "batch_idx_gathered", dict(cache_batch_idx=torch.tensor([0, 1, 5], dtype=torch.int32))),
+    # The attention's own arguments are refused before the append, not by the library after it.
+    "negative_softcap": (fusedattn.InvalidArgumentError, r"softcap = -1\.0 must be a finite",
+                         "decode_contiguous_causal", dict(softcap=-1.0)),
+    "softmax_scale_outside_float": (fusedattn.InvalidArgumentError,
+                                    r"softmax_scale = 1e-50 must be a finite number",
+                                    "decode_contiguous_causal", dict(softmax_scale=1e-50)),
+    "alibi_slopes_of_other_heads": (fusedattn.InvalidArgumentError,
+                                    r"alibi_slopes must be a float tensor \[heads = 4\], got \[3\]",
+                                    "decode_contiguous_causal", dict(alibi_slopes=torch.ones(3))),
     "batch_above_the_cache_without_cache_batch_idx": (
         fusedattn.InvalidArgumentError, "q has batch 3 but k_cache only 2 sequences",
         "decode_contiguous_causal", dict(k_cache=torch.ones(2, 16, 2, 16),

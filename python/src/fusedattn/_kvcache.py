@@ -31,8 +31,13 @@ graphs. On CPU tensors (free to read) the lengths, cache_batch_idx and the block
 call uses are checked before anything is written, and a bad one is refused by name; on CUDA, as
 with flash_attn, they are the caller's to keep in range (torch's indexing asserts on the device
 for positions past the cache, a page index of -1 would be taken as the last page).
+
+Every argument is checked before the append. What only a backend can decide comes after it: if
+no backend runs the attention (fusedattn.explain says why), the NotSupportedError is raised with
+the new keys and values already in the cache, as a completed append.
 """
 
+import math
 import numbers
 
 import torch
@@ -45,6 +50,7 @@ NAME = "flash_attn_with_kvcache"
 _DECODE_ROWS = 16
 _DECODE_DTYPES = (torch.float16, torch.bfloat16)
 _DECODE_DIMS = (64, 128)
+_FLT_MIN, _FLT_MAX = 1.1754943508222875e-38, 3.4028234663852886e+38  # float32's normal range
 
 
 def _check(ok, message, *values):
@@ -188,6 +194,25 @@ def run(torch_path, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
             _check(t.dtype.is_floating_point, "%s has dtype %s (a float tensor is expected)",
                    name, t.dtype)
             _check(t.device == q.device, "%s is on %s but q on %s", name, t.device, q.device)
+
+    # The attention's own arguments, checked here as the library would check them, so that a
+    # bad one is refused before the append writes anything (float32's normal range: fusedattn.h,
+    # attn_scale and softcap).
+    for name, value in (("softmax_scale", softmax_scale), ("softcap", softcap)):
+        if value is None:
+            continue
+        _check(isinstance(value, numbers.Real) and math.isfinite(value)
+               and (value == 0 or _FLT_MIN <= abs(value) <= _FLT_MAX)
+               and (value >= 0 or name == "softmax_scale"),
+               "%s = %r must be a finite number%s: 0 or of magnitude %g to %g", name, value,
+               " >= 0" if name == "softcap" else "", _FLT_MIN, _FLT_MAX)
+    if alibi_slopes is not None:
+        _check(isinstance(alibi_slopes, torch.Tensor) and alibi_slopes.dtype.is_floating_point
+               and tuple(alibi_slopes.shape) == (heads,), "alibi_slopes must be a float tensor "
+               "[heads = %d], got %s", heads, _shape(alibi_slopes)
+               if isinstance(alibi_slopes, torch.Tensor) else _describe(alibi_slopes))
+        _check(alibi_slopes.device == q.device, "alibi_slopes is on %s but q on %s",
+               alibi_slopes.device, q.device)
 
     # Windows as flash_attn normalizes them against the cache's length (a side at least that
     # long is unbounded), causal as a right side of 0.
