@@ -50,7 +50,7 @@ NAME = "flash_attn_with_kvcache"
 _DECODE_ROWS = 16
 _DECODE_DTYPES = (torch.float16, torch.bfloat16)
 _DECODE_DIMS = (64, 128)
-_FLT_MIN, _FLT_MAX = 1.1754943508222875e-38, 3.4028234663852886e+38  # float32's normal range
+_FLT_MIN, _FLT_MAX = torch.finfo(torch.float32).tiny, torch.finfo(torch.float32).max  # normal range
 
 
 def _check(ok, message, *values):
