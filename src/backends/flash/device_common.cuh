@@ -308,6 +308,38 @@ __device__ __forceinline__ bool FlexTileActive(const FlashParams& p, int b, int 
                       int64_t{m_tile} * f.block_mask_n_tiles + n_tile] != 0;
 }
 
+// The Hopper forward's walk over a block mask (fwd_kernel_sm90.cuh, kScoreMod), by a whole warp
+// (32 tiles per round trip, warp-uniform results): the key tiles of [begin, *end) that the block
+// mask shows for query tile m_tile of sequence b, head h: *count of them, and *end becomes the
+// last one + 1 (begin when there is none). Needs p.flex.block_mask.
+__device__ __forceinline__ void FlexShownKeyTiles(const FlashParams& p, int b, int h, int m_tile,
+                                                  int begin, int* end, int* count) {
+  const int lane = threadIdx.x % 32;
+  int shown = 0, last = begin - 1;
+  for (int top = *end; top > begin; top -= 32) {
+    const int tile = top - 1 - lane;
+    const unsigned ballot =
+        __ballot_sync(0xffffffffu, tile >= begin && FlexTileActive(p, b, h, m_tile, tile));
+    shown += __popc(ballot);
+    if (last < begin && ballot != 0) last = top - __ffs(ballot);
+  }
+  *count = shown;
+  *end = last + 1;
+}
+// The next key tile below `tile` (walking down) that the block mask shows, or begin - 1 when
+// none is left; by a whole warp, as FlexShownKeyTiles.
+__device__ __forceinline__ int FlexNextShownKeyTile(const FlashParams& p, int b, int h, int m_tile,
+                                                    int begin, int tile) {
+  const int lane = threadIdx.x % 32;
+  for (int top = tile; top > begin; top -= 32) {
+    const int t = top - 1 - lane;
+    const unsigned ballot =
+        __ballot_sync(0xffffffffu, t >= begin && FlexTileActive(p, b, h, m_tile, t));
+    if (ballot != 0) return top - __ffs(ballot);
+  }
+  return begin - 1;
+}
+
 __device__ __forceinline__ int64_t FlexOffset(const FlexTensorArg& t, int b, int h, int64_t i,
                                               int64_t j) {
   return b * t.stride_b + h * t.stride_h + i * t.stride_q + j * t.stride_kv;
