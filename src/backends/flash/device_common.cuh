@@ -308,6 +308,21 @@ __device__ __forceinline__ bool FlexTileActive(const FlashParams& p, int b, int 
                       int64_t{m_tile} * f.block_mask_n_tiles + n_tile] != 0;
 }
 
+// FlexOffset over the axes a score_mod tensor declares (FUSEDATTN_SCORE_MOD_AXIS_* bits): the
+// strides of the others are 0 (AuxTensorView), so leaving their terms out reads the same
+// element, and the compiler then sees that a tensor without the key axis has one element per
+// row (jit.cpp's generated reads).
+template <unsigned kAxes>
+__device__ __forceinline__ int64_t FlexAxesOffset(const FlexTensorArg& t, int b, int h, int64_t i,
+                                                  int64_t j) {
+  int64_t at = 0;
+  if constexpr ((kAxes & FUSEDATTN_SCORE_MOD_AXIS_BATCH) != 0) at += b * t.stride_b;
+  if constexpr ((kAxes & FUSEDATTN_SCORE_MOD_AXIS_HEAD) != 0) at += h * t.stride_h;
+  if constexpr ((kAxes & FUSEDATTN_SCORE_MOD_AXIS_Q) != 0) at += i * t.stride_q;
+  if constexpr ((kAxes & FUSEDATTN_SCORE_MOD_AXIS_KV) != 0) at += j * t.stride_kv;
+  return at;
+}
+
 // The Hopper forward's walk over a block mask (fwd_kernel_sm90.cuh, kScoreMod), by a whole warp
 // (32 tiles per round trip, warp-uniform results): the key tiles of [begin, *end) that the block
 // mask shows for query tile m_tile of sequence b, head h: *count of them, and *end becomes the

@@ -62,6 +62,15 @@
 
 namespace fusedattn::flash {
 
+// What a score_mod policy (the kernel's Mod) changes of the tile's schedule: kOverlapSoftmax
+// false runs the step without the intra-warpgroup overlap (O += P V completes before S is
+// issued, as on d64's 64-key tile), which frees P's registers (32 at d128) while the graph's
+// code runs; jit.cpp specializes it for a graph whose kernel would spill with the overlap.
+template <typename Mod>
+struct Sm90ModTraits {
+  static constexpr bool kOverlapSoftmax = true;
+};
+
 struct Sm90Maps {
   CUtensorMap q, k, v;
 };
@@ -83,6 +92,11 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
   constexpr bool kScoreMod = kScores == Sm90Scores::kScoreMod;
   static_assert(kScoreMod == Mod::kActive, "a score_mod graph runs in the kScoreMod policy");
   static_assert(!kScoreMod || !kPaged, "no paged K/V with a score_mod graph");
+  // The tile's schedule, unless the score_mod policy turns the intra-warpgroup overlap off
+  // (Sm90ModTraits): O is then rescaled after O += P V completes, also at d256.
+  constexpr bool kOverlapSoftmax = Tile::kOverlapSoftmax && Sm90ModTraits<Mod>::kOverlapSoftmax;
+  constexpr bool kRescaleOBeforeValueProduct =
+      Tile::kRescaleOBeforeValueProduct && kOverlapSoftmax;
   constexpr int kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN, kStages = Tile::kStages;
   constexpr int kColBlocks = Tile::kColBlocks, kKvBytes = Tile::kKvBytes;
   constexpr int kSTiles = kBlockN / 8;   // 8-column slices of S
@@ -563,25 +577,31 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
     if constexpr (kScoreMod) {
       const bool interior =
           TileFullyVisible(p, wg_m0, 64, n0, kBlockN, seq.len_q, seq.len_kv, shift);
+      int lo[2], hi[2], i_at[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int i = row0 + 8 * r;
-        int lo = n0, hi = n0 + kBlockN;
-        if (!interior) VisibleKeys(p, i, seq.len_q, seq.len_kv, &lo, &hi);
-        const int i_at = min(i, seq.len_q - 1);  // len_q >= 1: this consumer has rows
+        lo[r] = n0, hi[r] = n0 + kBlockN;
+        if (!interior) VisibleKeys(p, i, seq.len_q, seq.len_kv, &lo[r], &hi[r]);
+        i_at[r] = min(i, seq.len_q - 1);  // len_q >= 1: this consumer has rows
+      }
+      // Keys outermost: what the graph computes of a key alone (its index as a float, a tensor
+      // over the keys) serves both rows and dies there, rather than living through the tile.
 #pragma unroll
-        for (int nt = 0; nt < kSTiles; ++nt)
+      for (int nt = 0; nt < kSTiles; ++nt)
 #pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int j = n0 + 8 * nt + 2 * t + c;
-            const int j_at = min(j, seq.len_kv - 1);  // len_kv >= 1: the walk has key tiles
+        for (int c = 0; c < 2; ++c) {
+          const int j = n0 + 8 * nt + 2 * t + c;
+          const int j_at = min(j, seq.len_kv - 1);  // len_kv >= 1: the walk has key tiles
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
             float& x = s[4 * nt + 2 * r + c];
             float score;
-            const bool shown = Mod::Forward(p, x * p.scale, b, h, int64_t{i_at}, int64_t{j_at},
-                                            seq.len_q, seq.len_kv, &score);
-            x = shown && j >= lo && j < hi ? score : -INFINITY;
+            const bool shown = Mod::Forward(p, x * p.scale, b, h, int64_t{i_at[r]},
+                                            int64_t{j_at}, seq.len_q, seq.len_kv, &score);
+            x = shown && j >= lo[r] && j < hi[r] ? score : -INFINITY;
           }
-      }
+        }
     }
   };
   auto transform_scores = [&](auto& s, int n0) {
@@ -752,14 +772,14 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
       const bool pass_turn = ping_pong && !(wg == 1 && it == loop_count - 1);
       float s[kBlockN / 2];
       load_bias(n0);  // bias instances: this step's bias, in flight through the waits below
-      if constexpr (Tile::kOverlapSoftmax) {
+      if constexpr (kOverlapSoftmax) {
         // Both products issued back to back; the softmax of S(it) runs while the tensor cores
         // still compute O += P V; then O is rescaled (d256: before O += P V, while S runs) and
         // P(it) packed.
         sm90::MbarWait(k_full + stage, (it / kStages) & 1);
         if (wait_turn) wait_for_turn(wg);
         score_product(s, stage, sm90::Static<kBlockN>());
-        if constexpr (Tile::kRescaleOBeforeValueProduct) {
+        if constexpr (kRescaleOBeforeValueProduct) {
           sm90::FenceOperands(acc_o);  // keeps the rescale after the issue of S (no instruction)
           rescale_o(correction);       // the correction of step it - 1
         }
@@ -793,14 +813,14 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
         mask_scores(s, n0);
         softmax(s, correction);
       }
-      if constexpr (!Tile::kRescaleOBeforeValueProduct) rescale_o(correction);
+      if constexpr (!kRescaleOBeforeValueProduct) rescale_o(correction);
       pack_p(s);
     }
 
     // The last O += P V alone.
     {
       const int last = loop_count - 1, stage = last % kStages;
-      if constexpr (Tile::kRescaleOBeforeValueProduct) rescale_o(correction);
+      if constexpr (kRescaleOBeforeValueProduct) rescale_o(correction);
       sm90::MbarWait(v_full + stage, (last / kStages) & 1);
       value_product_of(last, stage);
       sm90::WgmmaWait<0>();
