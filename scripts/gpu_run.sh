@@ -111,7 +111,7 @@ step_sanitize() {
   compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$BUILD/tests/fusedattn_gpu_tests" --gtest_filter="$SANITIZE_FILTER"
 }
-RACECHECK_FILTER="${RACECHECK_FILTER:-*Racecheck*:FlashSanitize*:FlashWgmmaSanitize*:FlashWgmmaBwdSanitize.DeterministicSmallCases:FlexFlashSanitize*:FlashDecodeSanitize.PagedAndContiguousSplits:FlashPagedPrefillSanitize.SmallCases}"
+RACECHECK_FILTER="${RACECHECK_FILTER:-*Racecheck*:FlashSanitize*:FlashWgmmaSanitize*:FlashWgmmaBwdSanitize.DeterministicSmallCases:FlexFlashSanitize*:FlexFlashHopperSanitize*:FlashDecodeSanitize.PagedAndContiguousSplits:FlashPagedPrefillSanitize.SmallCases}"
 step_racecheck() {
   compute-sanitizer --tool racecheck --error-exitcode 9 \
     "$BUILD/tests/fusedattn_gpu_tests" --gtest_filter="$RACECHECK_FILTER"
@@ -301,6 +301,36 @@ step_decode_bench() {
   use_fa4
   export PYTHONPATH="$BUILD/python/package:${PYTHONPATH:-}"
   eval python3 "$ROOT/bench/decode_bench.py" --out "$OUT" ${DECODE_BENCH_ARGS:---budget-s 280}
+}
+
+# score_mod graphs on flash's Hopper forward (issue 17 item 2; tests/gpu/flex_flash_hopper_test.cpp,
+# README "Score modifiers on the Hopper forward"): the Hopper score_mod cases and the older flex
+# flash tests (whose forwards now take the Hopper kernel on sm_90) in 8 processes (NVRTC compiles
+# on one core each), memcheck and racecheck on the small cases, the CPU compile tests (ptxas's
+# spill report per graph), then flash_bench's score_mod lines (d128 s16384 bf16, plain forward
+# beside each; issue 17: speed score_mod/plain >= 0.9 for relbias and softcap) and d64/d256.
+# About 6-8 minutes: give it TIMEOUT_flex_hopper=580.
+step_flex_hopper() {
+  local rc=0 bench="$BUILD/bench/flash_bench"
+  GTEST_FILTER='FlexFlashHopper*:*FlexFlash*' step_tests_parallel || rc=1
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/fusedattn_gpu_tests" \
+    --gtest_filter='FlexFlashHopperSanitize*' || rc=1
+  compute-sanitizer --tool racecheck --error-exitcode 9 "$BUILD/tests/fusedattn_gpu_tests" \
+    --gtest_filter='FlexFlashHopperSanitize*' || rc=1
+  "$BUILD/tests/fusedattn_tests" --gtest_filter='FlexCodegen.Hopper*:FlashPlan*ScoreMod*' || rc=1
+  if [ -x "$bench" ]; then
+    for mod in relbias softcap alibi window doc; do
+      "$bench" --dtype bf16 --d 128 --seqlen 16384 --causal all --iters 10 --fwd-only \
+        --score-mod "$mod" || rc=1
+    done
+    for s in 1024 16384; do
+      "$bench" --dtype bf16 --d 64 --seqlen "$s" --causal 0 --iters 10 --fwd-only \
+        --score-mod relbias || rc=1
+    done
+    "$bench" --dtype bf16 --d 256 --seqlen 16384 --causal 0 --iters 10 --fwd-only \
+      --score-mod softcap || rc=1
+  fi
+  return $rc
 }
 
 # Times fusedattn with score modifiers against compiled FlexAttention (bench/flex_bench.py).

@@ -131,28 +131,32 @@ TEST(FlexCodegen, ExamplesCompileForEveryHeadDim) {
 }
 
 // The fusedattn.flex examples of issue 17 on the Hopper forward (wgmma + TMA, sm_90a): each graph
-// compiles with NVRTC for every tile the planner may choose (d64 with 64 and 128 keys per step,
-// d128, d256), into a kernel with no spills and no ptxas warning (a serialized wgmma would be
-// C7510-C7519). Prints ptxas's registers (the launch's budget: setmaxnreg moves the consumers to
-// 240, or 104 on d64's 64-key tile) and the compile time.
+// compiles with NVRTC at d128, and one graph with every op into every tile the planner may choose
+// (d64 with 64 and 128 keys per step, d128, d256), with no ptxas warning (a serialized wgmma
+// would be C7510-C7519) and spills within the example's bound. Prints ptxas's registers (the
+// launch's budget: setmaxnreg moves the consumers to 240, or 104 on d64's 64-key tile), the
+// spills, whether the kernel kept the intra-warpgroup overlap, and the compile time.
 struct HopperExample {
   const char* name;
   std::function<void(ScoreMod*)> build;
+  int max_spill;  // bytes (stores + loads) the kernel may spill: see ExpectHopperCompiles
 };
 std::vector<HopperExample> HopperExamples() {
   return {
       {"relative_bias",
-       [](ScoreMod* m) { m->set_score(m->score() + 0.05 * (m->q_idx() - m->kv_idx())); }},
-      {"softcap_tanh", [](ScoreMod* m) { m->set_score(30.0 * tanh(m->score() / 30.0)); }},
+       [](ScoreMod* m) { m->set_score(m->score() + 0.05 * (m->q_idx() - m->kv_idx())); }, 16},
+      {"softcap_tanh", [](ScoreMod* m) { m->set_score(30.0 * tanh(m->score() / 30.0)); }, 16},
       {"alibi_expression",
        [](ScoreMod* m) {
          Expr slope = m->tensor("slopes", FUSEDATTN_DTYPE_FLOAT32, FUSEDATTN_SCORE_MOD_AXIS_HEAD);
          m->set_score(m->score() - slope * abs(m->q_idx_br() - m->kv_idx()));
-       }},
+       },
+       16},
       {"sliding_window_mask",
        [](ScoreMod* m) {
          m->set_mask(m->kv_idx() <= m->q_idx() && m->q_idx() - m->kv_idx() < 256.0);
-       }},
+       },
+       16},
       {"document_mask",
        [](ScoreMod* m) {
          Expr doc_q = m->tensor("doc_q", FUSEDATTN_DTYPE_INT32,
@@ -160,19 +164,24 @@ std::vector<HopperExample> HopperExamples() {
          Expr doc_kv = m->tensor("doc_kv", FUSEDATTN_DTYPE_INT32,
                                  FUSEDATTN_SCORE_MOD_AXIS_BATCH | FUSEDATTN_SCORE_MOD_AXIS_KV);
          m->set_mask(eq(doc_q, doc_kv) && m->kv_idx() <= m->q_idx());
-       }},
+       },
+       96},
       {"bias_tensor",
        [](ScoreMod* m) {
          Expr bias = m->tensor("bias", FUSEDATTN_DTYPE_BFLOAT16,
                                FUSEDATTN_SCORE_MOD_AXIS_HEAD | FUSEDATTN_SCORE_MOD_AXIS_Q |
                                    FUSEDATTN_SCORE_MOD_AXIS_KV);
          m->set_score(m->score() + bias);
-       }},
+       },
+       160},
   };
 }
 
-// max_spill: the spill bytes (stores + loads) allowed, where ptxas spills a few loop invariants
-// for graphs that read tensors (printed; the README lists them).
+// max_spill: the spill bytes (stores + loads) allowed. ptxas spills a value or two (one reload
+// per step) in some kernels with the overlap, and a few loop invariants in graphs that read
+// tensors per element (the kernel without the overlap then; jit.h, Module::sm90_overlap); the
+// bounds are a little above what nvcc 13.0 gives (printed; the README lists them), so that a
+// change that makes the kernels spill more shows here.
 void ExpectHopperCompiles(const ScoreMod& mod, const char* name, Variant v, int max_spill = 0) {
   auto module = flash::jit::Compile(*Internal(mod), v);
   ASSERT_TRUE(module->status.ok()) << name << ": " << module->status.message();
@@ -192,7 +201,7 @@ void ExpectHopperCompiles(const ScoreMod& mod, const char* name, Variant v, int 
               module->cubin.size());
 }
 
-TEST(FlexCodegen, HopperForwardExamplesCompileForSm90aWithoutSpills) {
+TEST(FlexCodegen, HopperForwardExamplesCompileForSm90a) {
   SKIP_WITHOUT_NVRTC();
   for (const HopperExample& example : HopperExamples()) {
     ScoreMod mod;
@@ -203,7 +212,7 @@ TEST(FlexCodegen, HopperForwardExamplesCompileForSm90aWithoutSpills) {
     v.dtype = FUSEDATTN_DTYPE_BFLOAT16;
     v.head_dim = 128;
     v.keys_per_step = 128;
-    ExpectHopperCompiles(mod, example.name, v);
+    ExpectHopperCompiles(mod, example.name, v, example.max_spill);
   }
 }
 
@@ -213,14 +222,15 @@ TEST(FlexCodegen, HopperForwardCompilesEveryOpIntoEveryTile) {
   SKIP_WITHOUT_NVRTC();
   ScoreMod mod;
   BuildEveryOp(&mod);
-  const int tiles[4][2] = {{64, 64}, {64, 128}, {128, 128}, {256, 80}};
+  // d64's 64-key tile has 104 registers per consumer thread (two blocks per SM).
+  const int tiles[4][3] = {{64, 64, 256}, {64, 128, 32}, {128, 128, 32}, {256, 80, 32}};
   for (int k = 0; k < 4; ++k) {
     Variant v;
     v.kernel = Kernel::kForwardSm90;
     v.dtype = k % 2 ? FUSEDATTN_DTYPE_FLOAT16 : FUSEDATTN_DTYPE_BFLOAT16;
     v.head_dim = tiles[k][0];
     v.keys_per_step = tiles[k][1];
-    ExpectHopperCompiles(mod, "every_op", v);
+    ExpectHopperCompiles(mod, "every_op", v, tiles[k][2]);
   }
 }
 

@@ -142,6 +142,22 @@ bool Sm90OverlapsSoftmax(const Variant& v) {
   return !(v.head_dim == 64 && v.keys_per_step == 64);
 }
 
+// The spill bytes (stores + loads, ptxas -v) up to which a Hopper score_mod kernel keeps the
+// intra-warpgroup overlap: a value or two that ptxas stores once and reloads once per step.
+constexpr int kSm90SpillBytesKept = 16;
+
+// FUSEDATTN_FLASH_SM90_JIT_OVERLAP (read once per process): "0" compiles every Hopper score_mod
+// forward without the overlap, "1" with it whatever ptxas spills, unset the rule above (-1). For
+// measuring the two on a GPU (flash_bench); the module cache does not key on it.
+int Sm90OverlapChoice() {
+  static const int choice = [] {
+    const char* value = std::getenv("FUSEDATTN_FLASH_SM90_JIT_OVERLAP");
+    if (value == nullptr || *value == '\0') return -1;
+    return value[0] == '0' ? 0 : 1;
+  }();
+  return choice;
+}
+
 void LaunchShape(const Variant& v, int* m, int* n, int* warps, size_t* smem) {
   if (v.kernel == Kernel::kForwardSm90) {
     Sm90LaunchShape(v, m, n, warps, smem);
@@ -449,21 +465,26 @@ std::shared_ptr<Module> Compile(const flex::ScoreMod& mod, const Variant& v) {
   module->codegen_ms = MsSince(t0);
 
   const Clock::time_point t1 = Clock::now();
-  CompileProgram(source, v, module.get());
-  if (module->status.ok() && v.kernel == Kernel::kForwardSm90 && Sm90OverlapsSoftmax(v)) {
+  const int overlap_choice = Sm90OverlapChoice();
+  const bool overlap_first = Sm90OverlapsSoftmax(v) && overlap_choice != 0;
+  module->sm90_overlap = v.kernel == Kernel::kForwardSm90 && overlap_first;
+  CompileProgram(SourceOf(mod, v, overlap_first), v, module.get());
+  module->ptxas = ReportOf(module->log, module->kernel_name);
+  if (module->status.ok() && v.kernel == Kernel::kForwardSm90 && overlap_first &&
+      overlap_choice < 0) {
     // The Hopper forward overlaps a consumer's softmax with its own O += P V, which keeps P's
-    // registers (32 at d128) live while the graph's code runs. Where ptxas spills with it, the
-    // kernel is compiled again without the overlap (Sm90ModTraits) and the one that spills
-    // less is kept (the first on a tie).
-    module->ptxas = ReportOf(module->log, module->kernel_name);
-    if (module->ptxas.found && module->ptxas.spill_stores + module->ptxas.spill_loads > 0) {
+    // registers (32 at d128) live while the graph's code runs. Where ptxas spills more than a
+    // value or two with it (kSm90SpillBytesKept: one reload per step, an L1 hit), the kernel
+    // is compiled again without the overlap (Sm90ModTraits) and the one that spills less is
+    // kept (the first on a tie).
+    const int spilled = module->ptxas.spill_stores + module->ptxas.spill_loads;
+    if (module->ptxas.found && spilled > kSm90SpillBytesKept) {
       Module second;
       second.status = Status::Ok();
       CompileProgram(SourceOf(mod, v, /*sm90_overlap=*/false), v, &second);
       const PtxasReport report = ReportOf(second.log, second.kernel_name);
       if (second.status.ok() && report.found &&
-          report.spill_stores + report.spill_loads <
-              module->ptxas.spill_stores + module->ptxas.spill_loads) {
+          report.spill_stores + report.spill_loads < spilled) {
         module->cubin = std::move(second.cubin);
         module->kernel_name = std::move(second.kernel_name);
         module->log = std::move(second.log);
@@ -471,8 +492,6 @@ std::shared_ptr<Module> Compile(const flex::ScoreMod& mod, const Variant& v) {
         module->sm90_overlap = false;
       }
     }
-  } else if (module->status.ok()) {
-    module->ptxas = ReportOf(module->log, module->kernel_name);
   }
   module->compile_ms = MsSince(t1);
   return module;

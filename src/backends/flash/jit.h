@@ -67,10 +67,11 @@ struct Module {
   double codegen_ms = 0, compile_ms = 0, load_ms = 0;
   std::string log;                     // NVRTC's log (with ptxas's -v lines)
   PtxasReport ptxas;                   // the kernel's (kernel_name) report in the log
-  // kForwardSm90: whether the kernel kept the tile's intra-warpgroup overlap of the softmax with
-  // O += P V. Compile() compiles it with the overlap first and, where ptxas spills there, again
-  // without it, keeping the one that spills less.
-  bool sm90_overlap = true;
+  // kForwardSm90: whether the kernel has the tile's intra-warpgroup overlap of the softmax with
+  // O += P V (never on d64's 64-key tile). Compile() compiles it with the overlap first and,
+  // where ptxas spills more than 16 bytes there, again without it, keeping the one that spills
+  // less; FUSEDATTN_FLASH_SM90_JIT_OVERLAP=0 / 1 forces it off / on (read once per process).
+  bool sm90_overlap = false;
   ~Module();
   // Loads the CUBIN into the current context on first use (thread-safe); the kernel handles.
   Status Load(const void** kernel, const void** mask_kernel);
