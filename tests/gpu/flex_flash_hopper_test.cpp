@@ -32,6 +32,7 @@
 
 #include "backends/flash/jit.h"
 #include "backends/flash/planner.h"
+#include "backends/flash/sm90.h"
 #include "fusedattn/fusedattn.h"
 #include "fusedattn/score_mod.hpp"
 #include "gpu/device_memory.h"
