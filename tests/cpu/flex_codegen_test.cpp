@@ -66,6 +66,20 @@ TEST(FlexCodegen, EveryOpEmitsOneLinePerNode) {
   EXPECT_NE(policy.find("__uint_as_float(0x3f000000u)"), std::string::npos) << policy;
 }
 
+// A tensor is read over the axes it declares (FlexAxesOffset<axes>): the others have stride 0, and
+// leaving them out lets the compiler see one element per row (or key) of a tile.
+TEST(FlexCodegen, TensorReadsUseOnlyTheDeclaredAxes) {
+  ScoreMod mod;
+  BuildEveryOp(&mod);
+  const std::string policy = flash::jit::PolicySource(*Internal(mod));
+  // bias: head | q | kv = 14; half: head = 2; bf: q = 4; doc: batch | kv = 9.
+  for (const char* want :
+       {"FlexAxesOffset<14u>(p.flex.tensors[0]", "FlexAxesOffset<2u>(p.flex.tensors[1]",
+        "FlexAxesOffset<4u>(p.flex.tensors[2]", "FlexAxesOffset<9u>(p.flex.tensors[3]"})
+    EXPECT_NE(policy.find(want), std::string::npos) << want << "\n" << policy;
+  EXPECT_EQ(policy.find("FlexOffset(p.flex.tensors"), std::string::npos) << policy;
+}
+
 TEST(FlexCodegen, MaskDependenceDecidesTheBlockMaskBroadcast) {
   ScoreMod causal, doc, head;
   causal.set_mask(causal.kv_idx() <= causal.q_idx()).finalize();
