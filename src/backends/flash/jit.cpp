@@ -379,6 +379,22 @@ Status Available() {
 }
 
 namespace {
+// FUSEDATTN_FLASH_JIT_FAST_MATH=1 (read once per process): every score_mod kernel of the process
+// (forward and backward alike, so that the backward recomputes the forward's P) is compiled with
+// NVRTC's --use_fast_math: the graph's tanhf becomes tanh.approx (one MUFU.TANH, relative error
+// up to about 2^-11, as the ahead-of-time softcap kernels' SoftcapTanh), divisions, expf and
+// logf approximate, denormals flushed. Off by default (the graph's float32 arithmetic as
+// written, which the reference's tolerances were set on). The Hopper forward's softcap graph
+// 30 tanh(s / 30) goes from ~3700 SASS instructions per step to ~1570 (relative bias: ~1320):
+// for measuring on a GPU whether it should be the default. The module cache does not key on it.
+bool FastMath() {
+  static const bool fast = [] {
+    const char* value = std::getenv("FUSEDATTN_FLASH_JIT_FAST_MATH");
+    return value != nullptr && value[0] == '1';
+  }();
+  return fast;
+}
+
 // One NVRTC run of `source` into module->cubin, kernel_name (the lowered name of v's kernel) and
 // log; module->status says why it failed.
 void CompileProgram(const std::string& source, const Variant& v, Module* module) {
@@ -407,11 +423,12 @@ void CompileProgram(const std::string& source, const Variant& v, Module* module)
   // read as device ones.
   // --ptxas-options=-v: ptxas's resource lines (registers, spills) and any warning of its
   // (e.g. wgmma serialization, C7510-C7519) go into the log (Module::log, ReportOf).
-  const char* options[] = {arch.c_str(),       "-std=c++17",
-                           include.c_str(),    "-DNDEBUG",
-                           "-default-device",  "--diag-suppress=177,550,1097",
-                           "--ptxas-options=-v"};
-  r = nvrtcCompileProgram(prog, static_cast<int>(std::size(options)), options);
+  std::vector<const char*> options = {arch.c_str(),      "-std=c++17",
+                                      include.c_str(),   "-DNDEBUG",
+                                      "-default-device", "--diag-suppress=177,550,1097",
+                                      "--ptxas-options=-v"};
+  if (FastMath()) options.push_back("--use_fast_math");
+  r = nvrtcCompileProgram(prog, static_cast<int>(options.size()), options.data());
   size_t log_size = 0;
   nvrtcGetProgramLogSize(prog, &log_size);
   module->log.clear();
