@@ -630,6 +630,27 @@ Status Launch(const std::shared_ptr<const flex::ScoreMod>& mod, const Variant& v
   int m, n, warps;
   size_t smem;
   LaunchShape(v, &m, &n, &warps, &smem);
+  // The Hopper forward (kForwardSm90): Q, K and V by TMA, the tensor maps encoded (before anything
+  // is launched) as the ahead-of-time instances' launcher encodes them (EncodeLaunchTensorMap:
+  // boxes of 64 columns x 128 query rows or keys_per_step keys), the plain grid (no THD schedule).
+  // The kernel takes (maps, params, m_tiles).
+  struct alignas(128) Maps {
+    alignas(128) unsigned char q[128];
+    alignas(128) unsigned char k[128];
+    alignas(128) unsigned char v[128];
+  } maps;
+  static_assert(sizeof(Maps) == 384, "three CUtensorMaps, as the kernel's Sm90Maps");
+  if (v.kernel == Kernel::kForwardSm90) {
+    const bool bf16 = v.dtype == FUSEDATTN_DTYPE_BFLOAT16;
+    p.schedule = nullptr;
+    if (!EncodeLaunchTensorMap(maps.q, p, p.q, true, p.head_dim_qk, m, bf16) ||
+        !EncodeLaunchTensorMap(maps.k, p, p.k, false, p.head_dim_qk, n, bf16) ||
+        !EncodeLaunchTensorMap(maps.v, p, p.v, false, p.head_dim_v, n, bf16))
+      return InternalError(
+          "flash: the planner chose the Hopper score_mod forward but TMA cannot describe q, k or "
+          "v (planner.cpp's TmaDescribes and sm90_host.cpp's encoding disagree, or this build "
+          "has no sm_90a kernels)");
+  }
   const MaskGrid g = MaskGridOf(mask_kernel != nullptr, module->mask_batch, module->mask_head, v,
                                 p.batch, p.heads_q, p.max_seqlen_q, p.max_seqlen_kv);
   p.flex.block_mask = nullptr;
@@ -663,25 +684,6 @@ Status Launch(const std::shared_ptr<const flex::ScoreMod>& mod, const Variant& v
   FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(smem)));
   if (v.kernel == Kernel::kForwardSm90) {
-    // The Hopper forward: Q, K and V by TMA, tensor maps encoded here as the ahead-of-time
-    // instances' launcher encodes them (EncodeLaunchTensorMap: boxes of 64 columns x 128 query
-    // rows or keys_per_step keys), the plain grid (no THD schedule). The kernel takes
-    // (maps, params, m_tiles).
-    struct alignas(128) Maps {
-      alignas(128) unsigned char q[128];
-      alignas(128) unsigned char k[128];
-      alignas(128) unsigned char v[128];
-    } maps;
-    static_assert(sizeof(Maps) == 384, "three CUtensorMaps, as the kernel's Sm90Maps");
-    const bool bf16 = v.dtype == FUSEDATTN_DTYPE_BFLOAT16;
-    p.schedule = nullptr;
-    if (!EncodeLaunchTensorMap(maps.q, p, p.q, true, p.head_dim_qk, m, bf16) ||
-        !EncodeLaunchTensorMap(maps.k, p, p.k, false, p.head_dim_qk, n, bf16) ||
-        !EncodeLaunchTensorMap(maps.v, p, p.v, false, p.head_dim_v, n, bf16))
-      return InternalError(
-          "flash: the planner chose the Hopper score_mod forward but TMA cannot describe q, k or "
-          "v (planner.cpp's TmaDescribes and sm90_host.cpp's encoding disagree, or this build "
-          "has no sm_90a kernels)");
     void* args[] = {&maps, &p, &tiles};
     FUSEDATTN_CUDA_CHECK(cudaLaunchKernel(kernel, dim3(static_cast<unsigned>(blocks)),
                                           dim3(static_cast<unsigned>(warps * 32)), args, smem,
