@@ -115,6 +115,10 @@ void TileOf(Kernel kernel, int* m, int* n, int* warps, size_t* smem) {
       *m = DqTile<kDim>::kBlockM, *n = DqTile<kDim>::kBlockN;
       *warps = DqTile<kDim>::kWarps, *smem = DqSmemBytes<kDim>(2);
       return;
+    case Kernel::kForwardSm90:  // Sm90LaunchShape's (LaunchShape never asks here)
+      *m = *n = *warps = 0;
+      *smem = 0;
+      return;
   }
 }
 
