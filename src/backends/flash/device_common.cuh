@@ -233,10 +233,10 @@ __device__ __forceinline__ float AlibiSlope(const FlashParams& p, int h) {
 // The softmax already keeps the MUFU unit busy with an ex2 per score, so tanhf made the softcap
 // the bottleneck of the Hopper forward (0.53x its plain variant). Its relative error is at most
 // about 2^-11 (PTX ISA, tanh.approx.f32), so a score is within softcap * 2^-11 of fusedattn.h's.
-// Every tensor-core kernel of this folder (through ScoreOf or the Hopper policy) calls this one
-// function, so that a forward's LSE and a backward's P agree whichever of them ran; the simple
-// kernels, which run float32 and the head dims without tensor-core kernels, keep tanhf
-// (ScoreOf<true>).
+// Every kernel of this folder on float16/bfloat16 inputs (through ScoreOf, the Hopper policy, or
+// the simple kernels' SimpleScoreOf) calls this one function, so that a forward's LSE and a
+// backward's P agree whichever of them ran; float32 problems, which only the simple kernels run,
+// keep tanhf (ScoreOf<true>).
 __device__ __forceinline__ float SoftcapTanh(float x) {
   float y;
   asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -245,7 +245,7 @@ __device__ __forceinline__ float SoftcapTanh(float x) {
 
 // The score s of fusedattn.h from qk = q.k, for a query i < len_q and key j < len_kv.
 // *dcap receives ds/dt of the softcap (1 without it), t = scale * (qk + pre_bias).
-// kExactTanh: tanhf for the softcap instead of SoftcapTanh (the simple kernels' float32 accuracy).
+// kExactTanh: tanhf for the softcap instead of SoftcapTanh (float32 problems' accuracy).
 template <bool kExactTanh = false>
 __device__ __forceinline__ float ScoreOf(const FlashParams& p, float qk, int b, int h, int64_t i,
                                          int64_t j, int len_q, int len_kv, float* dcap) {
