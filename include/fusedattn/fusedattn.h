@@ -63,10 +63,10 @@
  * the rounding of O and LSE. dbias is written in full: entries of hidden or padded (i, j) are 0, and
  * a broadcast dimension receives the sum over it. dsink[h] = -sum over rows of exp(sink[h] - LSE) D.
  *
- * Backends compute tanh, exp and log to their own accuracy; the one to know: flash's tensor-core
- * kernels (float16/bfloat16) take the softcap's tanh from the GPU's tanh.approx.f32 (relative
- * error up to about 2^-11, as FlashAttention's kernels do), so their s is within softcap * 2^-11
- * of the formula above.
+ * Backends compute tanh, exp and log to their own accuracy; the one to know: flash's kernels on
+ * float16/bfloat16 inputs take the softcap's tanh from the GPU's tanh.approx.f32 (relative error
+ * up to about 2^-11, as FlashAttention's kernels do), so their s is within softcap * 2^-11 of the
+ * formula above.
  *
  * Dropout mask: Philox4x32-10 with key (lo32(seed), hi32(seed)) and counter
  *   (j / 4, row, lo32(offset), hi32(offset)),  row = (b * heads_q + h) * max_seqlen_q + i,
