@@ -58,12 +58,37 @@ TEST(FlexCodegen, EveryOpEmitsOneLinePerNode) {
   BuildEveryOp(&mod);
   auto internal = Internal(mod);
   const std::string policy = flash::jit::PolicySource(*internal);
-  for (const char* want : {"fabsf(", "expf(", "logf(", "tanhf(", "FlexMin(", "FlexMax(", " ? ",
+  for (const char* want : {"fabsf(", "expf(", "logf(", "SoftcapTanh(", "FlexMin(", "FlexMax(", " ? ",
                            " && ", " || ", "__half2float", "__bfloat162float",
                            "static_cast<const int*>", "atomicAdd(", "static bool Mask("})
     EXPECT_NE(policy.find(want), std::string::npos) << want << "\n" << policy;
   // Constants are exact float32 bit patterns: 0.5f is 0x3f000000.
   EXPECT_NE(policy.find("__uint_as_float(0x3f000000u)"), std::string::npos) << policy;
+}
+
+// flash's kernels take the graph's tanh from the softcap's tanh.approx (SoftcapTanh) and divide by
+// a constant as a multiply by its float32 reciprocal (fusedattn.h, "Score modifiers"); a division
+// by anything else stays a division, and the generic emitter keeps tanhf and "/".
+TEST(FlexCodegen, FlashTakesTheFastTanhAndMultipliesByAConstantsReciprocal) {
+  ScoreMod mod;
+  Expr s = mod.score();
+  mod.set_score(30.0 * tanh(s / 30.0) + s / mod.kv_idx() + s / 0.0).finalize();
+  const std::string policy = flash::jit::PolicySource(*Internal(mod));
+  EXPECT_NE(policy.find("SoftcapTanh("), std::string::npos) << policy;
+  EXPECT_EQ(policy.find("tanhf("), std::string::npos) << policy;
+  // 1 / 30 rounded to float32 is 0x3d088889.
+  EXPECT_NE(policy.find(" * __uint_as_float(0x3d088889u)"), std::string::npos) << policy;
+  EXPECT_EQ(policy.find(" / __uint_as_float(0x41f00000u)"), std::string::npos) << policy;
+  // kv_idx is a variable and 0 has no reciprocal: both stay divisions.
+  EXPECT_NE(policy.find(" / v"), std::string::npos) << policy;
+  EXPECT_NE(policy.find(" / __uint_as_float(0x00000000u)"), std::string::npos) << policy;
+
+  flex::CudaNames generic;
+  for (int k = 0; k < flex::kNumInputs; ++k) generic.inputs[k] = "x" + std::to_string(k);
+  std::string plain;
+  flex::EmitCudaNodes(Internal(mod)->forward(), Internal(mod)->tensors(), generic, &plain);
+  EXPECT_NE(plain.find("tanhf("), std::string::npos) << plain;
+  EXPECT_NE(plain.find(" / __uint_as_float(0x41f00000u)"), std::string::npos) << plain;
 }
 
 // A tensor is read over the axes it declares (FlexAxesOffset<axes>): the others have stride 0, and

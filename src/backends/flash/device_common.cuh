@@ -286,6 +286,14 @@ struct NoScoreMod {
     *score = s;
     return true;
   }
+  // As Forward, with the graph's q_idx and kv_idx given as floats (fi == i and fj == j, exact:
+  // the caller passes them only below 2^24), which a caller computes once per row and per key
+  // rather than converting i and j per element (I2F issues at the MUFU unit's rate).
+  __device__ __forceinline__ static bool ForwardAt(const FlashParams&, float s, int, int, int64_t,
+                                                   int64_t, float, float, int, int, float* score) {
+    *score = s;
+    return true;
+  }
   // As Forward, and *d_s = d score / d s.
   __device__ __forceinline__ static bool Backward(const FlashParams&, float s, int, int, int64_t,
                                                   int64_t, int, int, float* score, float* d_s) {

@@ -568,15 +568,42 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
   // kScoreMod: S becomes the graph's score in natural units (scale_log2 = log2(e)) where the
   // config's mask and the mask_mod show the key, -inf elsewhere: s = Mod(scale q.k), as the
   // mma.sync kernel computes it (ScoreOf without bias, softcap or ALiBi, which the planner sends
-  // elsewhere). Every element runs the same code, without a branch: on a tile that crosses a
-  // boundary of the config's mask for these 64 rows, the graph is evaluated at the row and key
-  // clamped into the sequence (so that its tensors are read only at (i < len_q, j < len_kv), as
-  // the mma.sync kernel reads them) and the element is masked after; rows past len_q and keys
-  // past len_kv are never shown.
+  // elsewhere). Two paths, chosen per tile (uniform over the warpgroup):
+  // * an interior tile (every element shown by the config's mask; sequences below 2^24) runs the
+  //   graph on the indices as floats: the row's converted once, the key's as one float plus its
+  //   constant offset in the tile (exact below 2^24), not an I2F per element (I2F issues at the
+  //   MUFU unit's rate, which the softmax's ex2 already fills), and no bounds;
+  // * a tile that crosses a boundary of the config's mask for these 64 rows evaluates the graph
+  //   at the row and key clamped into the sequence (so that its tensors are read only at
+  //   (i < len_q, j < len_kv), as the mma.sync kernel reads them) and masks the element after;
+  //   rows past len_q and keys past len_kv are never shown.
   auto score_mod_scores = [&](auto& s, int n0) {
     if constexpr (kScoreMod) {
       const bool interior =
           TileFullyVisible(p, wg_m0, 64, n0, kBlockN, seq.len_q, seq.len_kv, shift);
+      if (interior && seq.len_kv <= (1 << 24) && seq.len_q <= (1 << 24)) {
+        const float key0 = static_cast<float>(n0 + 2 * t);
+        float row_at[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) row_at[r] = static_cast<float>(row0 + 8 * r);
+#pragma unroll
+        for (int nt = 0; nt < kSTiles; ++nt)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int j = n0 + 8 * nt + 2 * t + c;
+            const float key_at = key0 + static_cast<float>(8 * nt + c);
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              float& x = s[4 * nt + 2 * r + c];
+              float score;
+              const bool shown =
+                  Mod::ForwardAt(p, x * p.scale, b, h, int64_t{row0 + 8 * r}, int64_t{j},
+                                 row_at[r], key_at, seq.len_q, seq.len_kv, &score);
+              x = shown ? score : -INFINITY;
+            }
+          }
+        return;
+      }
       int lo[2], hi[2], i_at[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {

@@ -206,6 +206,13 @@ flex::CudaNames Names(const std::vector<flex::TensorDecl>& decls) {
   names.inputs[FUSEDATTN_SCORE_MOD_KV_IDX] = "static_cast<float>(j)";
   names.inputs[FUSEDATTN_SCORE_MOD_SEQLEN_Q] = "static_cast<float>(len_q)";
   names.inputs[FUSEDATTN_SCORE_MOD_SEQLEN_KV] = "static_cast<float>(len_kv)";
+  // The graph's tanh is the softcap's (SoftcapTanh: tanh.approx.f32), so that 30 tanh(s / 30)
+  // costs what the ahead-of-time softcap kernels' does and a forward and its backward agree; a
+  // division by a constant is a multiply (fusedattn.h, "Score modifiers", states both). tanhf's
+  // two MUFU operations and IEEE division's reciprocal made the softcap graph 0.21x the plain
+  // Hopper forward (H200, d128 s16384: 135 against 639 TFLOP/s).
+  names.tanh_function = "SoftcapTanh";
+  names.divide_by_reciprocal = true;
   names.tensor = [decls](int slot, fusedattn_dtype dtype) {
     const std::string t = Format("p.flex.tensors[%d]", slot);
     const unsigned axes = slot < static_cast<int>(decls.size()) ? decls[slot].axes : 15u;
@@ -264,10 +271,19 @@ std::string PolicySource(const flex::ScoreMod& mod) {
   out += Format("  static constexpr bool kTensorGrads = %s;\n",
                 mod.any_requires_grad() ? "true" : "false");
 
-  out += Format("  __device__ __forceinline__ static bool Forward(%s, float* score) {\n", kArgs);
-  flex::EmitCudaNodes(fwd, tensors, names, &out);
+  // ForwardAt (device_common.cuh's NoScoreMod): q_idx and kv_idx from the caller's floats.
+  flex::CudaNames at_names = names;
+  at_names.inputs[FUSEDATTN_SCORE_MOD_Q_IDX] = "fi";
+  at_names.inputs[FUSEDATTN_SCORE_MOD_KV_IDX] = "fj";
+  out += "  __device__ __forceinline__ static bool ForwardAt(const FlashParams& p, float s, int b, "
+         "int h, int64_t i, int64_t j, float fi, float fj, int len_q, int len_kv, "
+         "float* score) {\n";
+  flex::EmitCudaNodes(fwd, tensors, at_names, &out);
   out += "    *score = " + Output(names, fwd.score, "s") + ";\n";
   out += "    return " + Output(names, fwd.mask, "true") + ";\n  }\n";
+  out += Format("  __device__ __forceinline__ static bool Forward(%s, float* score) {\n", kArgs);
+  out += "    return ForwardAt(p, s, b, h, i, j, static_cast<float>(i), static_cast<float>(j), "
+         "len_q, len_kv, score);\n  }\n";
 
   out += Format(
       "  __device__ __forceinline__ static bool Backward(%s, float* score, float* d_s) {\n",
@@ -385,12 +401,11 @@ Status Available() {
 namespace {
 // FUSEDATTN_FLASH_JIT_FAST_MATH=1 (read once per process): every score_mod kernel of the process
 // (forward and backward alike, so that the backward recomputes the forward's P) is compiled with
-// NVRTC's --use_fast_math: the graph's tanhf becomes tanh.approx (one MUFU.TANH, relative error
-// up to about 2^-11, as the ahead-of-time softcap kernels' SoftcapTanh), divisions, expf and
-// logf approximate, denormals flushed. Off by default (the graph's float32 arithmetic as
-// written, which the reference's tolerances were set on). The Hopper forward's softcap graph
-// 30 tanh(s / 30) goes from ~3700 SASS instructions per step to ~1570 (relative bias: ~1320):
-// for measuring on a GPU whether it should be the default. The module cache does not key on it.
+// NVRTC's --use_fast_math: divisions by a tensor or index, expf and logf approximate, denormals
+// flushed (the graph's tanh and divisions by constants are fast without it: Names). Off by
+// default; for measuring. Measured before Names took SoftcapTanh (H200, d128 s16384 bf16 Hopper
+// forward): the softcap graph 135 -> 246 TFLOP/s, relative bias 449 -> 450. The module cache
+// does not key on it.
 bool FastMath() {
   static const bool fast = [] {
     const char* value = std::getenv("FUSEDATTN_FLASH_JIT_FAST_MATH");
