@@ -209,14 +209,18 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
     // checks Sm90PagedRefusal), so that a box is a whole page (page_size < kBlockN: kBlockN /
     // page_size boxes per tile) or a whole tile inside one page, and lands on a 2048-byte
     // boundary of the stage (whole 128-byte swizzle atoms).
-    // Key tile [n0, n0 + kBlockN) of K or V into dst, completing on bar (lane 0 only).
-    // Contiguous: one box per column block, kKvBytes expected with the one arrival. Paged: one
-    // box (per column block) per page the tile touches below the sequence's length, the bytes of
-    // each expected as it is issued and the arrival after the last, so that boxes left out
+    // Key tile [n0, n0 + kBlockN) of K or V into dst, completing on bar. Contiguous (lane 0
+    // only): one box per column block, kKvBytes expected with the one arrival. Paged (the whole
+    // warp): one box (per column block) per page the tile touches below the sequence's length,
+    // box k issued by lane k, which reads its page-table entry; lane 0 arrives expecting the
+    // bytes of the boxes the warp issues (a ballot) before any is issued, so that boxes left out
     // complete nothing: boxes past the keys (their K rows are masked, their V rows zeroed by
     // load_values) and boxes of a page-table entry outside [0, num_pages), which is never
-    // followed (fusedattn.h: that sequence's results are undefined, nothing else is read).
-    // Only entries of keys below len_kv are read.
+    // followed (fusedattn.h: that sequence's results are undefined, nothing else is read). Only
+    // entries of keys below len_kv are read. One lane per box rather than lane 0 looping over
+    // them: the entries' loads are in flight together, not one after another (page 16 at d128:
+    // 8 per tile, K and V), which made the producer the bottleneck (H200, issue 21's prefill at
+    // page 16: 0.53x the contiguous problem).
     auto load_tile = [&](unsigned char* dst, const CUtensorMap* map, uint64_t* bar, int n0) {
       if constexpr (!kPaged) {
         sm90::MbarArriveExpectTx(bar, kKvBytes);
@@ -230,23 +234,27 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
         const int32_t* page_row = p.paged.page_table + b * p.paged.page_table_stride;
         const int page_shift = __ffs(p.paged.page_size) - 1;
         const int box_rows = min(p.paged.page_size, kBlockN);
-        for (int r = 0; r < kBlockN && n0 + r < seq.len_kv; r += box_rows) {
-          const int key = n0 + r;
-          const int page = __ldg(page_row + (key >> page_shift));
-          if (page < 0 || page >= p.paged.num_pages) continue;
-          sm90::MbarExpectTx(bar, box_rows * 128 * kColBlocks);
+        const int r = lane * box_rows;  // box `lane`'s first row in the tile
+        const int key = n0 + r;
+        int page = -1;
+        if (r < kBlockN && key < seq.len_kv) page = __ldg(page_row + (key >> page_shift));
+        const bool issue = page >= 0 && page < p.paged.num_pages;
+        const unsigned issued = __ballot_sync(0xffffffffu, issue);
+        if (lane == 0)
+          sm90::MbarArriveExpectTx(bar, __popc(issued) * box_rows * 128 * kColBlocks);
+        __syncwarp();  // the bytes expected before any box can complete
+        if (issue) {
 #pragma unroll
           for (int cb = 0; cb < kColBlocks; ++cb)
             sm90::TmaLoad4d(dst + cb * kBlockN * 128 + r * 128, map, bar, cb * 64,
                             key & (p.paged.page_size - 1), hk, page);
         }
-        sm90::MbarArrive(bar);
       }
     };
     // Step j of the walk reads key tile n_tile (n_tile_end - 1 - j, or with kScoreMod's block
     // mask the j-th tile it shows from the top) through stage j % kStages; the first use of a
     // stage waits for nothing (parity 1 of a fresh barrier).
-    auto load_keys = [&](int j, int n_tile) {  // lane 0 only
+    auto load_keys = [&](int j, int n_tile) {  // lane 0 (paged: the whole warp)
       const int n0 = n_tile * kBlockN;
       const int stage = j % kStages;
       sm90::MbarWait(k_empty + stage, ((j / kStages) & 1) ^ 1);
@@ -263,7 +271,7 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
       const int v_rows_read = half_keys_at(n0) ? 64 : kBlockN;
       const bool patch_v = (kPaged || p.padding) && n0 + v_rows_read > seq.len_kv;
       uint64_t* v_bar = patch_v ? fix : v_full + stage;
-      if (lane == 0) {
+      if (kPaged || lane == 0) {
         sm90::MbarWait(v_empty + stage, ((j / kStages) & 1) ^ 1);
         load_tile(v_dst, &maps.v, v_bar, n0);
       }
@@ -294,9 +302,9 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
     // kScoreMod: the walk's tiles of K(j) and V(j - 1), advanced by the whole warp.
     int key_tile = n_tile_end - 1, value_tile = n_tile_end;
     for (int j = 0; j <= n_count; ++j) {
-      if (lane == 0 && j < n_count) {
+      if ((kPaged || lane == 0) && j < n_count) {
         load_keys(j, kScoreMod ? key_tile : n_tile_end - 1 - j);
-        if (j == 0) {
+        if (lane == 0 && j == 0) {
           sm90::MbarArriveExpectTx(q_full, Tile::kQBytes);
 #pragma unroll
           for (int cb = 0; cb < kColBlocks; ++cb)
