@@ -261,8 +261,9 @@ TEST(FlexCodegen, HopperForwardCompilesEveryOpIntoEveryTile) {
   SKIP_WITHOUT_NVRTC();
   ScoreMod mod;
   BuildEveryOp(&mod);
-  // d64's 64-key tile has 104 registers per consumer thread (two blocks per SM).
-  const int tiles[4][3] = {{64, 64, 256}, {64, 128, 32}, {128, 128, 32}, {256, 80, 32}};
+  // d64's 64-key tile has 80 registers per thread (two blocks per SM), and the graph's code twice
+  // (the interior tiles' path and the boundary tiles'): ptxas spills 364 bytes there.
+  const int tiles[4][3] = {{64, 64, 400}, {64, 128, 32}, {128, 128, 32}, {256, 80, 32}};
   for (int k = 0; k < 4; ++k) {
     Variant v;
     v.kernel = Kernel::kForwardSm90;

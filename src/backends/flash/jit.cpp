@@ -447,6 +447,11 @@ void CompileProgram(const std::string& source, const Variant& v, Module* module)
                                       "-default-device", "--diag-suppress=177,550,1097",
                                       "--ptxas-options=-v"};
   if (FastMath()) options.push_back("--use_fast_math");
+  // NVRTC's own cache (CUDA 12.9+, in the driver's compute cache, across processes) hands back a
+  // CUBIN without ptxas's report, on which the Hopper forward's overlap rule decides (Compile): a
+  // cached compile kept the overlap where the first process had dropped it. Those compiles skip
+  // it (their NVRTC time, 1-8 s, is then paid once per process, as the module cache keeps them).
+  if (v.kernel == Kernel::kForwardSm90) options.push_back("--no-cache");
   r = nvrtcCompileProgram(prog, static_cast<int>(options.size()), options.data());
   size_t log_size = 0;
   nvrtcGetProgramLogSize(prog, &log_size);
