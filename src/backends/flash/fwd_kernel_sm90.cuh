@@ -212,16 +212,32 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
     // Key tile [n0, n0 + kBlockN) of K or V into dst, completing on bar. Contiguous (lane 0
     // only): one box per column block, kKvBytes expected with the one arrival. Paged (the whole
     // warp): one box (per column block) per page the tile touches below the sequence's length,
-    // box k issued by lane k, which reads its page-table entry; lane 0 arrives expecting the
+    // box k issued by lane k with its page-table entry (`page`); lane 0 arrives expecting the
     // bytes of the boxes the warp issues (a ballot) before any is issued, so that boxes left out
     // complete nothing: boxes past the keys (their K rows are masked, their V rows zeroed by
     // load_values) and boxes of a page-table entry outside [0, num_pages), which is never
     // followed (fusedattn.h: that sequence's results are undefined, nothing else is read). Only
     // entries of keys below len_kv are read. One lane per box rather than lane 0 looping over
     // them: the entries' loads are in flight together, not one after another (page 16 at d128:
-    // 8 per tile, K and V), which made the producer the bottleneck (H200, issue 21's prefill at
-    // page 16: 0.53x the contiguous problem).
-    auto load_tile = [&](unsigned char* dst, const CUtensorMap* map, uint64_t* bar, int n0) {
+    // 8 per tile), which made the producer the bottleneck (issue 21's prefill at page 16: 0.53x
+    // the contiguous problem; 0.835x with a lane per box, H100).
+    // Paged: lane k's page-table entry for box k of key tile n0 (-1 for boxes past the keys),
+    // read before the stage's empty barrier is waited on, and kept for the tile's V one step
+    // later (the same keys), so that no entry's load sits between a stage freeing and its load.
+    auto page_entry = [&](int n0) {
+      if constexpr (!kPaged) {
+        return -1;
+      } else {
+        // Computed here from the parameters (constant memory) rather than kept live across the
+        // walk: the producer has 24 registers.
+        const int r = lane * min(p.paged.page_size, kBlockN);  // box `lane`'s first row
+        if (r >= kBlockN || n0 + r >= seq.len_kv) return -1;
+        const int32_t* page_row = p.paged.page_table + b * p.paged.page_table_stride;
+        return __ldg(page_row + ((n0 + r) >> (__ffs(p.paged.page_size) - 1)));
+      }
+    };
+    auto load_tile = [&](unsigned char* dst, const CUtensorMap* map, uint64_t* bar, int n0,
+                         int page) {
       if constexpr (!kPaged) {
         sm90::MbarArriveExpectTx(bar, kKvBytes);
 #pragma unroll
@@ -229,15 +245,9 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
           sm90::TmaLoad4d(dst + cb * kBlockN * 128, map, bar, cb * 64, kv_row0 + n0, hk,
                           batch_coord);
       } else {
-        // Computed here from the parameters (constant memory) rather than kept live across the
-        // walk: the producer has 24 registers.
-        const int32_t* page_row = p.paged.page_table + b * p.paged.page_table_stride;
-        const int page_shift = __ffs(p.paged.page_size) - 1;
         const int box_rows = min(p.paged.page_size, kBlockN);
         const int r = lane * box_rows;  // box `lane`'s first row in the tile
         const int key = n0 + r;
-        int page = -1;
-        if (r < kBlockN && key < seq.len_kv) page = __ldg(page_row + (key >> page_shift));
         const bool issue = page >= 0 && page < p.paged.num_pages;
         const unsigned issued = __ballot_sync(0xffffffffu, issue);
         if (lane == 0)
@@ -254,14 +264,17 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
     // Step j of the walk reads key tile n_tile (n_tile_end - 1 - j, or with kScoreMod's block
     // mask the j-th tile it shows from the top) through stage j % kStages; the first use of a
     // stage waits for nothing (parity 1 of a fresh barrier).
+    // Returns the lane's page entry of the tile (page_entry) for load_values.
     auto load_keys = [&](int j, int n_tile) {  // lane 0 (paged: the whole warp)
       const int n0 = n_tile * kBlockN;
       const int stage = j % kStages;
+      const int page = page_entry(n0);
       sm90::MbarWait(k_empty + stage, ((j / kStages) & 1) ^ 1);
-      load_tile(k_s + stage * kKvBytes, &maps.k, k_full + stage, n0);
+      load_tile(k_s + stage * kKvBytes, &maps.k, k_full + stage, n0, page);
+      return page;
     };
     uint32_t fix_parity = 0;
-    auto load_values = [&](int j, int n_tile) {  // the whole warp
+    auto load_values = [&](int j, int n_tile, int page) {  // the whole warp
       const int n0 = n_tile * kBlockN;
       const int stage = j % kStages;
       unsigned char* v_dst = v_s + stage * kKvBytes;
@@ -273,7 +286,7 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
       uint64_t* v_bar = patch_v ? fix : v_full + stage;
       if (kPaged || lane == 0) {
         sm90::MbarWait(v_empty + stage, ((j / kStages) & 1) ^ 1);
-        load_tile(v_dst, &maps.v, v_bar, n0);
+        load_tile(v_dst, &maps.v, v_bar, n0, page);
       }
       if (patch_v) {  // zero V's rows [len_kv - n0, kBlockN) (whole rows: the swizzle stays inside a row)
         sm90::MbarWait(fix, fix_parity);
@@ -301,9 +314,11 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
     }
     // kScoreMod: the walk's tiles of K(j) and V(j - 1), advanced by the whole warp.
     int key_tile = n_tile_end - 1, value_tile = n_tile_end;
+    int key_page = -1;  // paged: the lane's page entry of K(j - 1)'s tile, which V(j - 1) reads
     for (int j = 0; j <= n_count; ++j) {
+      const int value_page = key_page;
       if ((kPaged || lane == 0) && j < n_count) {
-        load_keys(j, kScoreMod ? key_tile : n_tile_end - 1 - j);
+        key_page = load_keys(j, kScoreMod ? key_tile : n_tile_end - 1 - j);
         if (lane == 0 && j == 0) {
           sm90::MbarArriveExpectTx(q_full, Tile::kQBytes);
 #pragma unroll
@@ -312,7 +327,8 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
                             static_cast<int>(seq.start_q) + m0, h, batch_coord);
         }
       }
-      if (j > 0) load_values(j - 1, kScoreMod ? value_tile : n_tile_end - 1 - (j - 1));
+      if (j > 0)
+        load_values(j - 1, kScoreMod ? value_tile : n_tile_end - 1 - (j - 1), value_page);
       if constexpr (kScoreMod) {
         value_tile = key_tile;
         if (j + 1 < n_count) key_tile = next_key_tile(key_tile);
