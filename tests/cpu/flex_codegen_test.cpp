@@ -73,22 +73,29 @@ TEST(FlexCodegen, FlashTakesTheFastTanhAndMultipliesByAConstantsReciprocal) {
   ScoreMod mod;
   Expr s = mod.score();
   mod.set_score(30.0 * tanh(s / 30.0) + s / mod.kv_idx() + s / 0.0).finalize();
+  auto count = [](const std::string& text, const std::string& what) {
+    int n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
   const std::string policy = flash::jit::PolicySource(*Internal(mod));
-  EXPECT_NE(policy.find("SoftcapTanh("), std::string::npos) << policy;
-  EXPECT_EQ(policy.find("tanhf("), std::string::npos) << policy;
-  // 1 / 30 rounded to float32 is 0x3d088889.
-  EXPECT_NE(policy.find(" * __uint_as_float(0x3d088889u)"), std::string::npos) << policy;
-  EXPECT_EQ(policy.find(" / __uint_as_float(0x41f00000u)"), std::string::npos) << policy;
-  // kv_idx is a variable and 0 has no reciprocal: both stay divisions.
-  EXPECT_NE(policy.find(" / v"), std::string::npos) << policy;
-  EXPECT_NE(policy.find(" / __uint_as_float(0x00000000u)"), std::string::npos) << policy;
+  const size_t at = policy.find("static bool ForwardAt(");
+  ASSERT_NE(at, std::string::npos) << policy;
+  const std::string forward = policy.substr(at, policy.find("static bool Forward(", at) - at);
+  EXPECT_EQ(count(forward, "SoftcapTanh("), 1) << forward;
+  EXPECT_EQ(count(policy, "tanhf("), 0) << policy;
+  // s / 30 is s times 1 / 30 rounded to float32 (0x3d088889); s / kv_idx (a variable) and s / 0
+  // (no reciprocal) stay divisions.
+  EXPECT_EQ(count(forward, " * __uint_as_float(0x3d088889u)"), 1) << forward;
+  EXPECT_EQ(count(forward, " / "), 2) << forward;
 
   flex::CudaNames generic;
   for (int k = 0; k < flex::kNumInputs; ++k) generic.inputs[k] = "x" + std::to_string(k);
   std::string plain;
   flex::EmitCudaNodes(Internal(mod)->forward(), Internal(mod)->tensors(), generic, &plain);
-  EXPECT_NE(plain.find("tanhf("), std::string::npos) << plain;
-  EXPECT_NE(plain.find(" / __uint_as_float(0x41f00000u)"), std::string::npos) << plain;
+  EXPECT_EQ(count(plain, "tanhf("), 1) << plain;
+  EXPECT_EQ(count(plain, " / "), 3) << plain;
+  EXPECT_EQ(count(plain, "0x3d088889u"), 0) << plain;
 }
 
 // A tensor is read over the axes it declares (FlexAxesOffset<axes>): the others have stride 0, and
