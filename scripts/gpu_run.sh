@@ -111,7 +111,7 @@ step_sanitize() {
   compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$BUILD/tests/fusedattn_gpu_tests" --gtest_filter="$SANITIZE_FILTER"
 }
-RACECHECK_FILTER="${RACECHECK_FILTER:-*Racecheck*:FlashSanitize*:FlashWgmmaSanitize*:FlashWgmmaBwdSanitize.DeterministicSmallCases:FlexFlashSanitize*:FlashDecodeSanitize.PagedAndContiguousSplits:FlashPagedPrefillSanitize.SmallCases}"
+RACECHECK_FILTER="${RACECHECK_FILTER:-*Racecheck*:FlashSanitize*:FlashWgmmaSanitize*:FlashWgmmaBwdSanitize.DeterministicSmallCases:FlexFlashSanitize*:FlexFlashHopperSanitize*:FlashDecodeSanitize.PagedAndContiguousSplits:FlashPagedPrefillSanitize.SmallCases}"
 step_racecheck() {
   compute-sanitizer --tool racecheck --error-exitcode 9 \
     "$BUILD/tests/fusedattn_gpu_tests" --gtest_filter="$RACECHECK_FILTER"
@@ -303,6 +303,58 @@ step_decode_bench() {
   eval python3 "$ROOT/bench/decode_bench.py" --out "$OUT" ${DECODE_BENCH_ARGS:---budget-s 280}
 }
 
+# score_mod graphs on flash's Hopper forward (issue 17 item 2; tests/gpu/flex_flash_hopper_test.cpp,
+# flash README "Score modifiers on the Hopper forward"). flex_hopper: the Hopper score_mod cases
+# and the older flex flash tests (whose forwards take the Hopper kernel on sm_90 now) in 8
+# processes (NVRTC compiles on one core each), memcheck and racecheck on the small cases, and
+# the CPU compile tests (ptxas's spill report per graph); about 4-6 minutes, give it
+# TIMEOUT_flex_hopper=580. flex_hopper_fastmath: the Hopper cases again with every score_mod
+# kernel compiled with --use_fast_math (FUSEDATTN_FLASH_JIT_FAST_MATH=1: tanh.approx, fast
+# division), to see whether the tolerances hold there. flex_hopper_bench: flash_bench's
+# score_mod lines, each beside the plain forward of the same problem ("speed score_mod/plain";
+# issue 17 asks >= 0.9 for relbias and softcap), d128 s16384 bf16 for the five graphs, d64 and
+# d256 lines, then relbias and softcap with fast math and with the overlap forced off and on
+# (FUSEDATTN_FLASH_SM90_JIT_OVERLAP); about 3-5 minutes.
+step_flex_hopper() {
+  local rc=0
+  GTEST_FILTER='FlexFlashHopper*:*FlexFlash*' step_tests_parallel || rc=1
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/fusedattn_gpu_tests" \
+    --gtest_filter='FlexFlashHopperSanitize*' || rc=1
+  compute-sanitizer --tool racecheck --error-exitcode 9 "$BUILD/tests/fusedattn_gpu_tests" \
+    --gtest_filter='FlexFlashHopperSanitize*' || rc=1
+  "$BUILD/tests/fusedattn_tests" --gtest_filter='FlexCodegen.Hopper*:FlashPlan*ScoreMod*' || rc=1
+  return $rc
+}
+
+step_flex_hopper_fastmath() {
+  FUSEDATTN_FLASH_JIT_FAST_MATH=1 GTEST_FILTER='FlexFlashHopper*' step_tests_parallel
+}
+
+step_flex_hopper_bench() {
+  local rc=0 bench="$BUILD/bench/flash_bench" mod s
+  for mod in relbias softcap alibi window doc; do
+    "$bench" --dtype bf16 --d 128 --seqlen 16384 --causal all --iters 10 --fwd-only \
+      --score-mod "$mod" || rc=1
+  done
+  for s in 1024 16384; do
+    "$bench" --dtype bf16 --d 64 --seqlen "$s" --causal 0 --iters 10 --fwd-only \
+      --score-mod relbias || rc=1
+  done
+  "$bench" --dtype bf16 --d 256 --seqlen 16384 --causal 0 --iters 10 --fwd-only \
+    --score-mod softcap || rc=1
+  for mod in relbias softcap; do
+    echo "== $mod with FUSEDATTN_FLASH_JIT_FAST_MATH=1"
+    FUSEDATTN_FLASH_JIT_FAST_MATH=1 "$bench" --dtype bf16 --d 128 --seqlen 16384 --causal 0 \
+      --iters 10 --fwd-only --score-mod "$mod" || rc=1
+    for overlap in 0 1; do
+      echo "== $mod with FUSEDATTN_FLASH_SM90_JIT_OVERLAP=$overlap"
+      FUSEDATTN_FLASH_SM90_JIT_OVERLAP=$overlap "$bench" --dtype bf16 --d 128 --seqlen 16384 \
+        --causal 0 --iters 10 --fwd-only --score-mod "$mod" || rc=1
+    done
+  done
+  return $rc
+}
+
 # Times fusedattn with score modifiers against compiled FlexAttention (bench/flex_bench.py).
 # Chunked prefill against a paged K/V cache next to the same problem with contiguous K/V
 # (bench/flash_bench.cpp --paged-prefill: 8 sequences x 2048 new tokens against 8192 cached, hq 32,
@@ -409,7 +461,7 @@ for step in "$@"; do
   fi
   t0=$SECONDS
   # Each step has its own time limit (STEP_TIMEOUT, seconds) so one hang cannot eat the call.
-  export -f "$fn" step_python_build use_fa4
+  export -f "$fn" step_python_build use_fa4 step_tests_parallel
   limit_var="TIMEOUT_${step//-/_}"
   PYTHONUNBUFFERED=1 timeout "${!limit_var:-${STEP_TIMEOUT:-300}}" bash -c "$fn" >"$OUT/$step.log" 2>&1
   rc=$?

@@ -63,10 +63,10 @@
  * the rounding of O and LSE. dbias is written in full: entries of hidden or padded (i, j) are 0, and
  * a broadcast dimension receives the sum over it. dsink[h] = -sum over rows of exp(sink[h] - LSE) D.
  *
- * Backends compute tanh, exp and log to their own accuracy; the one to know: flash's tensor-core
- * kernels (float16/bfloat16) take the softcap's tanh from the GPU's tanh.approx.f32 (relative
- * error up to about 2^-11, as FlashAttention's kernels do), so their s is within softcap * 2^-11
- * of the formula above.
+ * Backends compute tanh, exp and log to their own accuracy; the one to know: flash's kernels on
+ * float16/bfloat16 inputs take the softcap's tanh from the GPU's tanh.approx.f32 (relative error
+ * up to about 2^-11, as FlashAttention's kernels do), so their s is within softcap * 2^-11 of the
+ * formula above.
  *
  * Dropout mask: Philox4x32-10 with key (lo32(seed), hi32(seed)) and counter
  *   (j / 4, row, lo32(offset), hi32(offset)),  row = (b * heads_q + h) * max_seqlen_q + i,
@@ -622,7 +622,9 @@ FUSEDATTN_API fusedattn_status fusedattn_get_cache_stats(fusedattn_backend backe
  * fusedattn/score_mod.hpp wraps these functions with operators (s * 2, q_idx >= kv_idx, ...).
  *
  * Values are numbers or booleans. Numbers are evaluated in double on the CPU reference (a GPU
- * executor may use float32: integers up to 2^24 stay exact there). Leaves:
+ * executor may use float32: integers up to 2^24 stay exact there). flash's kernels (float16 and
+ * bfloat16 inputs) compute TANH as the softcap's tanh.approx.f32 (relative error up to about
+ * 2^-11) and DIV by a constant c as a multiply by 1 / c rounded to float32. Leaves:
  *   inputs     s (the score, see the specification above), b, h (query head), i (q_idx),
  *              j (kv_idx), sq and sk (the sequence's own lengths), all numbers
  *   constants  numbers (double; +-0, inf and NaN payloads are kept bit for bit)

@@ -49,13 +49,19 @@ void EmitCudaNodes(const Program& program, const std::vector<TensorDecl>& tensor
       case Op::kAbs: expr = "fabsf(" + arg(0) + ")"; break;
       case Op::kExp: expr = "expf(" + arg(0) + ")"; break;
       case Op::kLog: expr = "logf(" + arg(0) + ")"; break;
-      case Op::kTanh: expr = "tanhf(" + arg(0) + ")"; break;
+      case Op::kTanh: expr = names.tanh_function + "(" + arg(0) + ")"; break;
       case Op::kSigmoid: expr = "1.f / (1.f + expf(-" + arg(0) + "))"; break;
       case Op::kNot: expr = "!" + arg(0); break;
       case Op::kAdd: expr = arg(0) + " + " + arg(1); break;
       case Op::kSub: expr = arg(0) + " - " + arg(1); break;
       case Op::kMul: expr = arg(0) + " * " + arg(1); break;
-      case Op::kDiv: expr = arg(0) + " / " + arg(1); break;
+      case Op::kDiv: {
+        const Node& divisor = nodes[static_cast<size_t>(n.args[1])];
+        expr = names.divide_by_reciprocal && divisor.op == Op::kConstant && divisor.value != 0.0
+                   ? arg(0) + " * " + FloatConstant(1.0 / static_cast<float>(divisor.value))
+                   : arg(0) + " / " + arg(1);
+        break;
+      }
       case Op::kMin: expr = "FlexMin(" + arg(0) + ", " + arg(1) + ")"; break;
       case Op::kMax: expr = "FlexMax(" + arg(0) + ", " + arg(1) + ")"; break;
       case Op::kLt: expr = arg(0) + " < " + arg(1); break;

@@ -21,6 +21,11 @@ struct CudaNames {
   // The float expression that reads tensor `slot` (of the graph's declared dtype) at the point.
   std::function<std::string(int slot, fusedattn_dtype dtype)> tensor;
   std::string prefix = "v";  // locals are <prefix><node index>
+  // The function that computes tanh (float -> float): tanhf, or a backend's faster one.
+  std::string tanh_function = "tanhf";
+  // Whether x / c for a constant c is emitted as x * (1 / c) (1 / c rounded to float32: within
+  // about an ulp of the division, one multiply instead of a division's dozen instructions).
+  bool divide_by_reciprocal = false;
 };
 
 // Appends one line per node of `program` ("    const float v3 = (v1 * v2);"). Booleans are

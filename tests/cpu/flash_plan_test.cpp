@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backends/flash/decode.h"
@@ -800,12 +801,169 @@ TEST(FlashPlanForward, ScoreModGraphsRunTheJitKernelsWithTheirBlockMaskInTheWork
   if (!jit::Available().ok()) GTEST_SKIP() << jit::Available().message();
   fusedattn_config c = Config();
   c.score_mod = Softcap().get();
-  ForwardPlan plan = Forward(c);
+  ForwardPlan plan = Forward(c, A100());
   ASSERT_TRUE(plan.status.ok()) << plan.status.message();
   EXPECT_EQ(plan.path, KernelPath::kScoreModJit);
   EXPECT_EQ(plan.instance, 128);
   EXPECT_EQ(plan.variant, KernelVariant::kFull);
   EXPECT_EQ(plan.workspace.total, Aligned(plan.workspace.block_mask_bytes));
+  EXPECT_TRUE(Contains(plan.why, "hopper kernels: the device is not sm_90")) << plan.why;
+}
+
+// ---- score_mod graphs on the Hopper forward (hopper-score_mod-jit) ----
+
+// A mask_mod (sliding window) and a score_mod reading a tensor, kept alive for the tests.
+ScoreMod& WindowMask() {
+  static ScoreMod* mod = [] {
+    auto* m = new ScoreMod();
+    m->set_mask(m->kv_idx() <= m->q_idx() && m->q_idx() - m->kv_idx() < 256.0);
+    m->finalize();
+    return m;
+  }();
+  return *mod;
+}
+ScoreMod& TensorBias() {
+  static ScoreMod* mod = [] {
+    auto* m = new ScoreMod();
+    Expr bias = m->tensor("bias", FUSEDATTN_DTYPE_FLOAT32, FUSEDATTN_SCORE_MOD_AXIS_HEAD);
+    m->set_score(m->score() + bias);
+    m->finalize();
+    return m;
+  }();
+  return *mod;
+}
+
+TEST(FlashPlanForward, ScoreModGraphsOnH100RunTheHopperForwardCompiledWithTheGraph) {
+  if (!jit::Available().ok()) GTEST_SKIP() << jit::Available().message();
+  for (ScoreMod* mod : {&Softcap(), &WindowMask(), &TensorBias()}) {
+    fusedattn_config c = Config(128);
+    c.score_mod = mod->get();
+    ForwardPlan plan = Forward(c);
+    ASSERT_TRUE(plan.status.ok()) << plan.status.message();
+    EXPECT_EQ(plan.path, KernelPath::kHopperScoreModJit);
+    EXPECT_EQ(plan.instance, 128);
+    EXPECT_EQ(plan.variant, KernelVariant::kScoreMod);
+    EXPECT_EQ(plan.keys_per_step, 128);
+    EXPECT_EQ(plan.schedule, TileSchedule::kPlainGrid);
+    EXPECT_TRUE(plan.why.empty()) << plan.why;
+  }
+}
+
+TEST(FlashPlanForward, ScoreModOnTheHopperForwardTakesTheTileOfItsHeadDimAndKeys) {
+  if (!jit::Available().ok()) GTEST_SKIP() << jit::Available().message();
+  auto keys = [](int64_t d, int64_t skv, int64_t dqk = 0) {
+    fusedattn_config c = Config(d);
+    if (dqk > 0) c.head_dim_qk = dqk;
+    c.max_seqlen_kv = skv;
+    c.score_mod = Softcap().get();
+    ForwardPlan plan = Forward(c);
+    EXPECT_EQ(plan.path, KernelPath::kHopperScoreModJit) << d << " " << skv;
+    return std::make_pair(plan.instance, plan.keys_per_step);
+  };
+  EXPECT_EQ(keys(64, 256), std::make_pair(64, 64));
+  EXPECT_EQ(keys(64, 4096), std::make_pair(64, 128));  // d64's long-key tile
+  EXPECT_EQ(keys(40, 300), std::make_pair(64, 64));
+  EXPECT_EQ(keys(128, 256), std::make_pair(128, 128));
+  EXPECT_EQ(keys(96, 5000), std::make_pair(128, 128));
+  EXPECT_EQ(keys(256, 256), std::make_pair(256, 80));
+  EXPECT_EQ(keys(128, 256, 192), std::make_pair(256, 80));
+}
+
+TEST(FlashPlanForward, ScoreModGqaThdPaddingSinksAndAnyScaleRunTheHopperForward) {
+  if (!jit::Available().ok()) GTEST_SKIP() << jit::Available().message();
+  fusedattn_config thd = Thd(Config()), gqa = Config(), sink = Config(), negative = Config();
+  gqa.heads_q = 8, gqa.heads_kv = 1;
+  sink.softmax_type = FUSEDATTN_SOFTMAX_OFF_BY_ONE;
+  negative.attn_scale = -0.1;  // the policy scales before the graph: any scale
+  for (fusedattn_config c : {thd, gqa, sink, negative}) {
+    c.score_mod = WindowMask().get();
+    ForwardPlan plan = Forward(c);
+    ASSERT_TRUE(plan.status.ok()) << plan.status.message();
+    EXPECT_EQ(plan.path, KernelPath::kHopperScoreModJit);
+    EXPECT_EQ(plan.schedule, TileSchedule::kPlainGrid);  // no THD schedule for score_mod
+    EXPECT_FALSE(plan.workspace.has_schedule);
+  }
+}
+
+TEST(FlashPlanForward, ScoreModWithTheConfigsOwnModifiersOrDropoutStaysOnMmaSync) {
+  if (!jit::Available().ok()) GTEST_SKIP() << jit::Available().message();
+  fusedattn_config dropout = Config(), softcap = Config(), alibi = Config(), bias = Config();
+  dropout.dropout = 0.1;
+  softcap.softcap = 30.0;
+  alibi.bias_type = FUSEDATTN_BIAS_ALIBI;
+  bias.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+  for (fusedattn_config c : {dropout, softcap, alibi, bias}) {
+    c.score_mod = Softcap().get();
+    ForwardPlan plan = Forward(c);
+    ASSERT_TRUE(plan.status.ok()) << plan.status.message();
+    EXPECT_EQ(plan.path, KernelPath::kScoreModJit);
+    EXPECT_EQ(plan.variant, KernelVariant::kFull);
+    EXPECT_TRUE(Contains(plan.why, "hopper score_mod forward: no dropout, bias tensor, ALiBi or "
+                                   "softcap in the config"))
+        << plan.why;
+  }
+}
+
+TEST(FlashPlanForward, ScoreModOffHopperRunsTheMmaSyncJitKernelSayingWhy) {
+  if (!jit::Available().ok()) GTEST_SKIP() << jit::Available().message();
+  fusedattn_config c = Config();
+  c.score_mod = Softcap().get();
+  DeviceFacts off = H100(), no_build = H100();
+  off.wgmma_allowed = false;  // FUSEDATTN_FLASH_WGMMA=0
+  no_build.sm90a_kernels = false;
+  const std::pair<DeviceFacts, const char*> cases[] = {
+      {off, "FUSEDATTN_FLASH_WGMMA=0"},
+      {no_build, "this build has no sm_90a kernels"},
+      {A100(), "the device is not sm_90"},
+      {L40(), "the device is not sm_90"}};
+  for (const auto& [device, why] : cases) {
+    ForwardPlan plan = Forward(c, device);
+    ASSERT_TRUE(plan.status.ok()) << plan.status.message();
+    EXPECT_EQ(plan.path, KernelPath::kScoreModJit);
+    EXPECT_EQ(plan.keys_per_step, 0);
+    EXPECT_TRUE(Contains(plan.why, why)) << plan.why;
+  }
+}
+
+TEST(FlashPlanForward, ScoreModOnTensorsTmaCannotDescribeRunsTheMmaSyncJitKernel) {
+  if (!jit::Available().ok()) GTEST_SKIP() << jit::Available().message();
+  fusedattn_config c = Config();
+  c.score_mod = Softcap().get();
+  Problem p = Make(c);
+  FwdTensors t = DenseFwdTensors(p);
+  t.k.stride_s = -t.k.stride_s;  // cp.async reads it, TMA strides are unsigned
+  ForwardPlan plan = PlanForward(p, t, H100());
+  ASSERT_TRUE(plan.status.ok()) << plan.status.message();
+  EXPECT_EQ(plan.path, KernelPath::kScoreModJit);
+  EXPECT_TRUE(Contains(plan.why, "TMA cannot describe")) << plan.why;
+  // The workspace is the plan's whichever forward runs.
+  EXPECT_EQ(plan.workspace.total, PlanFwdWorkspace(p, H100()).total);
+}
+
+TEST(FlashPlanForward, ScoreModBlockMaskWorkspaceHoldsEitherForwardsTiles) {
+  if (!jit::Available().ok()) GTEST_SKIP() << jit::Available().message();
+  fusedattn_config c = Config(256);
+  c.max_seqlen_q = 1000, c.max_seqlen_kv = 5000;
+  c.score_mod = WindowMask().get();  // reads neither batch nor head: one mask for all
+  ForwardPlan plan = Forward(c);
+  ASSERT_EQ(plan.path, KernelPath::kHopperScoreModJit);
+  // mma.sync: 128 x 64 tiles (8 x 79 bytes); Hopper d256: 128 x 80 (8 x 63 bytes).
+  EXPECT_EQ(plan.workspace.block_mask_bytes, 8u * 79u);
+  EXPECT_EQ(plan.workspace.total, Aligned(8u * 79u));
+  EXPECT_EQ(Forward(c, A100()).workspace.block_mask_bytes, 8u * 79u);
+}
+
+TEST(FlashPlanBackward, ScoreModBackwardStaysOnTheMmaSyncJitKernelSayingSo) {
+  if (!jit::Available().ok()) GTEST_SKIP() << jit::Available().message();
+  fusedattn_config c = Config();
+  c.score_mod = WindowMask().get();
+  BackwardPlan plan = Backward(c);
+  ASSERT_TRUE(plan.status.ok()) << plan.status.message();
+  EXPECT_EQ(plan.path, KernelPath::kScoreModJit);
+  EXPECT_EQ(plan.variant, KernelVariant::kFull);
+  EXPECT_EQ(plan.dq, DqMode::kAtomicThenConvert);
+  EXPECT_TRUE(Contains(plan.why, "hopper backward: no score_mod graphs")) << plan.why;
+  EXPECT_TRUE(Backward(c, A100()).why.empty()) << Backward(c, A100()).why;
 }
 
 // ---- Backward ----
@@ -1010,6 +1168,18 @@ TEST(FlashPlan, ExplainNamesPathInstanceVariantScheduleAndWorkspace) {
   EXPECT_EQ(DescribeForwardPlan(Forward(bias)),
             "forward: mma.sync d128 full, workspace 0 B (hopper forward: no dropout (softcap, "
             "ALiBi and bias tensors run there))");
+  if (jit::Available().ok()) {
+    fusedattn_config flex = Config(128);
+    flex.score_mod = WindowMask().get();
+    const ForwardPlan flex_plan = Forward(flex);
+    EXPECT_EQ(DescribeForwardPlan(flex_plan),
+              "forward: hopper-score_mod-jit d128 score_mod, 128 keys per step, workspace " +
+                  std::to_string(flex_plan.workspace.total) + " B");
+    EXPECT_EQ(DescribeBackwardPlan(Backward(flex)),
+              "backward: score_mod-jit d128 full, dQ atomic+convert, workspace " +
+                  std::to_string(Backward(flex).workspace.total) +
+                  " B (hopper backward: no score_mod graphs (the forward runs them there))");
+  }
   fusedattn_config big = Config();
   big.head_dim_qk = big.head_dim_v = 1024;
   EXPECT_TRUE(Contains(DescribeForwardPlan(Forward(big)), "forward: refused: head_dim_qk = 1024"));

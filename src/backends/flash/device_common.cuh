@@ -233,10 +233,10 @@ __device__ __forceinline__ float AlibiSlope(const FlashParams& p, int h) {
 // The softmax already keeps the MUFU unit busy with an ex2 per score, so tanhf made the softcap
 // the bottleneck of the Hopper forward (0.53x its plain variant). Its relative error is at most
 // about 2^-11 (PTX ISA, tanh.approx.f32), so a score is within softcap * 2^-11 of fusedattn.h's.
-// Every tensor-core kernel of this folder (through ScoreOf or the Hopper policy) calls this one
-// function, so that a forward's LSE and a backward's P agree whichever of them ran; the simple
-// kernels, which run float32 and the head dims without tensor-core kernels, keep tanhf
-// (ScoreOf<true>).
+// Every kernel of this folder on float16/bfloat16 inputs (through ScoreOf, the Hopper policy, or
+// the simple kernels' SimpleScoreOf) calls this one function, so that a forward's LSE and a
+// backward's P agree whichever of them ran; float32 problems, which only the simple kernels run,
+// keep tanhf (ScoreOf<true>).
 __device__ __forceinline__ float SoftcapTanh(float x) {
   float y;
   asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -245,7 +245,7 @@ __device__ __forceinline__ float SoftcapTanh(float x) {
 
 // The score s of fusedattn.h from qk = q.k, for a query i < len_q and key j < len_kv.
 // *dcap receives ds/dt of the softcap (1 without it), t = scale * (qk + pre_bias).
-// kExactTanh: tanhf for the softcap instead of SoftcapTanh (the simple kernels' float32 accuracy).
+// kExactTanh: tanhf for the softcap instead of SoftcapTanh (float32 problems' accuracy).
 template <bool kExactTanh = false>
 __device__ __forceinline__ float ScoreOf(const FlashParams& p, float qk, int b, int h, int64_t i,
                                          int64_t j, int len_q, int len_kv, float* dcap) {
@@ -286,6 +286,14 @@ struct NoScoreMod {
     *score = s;
     return true;
   }
+  // As Forward, with the graph's q_idx and kv_idx given as floats (fi == i and fj == j, exact:
+  // the caller passes them only below 2^24), which a caller computes once per row and per key
+  // rather than converting i and j per element (I2F issues at the MUFU unit's rate).
+  __device__ __forceinline__ static bool ForwardAt(const FlashParams&, float s, int, int, int64_t,
+                                                   int64_t, float, float, int, int, float* score) {
+    *score = s;
+    return true;
+  }
   // As Forward, and *d_s = d score / d s.
   __device__ __forceinline__ static bool Backward(const FlashParams&, float s, int, int, int64_t,
                                                   int64_t, int, int, float* score, float* d_s) {
@@ -306,6 +314,53 @@ __device__ __forceinline__ bool FlexTileActive(const FlashParams& p, int b, int 
   return f.block_mask == nullptr ||
          f.block_mask[b * f.block_mask_stride_b + h * f.block_mask_stride_h +
                       int64_t{m_tile} * f.block_mask_n_tiles + n_tile] != 0;
+}
+
+// FlexOffset over the axes a score_mod tensor declares (FUSEDATTN_SCORE_MOD_AXIS_* bits): the
+// strides of the others are 0 (AuxTensorView), so leaving their terms out reads the same
+// element, and the compiler then sees that a tensor without the key axis has one element per
+// row (jit.cpp's generated reads).
+template <unsigned kAxes>
+__device__ __forceinline__ int64_t FlexAxesOffset(const FlexTensorArg& t, int b, int h, int64_t i,
+                                                  int64_t j) {
+  int64_t at = 0;
+  if constexpr ((kAxes & FUSEDATTN_SCORE_MOD_AXIS_BATCH) != 0) at += b * t.stride_b;
+  if constexpr ((kAxes & FUSEDATTN_SCORE_MOD_AXIS_HEAD) != 0) at += h * t.stride_h;
+  if constexpr ((kAxes & FUSEDATTN_SCORE_MOD_AXIS_Q) != 0) at += i * t.stride_q;
+  if constexpr ((kAxes & FUSEDATTN_SCORE_MOD_AXIS_KV) != 0) at += j * t.stride_kv;
+  return at;
+}
+
+// The Hopper forward's walk over a block mask (fwd_kernel_sm90.cuh, kScoreMod), by a whole warp
+// (32 tiles per round trip, warp-uniform results): the key tiles of [begin, *end) that the block
+// mask shows for query tile m_tile of sequence b, head h: *count of them, and *end becomes the
+// last one + 1 (begin when there is none). Needs p.flex.block_mask.
+__device__ __forceinline__ void FlexShownKeyTiles(const FlashParams& p, int b, int h, int m_tile,
+                                                  int begin, int* end, int* count) {
+  const int lane = threadIdx.x % 32;
+  int shown = 0, last = begin - 1;
+  for (int top = *end; top > begin; top -= 32) {
+    const int tile = top - 1 - lane;
+    const unsigned ballot =
+        __ballot_sync(0xffffffffu, tile >= begin && FlexTileActive(p, b, h, m_tile, tile));
+    shown += __popc(ballot);
+    if (last < begin && ballot != 0) last = top - __ffs(ballot);
+  }
+  *count = shown;
+  *end = last + 1;
+}
+// The next key tile below `tile` (walking down) that the block mask shows, or begin - 1 when
+// none is left; by a whole warp, as FlexShownKeyTiles.
+__device__ __forceinline__ int FlexNextShownKeyTile(const FlashParams& p, int b, int h, int m_tile,
+                                                    int begin, int tile) {
+  const int lane = threadIdx.x % 32;
+  for (int top = tile; top > begin; top -= 32) {
+    const int t = top - 1 - lane;
+    const unsigned ballot =
+        __ballot_sync(0xffffffffu, t >= begin && FlexTileActive(p, b, h, m_tile, t));
+    if (ballot != 0) return top - __ffs(ballot);
+  }
+  return begin - 1;
 }
 
 __device__ __forceinline__ int64_t FlexOffset(const FlexTensorArg& t, int b, int h, int64_t i,

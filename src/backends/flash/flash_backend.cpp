@@ -139,6 +139,8 @@ jit::Variant JitVariant(const Problem& problem, jit::Kernel kernel, int instance
   v.dtype = problem.config.qkv_dtype;
   v.head_dim = instance;
   v.arch = device.compute_capability;
+  if (kernel == jit::Kernel::kForwardSm90)  // the tile the planner printed
+    v.keys_per_step = flash::Sm90ForwardKeysPerStep(instance, problem.config.max_seqlen_kv);
   return v;
 }
 
@@ -356,6 +358,13 @@ class FlashBackendImpl final : public Backend {
         return jit::Launch(problem.score_mod,
                            JitVariant(problem, jit::Kernel::kForward, plan.instance, device),
                            p, base + plan.workspace.block_mask, s);
+      case flash::KernelPath::kHopperScoreModJit:
+        // The Hopper forward compiled with the graph (jit.h, Kernel::kForwardSm90): its launch
+        // encodes the TMA maps; the plain grid (the plan reserves no THD schedule for it).
+        SetFlexTensors(t, &p);
+        return jit::Launch(problem.score_mod,
+                           JitVariant(problem, jit::Kernel::kForwardSm90, plan.instance, device),
+                           p, base + plan.workspace.block_mask, s);
       case flash::KernelPath::kHopperWgmma:
         if (plan.paged) {
           p.paged.page_table = t.page_table;
@@ -481,6 +490,7 @@ class FlashBackendImpl final : public Backend {
         FUSEDATTN_RETURN_IF_ERROR(flash::LaunchSimpleBackward(p, s));
         break;
       case flash::KernelPath::kDecode:
+      case flash::KernelPath::kHopperScoreModJit:
       case flash::KernelPath::kNone:
         return InternalError("flash: a backward plan without a backward kernel");
     }

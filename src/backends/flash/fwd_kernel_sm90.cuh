@@ -50,69 +50,35 @@
 #include <type_traits>
 
 #include "backends/flash/device_common.cuh"
-#include "backends/flash/schedule.h"
 #include "backends/flash/fwd_kernel.cuh"
-#include "backends/flash/sm90.h"
 #include "backends/flash/sm90_scores.cuh"
+#include "backends/flash/sm90_tile.h"
 #include "backends/flash/wgmma.cuh"
+#ifndef __CUDACC_RTC__  // NVRTC (jit.cpp: the score_mod instances) compiles the kernel alone
+#include "backends/flash/schedule.h"
+#include "backends/flash/sm90.h"
 #include "common/cuda_util.h"
+#endif
 
 namespace fusedattn::flash {
 
-// kLongKeys (d64 only, sm90.h's Sm90ForwardKeysPerStep): d128's configuration at d64.
-template <int kHeadDim, bool kLongKeys = false>
-struct Sm90FwdTile {
-  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
-                "wgmma forward: head dims 64, 128 and 256");
-  static_assert(!kLongKeys || kHeadDim == 64, "the long-key tile is d64's");
-  static constexpr bool kTwoBlocks = kHeadDim == 64 && !kLongKeys;
-  static constexpr int kBlockM = 128;  // 2 consumer warpgroups x 64 rows
-  // d64: 64 keys per step and two blocks per SM (registers for 2 x 384 threads), so that one
-  // block's prologue and epilogue overlap the other's main loop on short sequences, or with
-  // kLongKeys d128's tile; d128: one block per SM with 128 keys per step; d256: 80 keys per
-  // step, what shared memory holds (Q 64 KB + 2 stages of K and V at 40 KB each = 224 KB of the
-  // 227 KB a block may have).
-  static constexpr int kBlockN = kTwoBlocks ? 64 : kHeadDim == 256 ? 80 : 128;
-  static constexpr int kMinBlocks = kTwoBlocks ? 2 : 1;
-  static constexpr int kStages = 2;
-  static constexpr int kThreads = 384;
-  static constexpr int kConsumerWarps = 8;
-  // setmaxnreg: the block starts at 65536 / (384 kMinBlocks) registers per thread, rounded down to
-  // 8 (168 or 80); the producer gives back what the consumers take.
-  static constexpr int kStartRegs = 65536 / (kThreads * kMinBlocks) / 8 * 8;
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = kTwoBlocks ? 104 : 240;
-  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * kStartRegs,
-                "register budget");
-  // The softmax of S(n + 1) overlaps O += P(n) V(n) of the same consumer: S, P and O in
-  // registers at once (64 + 32 + 64 at d128, 40 + 20 + 128 at d256). d64's two-block tile's 104
-  // registers cannot hold its 32 + 16 + 32 with the rest (ptxas then serializes every wgmma,
-  // C7512): there O += P V completes before S is issued, and only the ping-pong between the
-  // consumers hides the softmax.
-  static constexpr bool kOverlapSoftmax = !kTwoBlocks;
-  // d256: O (128 registers per thread) is rescaled right after S(n + 1) = Q K^T is issued, while
-  // the tensor cores compute it, and just before O += P(n) V(n) is issued, rather than after
-  // O += P V completes, where the rescale would delay the next step (FlashAttention-3's
-  // RescaleOBeforeGemm).
-  static constexpr bool kRescaleOBeforeValueProduct = kHeadDim == 256;
-  // The two consumers take turns issuing their products (see the kernel). Not at d256, where
-  // FlashAttention-3 and -4 turn it off too (head dims above 128): the softmax over 80 keys is
-  // short next to the step's two products, and each consumer's softmax already runs under its
-  // own O += P V (not yet measured here with turns on).
-  static constexpr bool kPingPong = kHeadDim <= 128;
-  static constexpr int kColBlocks = kHeadDim / 64;       // 64-column (128-byte) swizzle blocks
-  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
-  static constexpr int kKvBytes = kBlockN * kHeadDim * 2;  // one K or V stage
-  static constexpr int kBarrierOffset = kQBytes + 2 * kStages * kKvBytes;
-  static constexpr int kBarriers = 2 + 4 * kStages;  // q_full, fix, k/v full, k/v empty
-  static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;  // + alignment slack
+// What a score_mod policy (the kernel's Mod) changes of the tile's schedule: kOverlapSoftmax
+// false runs the step without the intra-warpgroup overlap (O += P V completes before S is
+// issued, as on d64's 64-key tile), which frees P's registers (32 at d128) while the graph's
+// code runs; jit.cpp specializes it for a graph whose kernel would spill with the overlap.
+template <typename Mod>
+struct Sm90ModTraits {
+  static constexpr bool kOverlapSoftmax = true;
 };
 
 struct Sm90Maps {
   CUtensorMap q, k, v;
 };
 
-template <typename Element, int kHeadDim, Sm90Scores kScores, bool kLongKeys, bool kPaged>
+// Mod: the score_mod policy (device_common.cuh's NoScoreMod, or the struct jit.cpp generates from
+// a graph, with kScores = kScoreMod; never paged).
+template <typename Element, int kHeadDim, Sm90Scores kScores, bool kLongKeys, bool kPaged,
+          typename Mod = NoScoreMod>
 __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlocks)
     WgmmaForwardKernel(const __grid_constant__ Sm90Maps maps, const FlashParams p, int m_tiles) {
 #if FUSEDATTN_SM90_DEVICE
@@ -123,6 +89,14 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
                 "paged K/V: key tiles of a power-of-two size (d64, d128)");
   constexpr bool kTransformScores = kScores != Sm90Scores::kPlain;
   constexpr bool kBiasTensor = kScores == Sm90Scores::kBias;
+  constexpr bool kScoreMod = kScores == Sm90Scores::kScoreMod;
+  static_assert(kScoreMod == Mod::kActive, "a score_mod graph runs in the kScoreMod policy");
+  static_assert(!kScoreMod || !kPaged, "no paged K/V with a score_mod graph");
+  // The tile's schedule, unless the score_mod policy turns the intra-warpgroup overlap off
+  // (Sm90ModTraits): O is then rescaled after O += P V completes, also at d256.
+  constexpr bool kOverlapSoftmax = Tile::kOverlapSoftmax && Sm90ModTraits<Mod>::kOverlapSoftmax;
+  constexpr bool kRescaleOBeforeValueProduct =
+      Tile::kRescaleOBeforeValueProduct && kOverlapSoftmax;
   constexpr int kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN, kStages = Tile::kStages;
   constexpr int kColBlocks = Tile::kColBlocks, kKvBytes = Tile::kKvBytes;
   constexpr int kSTiles = kBlockN / 8;   // 8-column slices of S
@@ -165,11 +139,28 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
   // The key tiles [n_tile_begin, n_tile_end) this query tile sees.
   int n_tile_begin, n_tile_end;
   KeyTilesSeenBy(p, seq, m0, kBlockM, kBlockN, shift, &n_tile_begin, &n_tile_end);
+  // kScoreMod with a mask_mod: only the key tiles its block mask shows are walked (from the top,
+  // as without one); n_tile_end becomes the first of them + 1 and n_shown counts them, read by
+  // every warp alike before the roles split.
+  int n_shown = n_tile_end - n_tile_begin;
+  if constexpr (kScoreMod) {
+    if (p.flex.block_mask != nullptr && n_tile_begin < n_tile_end)
+      FlexShownKeyTiles(p, b, h, m_tile, n_tile_begin, &n_tile_end, &n_shown);
+  }
   if (n_tile_begin >= n_tile_end) {
     WriteRowsWithoutKeys<Tile::kThreads>(p, b, h, seq, m0, min(kBlockM, p.max_seqlen_q - m0));
     return;
   }
-  const int n_count = n_tile_end - n_tile_begin;
+  const int n_count = kScoreMod ? n_shown : n_tile_end - n_tile_begin;
+  // The key tile after `tile` in the walk: the one below it, or (kScoreMod with a block mask) the
+  // next one the block mask shows; by a whole warp.
+  auto next_key_tile = [&](int tile) {
+    if constexpr (kScoreMod) {
+      if (p.flex.block_mask != nullptr)
+        return FlexNextShownKeyTile(p, b, h, m_tile, n_tile_begin, tile);
+    }
+    return tile - 1;
+  };
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (SmemAddress(smem_raw) & 1023u)) & 1023u);
@@ -218,15 +209,35 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
     // checks Sm90PagedRefusal), so that a box is a whole page (page_size < kBlockN: kBlockN /
     // page_size boxes per tile) or a whole tile inside one page, and lands on a 2048-byte
     // boundary of the stage (whole 128-byte swizzle atoms).
-    // Key tile [n0, n0 + kBlockN) of K or V into dst, completing on bar (lane 0 only).
-    // Contiguous: one box per column block, kKvBytes expected with the one arrival. Paged: one
-    // box (per column block) per page the tile touches below the sequence's length, the bytes of
-    // each expected as it is issued and the arrival after the last, so that boxes left out
+    // Key tile [n0, n0 + kBlockN) of K or V into dst, completing on bar. Contiguous (lane 0
+    // only): one box per column block, kKvBytes expected with the one arrival. Paged (the whole
+    // warp): one box (per column block) per page the tile touches below the sequence's length,
+    // box k issued by lane k with its page-table entry (`page`); lane 0 arrives expecting the
+    // bytes of the boxes the warp issues (a ballot) before any is issued, so that boxes left out
     // complete nothing: boxes past the keys (their K rows are masked, their V rows zeroed by
     // load_values) and boxes of a page-table entry outside [0, num_pages), which is never
-    // followed (fusedattn.h: that sequence's results are undefined, nothing else is read).
-    // Only entries of keys below len_kv are read.
-    auto load_tile = [&](unsigned char* dst, const CUtensorMap* map, uint64_t* bar, int n0) {
+    // followed (fusedattn.h: that sequence's results are undefined, nothing else is read). Only
+    // entries of keys below len_kv are read. One lane per box rather than lane 0 looping over
+    // them: the entries' loads are in flight together, not one after another (page 16 at d128:
+    // 8 per tile), which made the producer the bottleneck (issue 21's prefill at page 16: 0.53x
+    // the contiguous problem; 0.835x with a lane per box, H100).
+    // Paged: lane k's page-table entry for box k of key tile n0 (-1 for boxes past the keys),
+    // read before the stage's empty barrier is waited on, and kept for the tile's V one step
+    // later (the same keys), so that no entry's load sits between a stage freeing and its load.
+    auto page_entry = [&](int n0) {
+      if constexpr (!kPaged) {
+        return -1;
+      } else {
+        // Computed here from the parameters (constant memory) rather than kept live across the
+        // walk: the producer has 24 registers.
+        const int r = lane * min(p.paged.page_size, kBlockN);  // box `lane`'s first row
+        if (r >= kBlockN || n0 + r >= seq.len_kv) return -1;
+        const int32_t* page_row = p.paged.page_table + b * p.paged.page_table_stride;
+        return __ldg(page_row + ((n0 + r) >> (__ffs(p.paged.page_size) - 1)));
+      }
+    };
+    auto load_tile = [&](unsigned char* dst, const CUtensorMap* map, uint64_t* bar, int n0,
+                         int page) {
       if constexpr (!kPaged) {
         sm90::MbarArriveExpectTx(bar, kKvBytes);
 #pragma unroll
@@ -234,35 +245,37 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
           sm90::TmaLoad4d(dst + cb * kBlockN * 128, map, bar, cb * 64, kv_row0 + n0, hk,
                           batch_coord);
       } else {
-        // Computed here from the parameters (constant memory) rather than kept live across the
-        // walk: the producer has 24 registers.
-        const int32_t* page_row = p.paged.page_table + b * p.paged.page_table_stride;
-        const int page_shift = __ffs(p.paged.page_size) - 1;
         const int box_rows = min(p.paged.page_size, kBlockN);
-        for (int r = 0; r < kBlockN && n0 + r < seq.len_kv; r += box_rows) {
-          const int key = n0 + r;
-          const int page = __ldg(page_row + (key >> page_shift));
-          if (page < 0 || page >= p.paged.num_pages) continue;
-          sm90::MbarExpectTx(bar, box_rows * 128 * kColBlocks);
+        const int r = lane * box_rows;  // box `lane`'s first row in the tile
+        const int key = n0 + r;
+        const bool issue = page >= 0 && page < p.paged.num_pages;
+        const unsigned issued = __ballot_sync(0xffffffffu, issue);
+        if (lane == 0)
+          sm90::MbarArriveExpectTx(bar, __popc(issued) * box_rows * 128 * kColBlocks);
+        __syncwarp();  // the bytes expected before any box can complete
+        if (issue) {
 #pragma unroll
           for (int cb = 0; cb < kColBlocks; ++cb)
             sm90::TmaLoad4d(dst + cb * kBlockN * 128 + r * 128, map, bar, cb * 64,
                             key & (p.paged.page_size - 1), hk, page);
         }
-        sm90::MbarArrive(bar);
       }
     };
-    // Step j of the walk reads key tile n_tile_end - 1 - j through stage j % kStages; the first
-    // use of a stage waits for nothing (parity 1 of a fresh barrier).
-    auto load_keys = [&](int j) {  // lane 0 only
-      const int n0 = (n_tile_end - 1 - j) * kBlockN;
+    // Step j of the walk reads key tile n_tile (n_tile_end - 1 - j, or with kScoreMod's block
+    // mask the j-th tile it shows from the top) through stage j % kStages; the first use of a
+    // stage waits for nothing (parity 1 of a fresh barrier).
+    // Returns the lane's page entry of the tile (page_entry) for load_values.
+    auto load_keys = [&](int j, int n_tile) {  // lane 0 (paged: the whole warp)
+      const int n0 = n_tile * kBlockN;
       const int stage = j % kStages;
+      const int page = page_entry(n0);
       sm90::MbarWait(k_empty + stage, ((j / kStages) & 1) ^ 1);
-      load_tile(k_s + stage * kKvBytes, &maps.k, k_full + stage, n0);
+      load_tile(k_s + stage * kKvBytes, &maps.k, k_full + stage, n0, page);
+      return page;
     };
     uint32_t fix_parity = 0;
-    auto load_values = [&](int j) {  // the whole warp
-      const int n0 = (n_tile_end - 1 - j) * kBlockN;
+    auto load_values = [&](int j, int n_tile, int page) {  // the whole warp
+      const int n0 = n_tile * kBlockN;
       const int stage = j % kStages;
       unsigned char* v_dst = v_s + stage * kKvBytes;
       // Rows past the keys but inside the tensor exist only with per-sequence lengths (and
@@ -271,9 +284,9 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
       const int v_rows_read = half_keys_at(n0) ? 64 : kBlockN;
       const bool patch_v = (kPaged || p.padding) && n0 + v_rows_read > seq.len_kv;
       uint64_t* v_bar = patch_v ? fix : v_full + stage;
-      if (lane == 0) {
+      if (kPaged || lane == 0) {
         sm90::MbarWait(v_empty + stage, ((j / kStages) & 1) ^ 1);
-        load_tile(v_dst, &maps.v, v_bar, n0);
+        load_tile(v_dst, &maps.v, v_bar, n0, page);
       }
       if (patch_v) {  // zero V's rows [len_kv - n0, kBlockN) (whole rows: the swizzle stays inside a row)
         sm90::MbarWait(fix, fix_parity);
@@ -299,10 +312,14 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
       sm90::PrefetchTensorMap(&maps.k);
       sm90::PrefetchTensorMap(&maps.v);
     }
+    // kScoreMod: the walk's tiles of K(j) and V(j - 1), advanced by the whole warp.
+    int key_tile = n_tile_end - 1, value_tile = n_tile_end;
+    int key_page = -1;  // paged: the lane's page entry of K(j - 1)'s tile, which V(j - 1) reads
     for (int j = 0; j <= n_count; ++j) {
-      if (lane == 0 && j < n_count) {
-        load_keys(j);
-        if (j == 0) {
+      const int value_page = key_page;
+      if ((kPaged || lane == 0) && j < n_count) {
+        key_page = load_keys(j, kScoreMod ? key_tile : n_tile_end - 1 - j);
+        if (lane == 0 && j == 0) {
           sm90::MbarArriveExpectTx(q_full, Tile::kQBytes);
 #pragma unroll
           for (int cb = 0; cb < kColBlocks; ++cb)
@@ -310,7 +327,12 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
                             static_cast<int>(seq.start_q) + m0, h, batch_coord);
         }
       }
-      if (j > 0) load_values(j - 1);
+      if (j > 0)
+        load_values(j - 1, kScoreMod ? value_tile : n_tile_end - 1 - (j - 1), value_page);
+      if constexpr (kScoreMod) {
+        value_tile = key_tile;
+        if (j + 1 < n_count) key_tile = next_key_tile(key_tile);
+      }
     }
     return;
   }
@@ -461,7 +483,8 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
   // FFMA applies it, so the transform spends no multiply of its own on it. log2(e) where S is
   // the score itself (a post-scale bias: added after the scale and the softcap).
   const float scale_log2 =
-      kBiasTensor && p.bias_type == FUSEDATTN_BIAS_POST_SCALE ? kLog2e
+      kScoreMod                                               ? kLog2e
+      : kBiasTensor && p.bias_type == FUSEDATTN_BIAS_POST_SCALE ? kLog2e
       : kTransformScores && p.softcap > 0.f                   ? p.softcap * kLog2e
                                                               : p.scale * kLog2e;
 
@@ -566,8 +589,76 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
           }
     }
   };
+  // kScoreMod: S becomes the graph's score in natural units (scale_log2 = log2(e)) where the
+  // config's mask and the mask_mod show the key, -inf elsewhere: s = Mod(scale q.k), as the
+  // mma.sync kernel computes it (ScoreOf without bias, softcap or ALiBi, which the planner sends
+  // elsewhere). Two paths, chosen per tile (uniform over the warpgroup):
+  // * an interior tile (every element shown by the config's mask; sequences below 2^24) runs the
+  //   graph on the indices as floats: the row's converted once, the key's as one float plus its
+  //   constant offset in the tile (exact below 2^24), not an I2F per element (I2F issues at the
+  //   MUFU unit's rate, which the softmax's ex2 already fills), and no bounds;
+  // * a tile that crosses a boundary of the config's mask for these 64 rows evaluates the graph
+  //   at the row and key clamped into the sequence (so that its tensors are read only at
+  //   (i < len_q, j < len_kv), as the mma.sync kernel reads them) and masks the element after;
+  //   rows past len_q and keys past len_kv are never shown.
+  auto score_mod_scores = [&](auto& s, int n0) {
+    if constexpr (kScoreMod) {
+      const bool interior =
+          TileFullyVisible(p, wg_m0, 64, n0, kBlockN, seq.len_q, seq.len_kv, shift);
+      if (interior && seq.len_kv <= (1 << 24) && seq.len_q <= (1 << 24)) {
+        const float key0 = static_cast<float>(n0 + 2 * t);
+        float row_at[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) row_at[r] = static_cast<float>(row0 + 8 * r);
+#pragma unroll
+        for (int nt = 0; nt < kSTiles; ++nt)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int j = n0 + 8 * nt + 2 * t + c;
+            const float key_at = key0 + static_cast<float>(8 * nt + c);
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              float& x = s[4 * nt + 2 * r + c];
+              float score;
+              const bool shown =
+                  Mod::ForwardAt(p, x * p.scale, b, h, int64_t{row0 + 8 * r}, int64_t{j},
+                                 row_at[r], key_at, seq.len_q, seq.len_kv, &score);
+              x = shown ? score : -INFINITY;
+            }
+          }
+        return;
+      }
+      int lo[2], hi[2], i_at[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = row0 + 8 * r;
+        lo[r] = n0, hi[r] = n0 + kBlockN;
+        if (!interior) VisibleKeys(p, i, seq.len_q, seq.len_kv, &lo[r], &hi[r]);
+        i_at[r] = min(i, seq.len_q - 1);  // len_q >= 1: this consumer has rows
+      }
+      // Keys outermost: what the graph computes of a key alone (its index as a float, a tensor
+      // over the keys) serves both rows and dies there, rather than living through the tile.
+#pragma unroll
+      for (int nt = 0; nt < kSTiles; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int j = n0 + 8 * nt + 2 * t + c;
+          const int j_at = min(j, seq.len_kv - 1);  // len_kv >= 1: the walk has key tiles
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            float& x = s[4 * nt + 2 * r + c];
+            float score;
+            const bool shown = Mod::Forward(p, x * p.scale, b, h, int64_t{i_at[r]},
+                                            int64_t{j_at}, seq.len_q, seq.len_kv, &score);
+            x = shown && j >= lo[r] && j < hi[r] ? score : -INFINITY;
+          }
+        }
+    }
+  };
   auto transform_scores = [&](auto& s, int n0) {
-    if constexpr (kBiasTensor) {
+    if constexpr (kScoreMod) {
+      score_mod_scores(s, n0);
+    } else if constexpr (kBiasTensor) {
       if (bias_fp32) {
         auto fp32_at = [&](int k, int r, int c) {
           return __uint_as_float(bias_words[4 * k + 2 * r + c]);
@@ -613,21 +704,24 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
     }
   };
   // Mask: -inf where the key is hidden, only on tiles that cross a boundary for these rows.
+  // (kScoreMod: score_mod_scores has masked them.)
   auto mask_scores = [&](auto& s, int n0) {
-    const bool interior =
-        TileFullyVisible(p, wg_m0, 64, n0, kBlockN, seq.len_q, seq.len_kv, shift);
-    if (!interior) {
+    if constexpr (!kScoreMod) {
+      const bool interior =
+          TileFullyVisible(p, wg_m0, 64, n0, kBlockN, seq.len_q, seq.len_kv, shift);
+      if (!interior) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        int lo, hi;
-        VisibleKeys(p, row0 + 8 * r, seq.len_q, seq.len_kv, &lo, &hi);
+        for (int r = 0; r < 2; ++r) {
+          int lo, hi;
+          VisibleKeys(p, row0 + 8 * r, seq.len_q, seq.len_kv, &lo, &hi);
 #pragma unroll
-        for (int nt = 0; nt < kSTiles; ++nt)
+          for (int nt = 0; nt < kSTiles; ++nt)
 #pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int j = n0 + nt * 8 + 2 * t + c;
-            if (j < lo || j >= hi) s[4 * nt + 2 * r + c] = -INFINITY;
-          }
+            for (int c = 0; c < 2; ++c) {
+              const int j = n0 + nt * 8 + 2 * t + c;
+              if (j < lo || j >= hi) s[4 * nt + 2 * r + c] = -INFINITY;
+            }
+        }
       }
     }
   };
@@ -720,21 +814,23 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
     }
 
     // Step it, in consumer c's turn: S(it) = Q K(it)^T and O += P(it - 1) V(it - 1).
+    int walk_tile = n_tile_end - 1;  // kScoreMod: the key tile of step it
     for (int it = 1; it < loop_count; ++it) {
-      const int n0 = (n_tile_end - 1 - it) * kBlockN;
+      if constexpr (kScoreMod) walk_tile = next_key_tile(walk_tile);
+      const int n0 = (kScoreMod ? walk_tile : n_tile_end - 1 - it) * kBlockN;
       const int stage = it % kStages, prev = (it - 1) % kStages;
       const bool wait_turn = ping_pong && !(wg == 0 && it == 1);
       const bool pass_turn = ping_pong && !(wg == 1 && it == loop_count - 1);
       float s[kBlockN / 2];
       load_bias(n0);  // bias instances: this step's bias, in flight through the waits below
-      if constexpr (Tile::kOverlapSoftmax) {
+      if constexpr (kOverlapSoftmax) {
         // Both products issued back to back; the softmax of S(it) runs while the tensor cores
         // still compute O += P V; then O is rescaled (d256: before O += P V, while S runs) and
         // P(it) packed.
         sm90::MbarWait(k_full + stage, (it / kStages) & 1);
         if (wait_turn) wait_for_turn(wg);
         score_product(s, stage, sm90::Static<kBlockN>());
-        if constexpr (Tile::kRescaleOBeforeValueProduct) {
+        if constexpr (kRescaleOBeforeValueProduct) {
           sm90::FenceOperands(acc_o);  // keeps the rescale after the issue of S (no instruction)
           rescale_o(correction);       // the correction of step it - 1
         }
@@ -768,14 +864,14 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
         mask_scores(s, n0);
         softmax(s, correction);
       }
-      if constexpr (!Tile::kRescaleOBeforeValueProduct) rescale_o(correction);
+      if constexpr (!kRescaleOBeforeValueProduct) rescale_o(correction);
       pack_p(s);
     }
 
     // The last O += P V alone.
     {
       const int last = loop_count - 1, stage = last % kStages;
-      if constexpr (Tile::kRescaleOBeforeValueProduct) rescale_o(correction);
+      if constexpr (kRescaleOBeforeValueProduct) rescale_o(correction);
       sm90::MbarWait(v_full + stage, (last / kStages) & 1);
       value_product_of(last, stage);
       sm90::WgmmaWait<0>();
@@ -825,6 +921,7 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
 #endif  // FUSEDATTN_SM90_DEVICE
 }
 
+#ifndef __CUDACC_RTC__  // the host launchers of the ahead-of-time instances
 // One tile's launch (kLongKeys: Sm90FwdTile; kPaged: K/V maps over the page pools).
 template <typename Element, int kHeadDim, Sm90Scores kScores, bool kLongKeys, bool kPaged>
 Status LaunchWgmmaForwardTile(const FlashParams& p, cudaStream_t stream, bool* launched) {
@@ -900,5 +997,7 @@ Status LaunchWgmmaForward(const FlashParams& p, cudaStream_t stream, bool* launc
   }
   return LaunchWgmmaForwardTile<Element, kHeadDim, kScores, false, kPaged>(p, stream, launched);
 }
+
+#endif  // __CUDACC_RTC__
 
 }  // namespace fusedattn::flash

@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "backends/flash/sm90.h"
+#include "backends/flash/sm90_tile.h"
 #include "backends/flash/tiles.h"
 #include "common/cuda_util.h"
 #include "flex/cache.h"
@@ -53,6 +55,24 @@ constexpr const char* kClimits = R"(#pragma once
 #define INT_MAX 2147483647
 #define INT_MIN (-INT_MAX - 1)
 )";
+// The two names of <type_traits> the Hopper kernel headers use (wgmma.cuh, fwd_kernel_sm90.cuh).
+constexpr const char* kTypeTraits = R"(#pragma once
+namespace std {
+template <class T, T kValue>
+struct integral_constant {
+  static constexpr T value = kValue;
+  using value_type = T;
+  constexpr operator T() const { return kValue; }
+};
+template <class A, class B>
+inline constexpr bool is_same_v = false;
+template <class A>
+inline constexpr bool is_same_v<A, A> = true;
+}  // namespace std
+)";
+// cuda.h's CUtensorMap (the Hopper kernel's parameter type), which NVRTC cannot include.
+constexpr const char* kTensorMap =
+    "typedef struct CUtensorMap_st { alignas(64) unsigned long long opaque[16]; } CUtensorMap;\n";
 
 // The directory with cuda_fp16.h / cuda_bf16.h (NVRTC's -I): $FUSEDATTN_CUDA_INCLUDE, the
 // toolkit's at build time, $CUDA_HOME/include, /usr/local/cuda/include.
@@ -95,10 +115,58 @@ void TileOf(Kernel kernel, int* m, int* n, int* warps, size_t* smem) {
       *m = DqTile<kDim>::kBlockM, *n = DqTile<kDim>::kBlockN;
       *warps = DqTile<kDim>::kWarps, *smem = DqSmemBytes<kDim>(2);
       return;
+    case Kernel::kForwardSm90:  // Sm90LaunchShape's (LaunchShape never asks here)
+      *m = *n = *warps = 0;
+      *smem = 0;
+      return;
   }
 }
 
+// The Hopper forward's tile (sm90_tile.h): 128 query rows, keys_per_step keys, 384 threads
+// (producer warpgroup and two consumers). False for a shape it has no tile of.
+bool Sm90LaunchShape(const Variant& v, int* m, int* n, int* warps, size_t* smem) {
+  auto take = [&](auto tile) {
+    using Tile = decltype(tile);
+    *m = Tile::kBlockM, *n = Tile::kBlockN, *warps = Tile::kThreads / 32;
+    *smem = static_cast<size_t>(Tile::kSmemBytes);
+    return true;
+  };
+  if (v.head_dim == 64 && v.keys_per_step == 64) return take(Sm90FwdTile<64, false>());
+  if (v.head_dim == 64 && v.keys_per_step == 128) return take(Sm90FwdTile<64, true>());
+  if (v.head_dim == 128 && v.keys_per_step == 128) return take(Sm90FwdTile<128>());
+  if (v.head_dim == 256 && v.keys_per_step == 80) return take(Sm90FwdTile<256>());
+  *m = *n = *warps = 0;
+  *smem = 0;
+  return false;
+}
+
+// Whether the Hopper forward's tile overlaps the softmax with O += P V (sm90_tile.h): all but
+// d64's 64-key tile.
+bool Sm90OverlapsSoftmax(const Variant& v) {
+  return !(v.head_dim == 64 && v.keys_per_step == 64);
+}
+
+// The spill bytes (stores + loads, ptxas -v) up to which a Hopper score_mod kernel keeps the
+// intra-warpgroup overlap: a value or two that ptxas stores once and reloads once per step.
+constexpr int kSm90SpillBytesKept = 16;
+
+// FUSEDATTN_FLASH_SM90_JIT_OVERLAP (read once per process): "0" compiles every Hopper score_mod
+// forward without the overlap, "1" with it whatever ptxas spills, unset the rule above (-1). For
+// measuring the two on a GPU (flash_bench); the module cache does not key on it.
+int Sm90OverlapChoice() {
+  static const int choice = [] {
+    const char* value = std::getenv("FUSEDATTN_FLASH_SM90_JIT_OVERLAP");
+    if (value == nullptr || *value == '\0') return -1;
+    return value[0] == '0' ? 0 : 1;
+  }();
+  return choice;
+}
+
 void LaunchShape(const Variant& v, int* m, int* n, int* warps, size_t* smem) {
+  if (v.kernel == Kernel::kForwardSm90) {
+    Sm90LaunchShape(v, m, n, warps, smem);
+    return;
+  }
   switch (v.head_dim) {
     case 64: TileOf<64>(v.kernel, m, n, warps, smem); return;
     case 128: TileOf<128>(v.kernel, m, n, warps, smem); return;
@@ -107,6 +175,12 @@ void LaunchShape(const Variant& v, int* m, int* n, int* warps, size_t* smem) {
 }
 
 std::string NameExpression(const Variant& v) {
+  if (v.kernel == Kernel::kForwardSm90)
+    return Format("&fusedattn::flash::WgmmaForwardKernel<%s, %d, "
+                  "fusedattn::flash::Sm90Scores::kScoreMod, %s, false, "
+                  "fusedattn_flex_jit::ScoreMod>",
+                  ElementName(v.dtype), v.head_dim,
+                  v.head_dim == 64 && v.keys_per_step == 128 ? "true" : "false");
   int m, n, warps;
   size_t smem;
   LaunchShape(v, &m, &n, &warps, &smem);
@@ -119,8 +193,11 @@ std::string NameExpression(const Variant& v) {
 
 constexpr const char* kMaskKernelName = "fusedattn_flex_block_mask";
 
-// One statement list per program, with the kernel's names for the inputs and tensors.
-flex::CudaNames Names() {
+// One statement list per program, with the kernel's names for the inputs and tensors. A tensor
+// is read at FlexAxesOffset<axes> (device_common.cuh): only the axes it declares, whose strides
+// are the only non-zero ones (AuxTensorView), so that the compiler sees a tensor over the keys
+// read once per key of a tile, not once per element (the registers of the Hopper forward).
+flex::CudaNames Names(const std::vector<flex::TensorDecl>& decls) {
   flex::CudaNames names;
   names.inputs[FUSEDATTN_SCORE_MOD_SCORE] = "s";
   names.inputs[FUSEDATTN_SCORE_MOD_BATCH] = "static_cast<float>(b)";
@@ -129,9 +206,17 @@ flex::CudaNames Names() {
   names.inputs[FUSEDATTN_SCORE_MOD_KV_IDX] = "static_cast<float>(j)";
   names.inputs[FUSEDATTN_SCORE_MOD_SEQLEN_Q] = "static_cast<float>(len_q)";
   names.inputs[FUSEDATTN_SCORE_MOD_SEQLEN_KV] = "static_cast<float>(len_kv)";
-  names.tensor = [](int slot, fusedattn_dtype dtype) {
+  // The graph's tanh is the softcap's (SoftcapTanh: tanh.approx.f32), so that 30 tanh(s / 30)
+  // costs what the ahead-of-time softcap kernels' does and a forward and its backward agree; a
+  // division by a constant is a multiply (fusedattn.h, "Score modifiers", states both). tanhf's
+  // two MUFU operations and IEEE division's reciprocal made the softcap graph 0.21x the plain
+  // Hopper forward (H200, d128 s16384: 135 against 639 TFLOP/s).
+  names.tanh_function = "SoftcapTanh";
+  names.divide_by_reciprocal = true;
+  names.tensor = [decls](int slot, fusedattn_dtype dtype) {
     const std::string t = Format("p.flex.tensors[%d]", slot);
-    const std::string at = "[FlexOffset(" + t + ", b, h, i, j)]";
+    const unsigned axes = slot < static_cast<int>(decls.size()) ? decls[slot].axes : 15u;
+    const std::string at = Format("[FlexAxesOffset<%uu>(", axes) + t + ", b, h, i, j)]";
     switch (dtype) {
       case FUSEDATTN_DTYPE_FLOAT16:
         return "__half2float(static_cast<const __half*>(" + t + ".data)" + at + ")";
@@ -156,6 +241,7 @@ const char* KernelName(Kernel kernel) {
     case Kernel::kForward: return "forward";
     case Kernel::kBackward: return "backward";
     case Kernel::kBackwardDq: return "backward dQ";
+    case Kernel::kForwardSm90: return "Hopper forward";
   }
   return "?";
 }
@@ -167,7 +253,7 @@ void TileShape(const Variant& v, int* block_m, int* block_n) {
 }
 
 std::string PolicySource(const flex::ScoreMod& mod) {
-  const flex::CudaNames names = Names();
+  const flex::CudaNames names = Names(mod.tensors());
   const flex::Program& fwd = mod.forward();
   const flex::Program& bwd = mod.backward();
   const auto& tensors = mod.tensors();
@@ -185,10 +271,19 @@ std::string PolicySource(const flex::ScoreMod& mod) {
   out += Format("  static constexpr bool kTensorGrads = %s;\n",
                 mod.any_requires_grad() ? "true" : "false");
 
-  out += Format("  __device__ __forceinline__ static bool Forward(%s, float* score) {\n", kArgs);
-  flex::EmitCudaNodes(fwd, tensors, names, &out);
+  // ForwardAt (device_common.cuh's NoScoreMod): q_idx and kv_idx from the caller's floats.
+  flex::CudaNames at_names = names;
+  at_names.inputs[FUSEDATTN_SCORE_MOD_Q_IDX] = "fi";
+  at_names.inputs[FUSEDATTN_SCORE_MOD_KV_IDX] = "fj";
+  out += "  __device__ __forceinline__ static bool ForwardAt(const FlashParams& p, float s, int b, "
+         "int h, int64_t i, int64_t j, float fi, float fj, int len_q, int len_kv, "
+         "float* score) {\n";
+  flex::EmitCudaNodes(fwd, tensors, at_names, &out);
   out += "    *score = " + Output(names, fwd.score, "s") + ";\n";
   out += "    return " + Output(names, fwd.mask, "true") + ";\n  }\n";
+  out += Format("  __device__ __forceinline__ static bool Forward(%s, float* score) {\n", kArgs);
+  out += "    return ForwardAt(p, s, b, h, i, j, static_cast<float>(i), static_cast<float>(j), "
+         "len_q, len_kv, score);\n  }\n";
 
   out += Format(
       "  __device__ __forceinline__ static bool Backward(%s, float* score, float* d_s) {\n",
@@ -220,15 +315,25 @@ std::string PolicySource(const flex::ScoreMod& mod) {
   return out;
 }
 
-std::string KernelSource(const flex::ScoreMod& mod, const Variant& v) {
+namespace {
+// KernelSource with the Hopper forward's intra-warpgroup overlap on or off (Sm90ModTraits).
+std::string SourceOf(const flex::ScoreMod& mod, const Variant& v, bool sm90_overlap) {
   std::string out = Format("// fusedattn: a score_mod graph in the flash %s kernel (%s, d%d)\n",
                            KernelName(v.kernel),
                            v.dtype == FUSEDATTN_DTYPE_FLOAT16 ? "float16" : "bfloat16",
                            v.head_dim);
   out += "#define INFINITY __int_as_float(0x7f800000)\n";
-  out += v.kernel == Kernel::kForward ? "#include \"backends/flash/fwd_kernel.cuh\"\n"
-                                      : "#include \"backends/flash/bwd_kernel.cuh\"\n";
+  if (v.kernel == Kernel::kForwardSm90) {
+    out += kTensorMap;
+    out += "#include \"backends/flash/fwd_kernel_sm90.cuh\"\n";
+  } else {
+    out += v.kernel == Kernel::kForward ? "#include \"backends/flash/fwd_kernel.cuh\"\n"
+                                        : "#include \"backends/flash/bwd_kernel.cuh\"\n";
+  }
   out += PolicySource(mod);
+  if (v.kernel == Kernel::kForwardSm90 && !sm90_overlap)
+    out += "template <>\nstruct fusedattn::flash::Sm90ModTraits<fusedattn_flex_jit::ScoreMod> {\n"
+           "  static constexpr bool kOverlapSoftmax = false;\n};\n";
   if (mod.forward().mask >= 0) {
     out += R"(
 // The block mask: out[z][m_tile][n_tile] = whether the mask_mod shows any element of the tile
@@ -258,6 +363,31 @@ extern "C" __global__ void __launch_bounds__(256)
   }
   return out;
 }
+}  // namespace
+
+std::string KernelSource(const flex::ScoreMod& mod, const Variant& v) {
+  return SourceOf(mod, v, /*sm90_overlap=*/true);
+}
+
+PtxasReport ReportOf(const std::string& log, const std::string& kernel) {
+  PtxasReport r;
+  for (size_t at = log.find("warning"); at != std::string::npos; at = log.find("warning", at + 1))
+    r.warnings += log.substr(at, log.find('\n', at) - at) + "\n";
+  const size_t entry = log.find("Compiling entry function '" + kernel + "'");
+  if (entry == std::string::npos) return r;
+  const size_t props = log.find("bytes stack frame", entry);
+  const size_t used = log.find("Used ", entry);
+  if (props == std::string::npos || used == std::string::npos) return r;
+  // "ptxas         .     448 bytes stack frame, 952 bytes spill stores, 1084 bytes spill loads"
+  size_t number = props;
+  while (number > 0 && log[number - 1] == ' ') --number;
+  while (number > 0 && log[number - 1] >= '0' && log[number - 1] <= '9') --number;
+  r.found = std::sscanf(log.c_str() + number,
+                        "%d bytes stack frame, %d bytes spill stores, %d bytes spill loads",
+                        &r.stack, &r.spill_stores, &r.spill_loads) == 3 &&
+            std::sscanf(log.c_str() + used, "Used %d registers", &r.registers) == 1;
+  return r;
+}
 
 Status Available() {
   if (CudaIncludeDir().empty())
@@ -268,46 +398,64 @@ Status Available() {
   return Status::Ok();
 }
 
-std::shared_ptr<Module> Compile(const flex::ScoreMod& mod, const Variant& v) {
-  auto module = std::make_shared<Module>();
-  module->status = Available();
-  if (!module->status.ok()) return module;
-  const Clock::time_point t0 = Clock::now();
-  const std::string source = KernelSource(mod, v);
+namespace {
+// FUSEDATTN_FLASH_JIT_FAST_MATH=1 (read once per process): every score_mod kernel of the process
+// (forward and backward alike, so that the backward recomputes the forward's P) is compiled with
+// NVRTC's --use_fast_math: divisions by a tensor or index, expf and logf approximate, denormals
+// flushed (the graph's tanh and divisions by constants are fast without it: Names). Off by
+// default; for measuring. Measured before Names took SoftcapTanh (H200, d128 s16384 bf16 Hopper
+// forward): the softcap graph 135 -> 246 TFLOP/s, relative bias 449 -> 450. The module cache
+// does not key on it.
+bool FastMath() {
+  static const bool fast = [] {
+    const char* value = std::getenv("FUSEDATTN_FLASH_JIT_FAST_MATH");
+    return value != nullptr && value[0] == '1';
+  }();
+  return fast;
+}
+
+// One NVRTC run of `source` into module->cubin, kernel_name (the lowered name of v's kernel) and
+// log; module->status says why it failed.
+void CompileProgram(const std::string& source, const Variant& v, Module* module) {
   const std::string name_expr = NameExpression(v);
-  const flex::Dependence dep =
-      flex::DependenceOf(mod.forward().nodes, mod.tensors(), mod.forward().mask);
-  module->mask_batch = dep.batch;
-  module->mask_head = dep.head;
   std::vector<const char*> names(kHeaderNames, kHeaderNames + kNumHeaders);
   std::vector<const char*> sources(kHeaderSources, kHeaderSources + kNumHeaders);
   for (auto [name, text] : {std::pair{"cstdint", kStdint}, std::pair{"stdint.h", kStdint},
                             std::pair{"cstddef", kStddef}, std::pair{"stddef.h", kStddef},
-                            std::pair{"climits", kClimits}}) {
+                            std::pair{"climits", kClimits},
+                            std::pair{"type_traits", kTypeTraits}}) {
     names.push_back(name);
     sources.push_back(text);
   }
-  module->codegen_ms = MsSince(t0);
-
-  const Clock::time_point t1 = Clock::now();
   nvrtcProgram prog;
   nvrtcResult r = nvrtcCreateProgram(&prog, source.c_str(), "fusedattn_flex.cu",
                                      static_cast<int>(names.size()), sources.data(),
                                      names.data());
   if (r != NVRTC_SUCCESS) {
     module->status = InternalError("nvrtcCreateProgram: %s", nvrtcGetErrorString(r));
-    return module;
+    return;
   }
   nvrtcAddNameExpression(prog, name_expr.c_str());
   const std::string arch = Format("--gpu-architecture=sm_%d%s", v.arch, v.arch == 90 ? "a" : "");
   const std::string include = "-I" + CudaIncludeDir();
   // -default-device: the declarations of fusedattn.h (host functions, never called here) are
   // read as device ones.
-  const char* options[] = {arch.c_str(), "-std=c++17", include.c_str(), "-DNDEBUG",
-                           "-default-device", "--diag-suppress=177,550,1097"};
-  r = nvrtcCompileProgram(prog, static_cast<int>(std::size(options)), options);
+  // --ptxas-options=-v: ptxas's resource lines (registers, spills) and any warning of its
+  // (e.g. wgmma serialization, C7510-C7519) go into the log (Module::log, ReportOf).
+  std::vector<const char*> options = {arch.c_str(),      "-std=c++17",
+                                      include.c_str(),   "-DNDEBUG",
+                                      "-default-device", "--diag-suppress=177,550,1097",
+                                      "--ptxas-options=-v"};
+  if (FastMath()) options.push_back("--use_fast_math");
+  // NVRTC's own cache (CUDA 12.9+, in the driver's compute cache, across processes) hands back a
+  // CUBIN without ptxas's report, on which the Hopper forward's overlap rule decides (Compile): a
+  // cached compile kept the overlap where the first process had dropped it. Those compiles skip
+  // it (their NVRTC time, 1-8 s, is then paid once per process, as the module cache keeps them).
+  if (v.kernel == Kernel::kForwardSm90) options.push_back("--no-cache");
+  r = nvrtcCompileProgram(prog, static_cast<int>(options.size()), options.data());
   size_t log_size = 0;
   nvrtcGetProgramLogSize(prog, &log_size);
+  module->log.clear();
   if (log_size > 1) {
     module->log.resize(log_size);
     nvrtcGetProgramLog(prog, module->log.data());
@@ -318,20 +466,75 @@ std::shared_ptr<Module> Compile(const flex::ScoreMod& mod, const Variant& v) {
         "flash: NVRTC could not compile the score_mod %s kernel (%s): %.2000s",
         KernelName(v.kernel), nvrtcGetErrorString(r), module->log.c_str());
     nvrtcDestroyProgram(&prog);
-    return module;
+    return;
   }
   const char* lowered = nullptr;
   nvrtcGetLoweredName(prog, name_expr.c_str(), &lowered);
-  if (lowered) module->kernel_name = lowered;
-  if (mod.forward().mask >= 0) module->mask_kernel_name = kMaskKernelName;
+  module->kernel_name = lowered ? lowered : "";
   size_t cubin_size = 0;
   nvrtcGetCUBINSize(prog, &cubin_size);
   module->cubin.resize(cubin_size);
   nvrtcGetCUBIN(prog, module->cubin.data());
   nvrtcDestroyProgram(&prog);
-  module->compile_ms = MsSince(t1);
   if (module->kernel_name.empty() || cubin_size == 0)
     module->status = InternalError("flash: NVRTC gave no kernel for %s", name_expr.c_str());
+}
+}  // namespace
+
+std::shared_ptr<Module> Compile(const flex::ScoreMod& mod, const Variant& v) {
+  auto module = std::make_shared<Module>();
+  module->status = Available();
+  if (!module->status.ok()) return module;
+  if (v.kernel == Kernel::kForwardSm90) {
+    int m, n, warps;
+    size_t smem;
+    if (v.arch != 90 || !Sm90LaunchShape(v, &m, &n, &warps, &smem)) {
+      module->status = InternalError(
+          "flash: no Hopper score_mod forward for sm_%d, head dim %d, %d keys per step (sm_90 "
+          "with 64/64, 64/128, 128/128 or 256/80)",
+          v.arch, v.head_dim, v.keys_per_step);
+      return module;
+    }
+  }
+  const Clock::time_point t0 = Clock::now();
+  const std::string source = SourceOf(mod, v, /*sm90_overlap=*/true);
+  const flex::Dependence dep =
+      flex::DependenceOf(mod.forward().nodes, mod.tensors(), mod.forward().mask);
+  module->mask_batch = dep.batch;
+  module->mask_head = dep.head;
+  if (mod.forward().mask >= 0) module->mask_kernel_name = kMaskKernelName;
+  module->codegen_ms = MsSince(t0);
+
+  const Clock::time_point t1 = Clock::now();
+  const int overlap_choice = Sm90OverlapChoice();
+  const bool overlap_first = Sm90OverlapsSoftmax(v) && overlap_choice != 0;
+  module->sm90_overlap = v.kernel == Kernel::kForwardSm90 && overlap_first;
+  CompileProgram(SourceOf(mod, v, overlap_first), v, module.get());
+  module->ptxas = ReportOf(module->log, module->kernel_name);
+  if (module->status.ok() && v.kernel == Kernel::kForwardSm90 && overlap_first &&
+      overlap_choice < 0) {
+    // The Hopper forward overlaps a consumer's softmax with its own O += P V, which keeps P's
+    // registers (32 at d128) live while the graph's code runs. Where ptxas spills more than a
+    // value or two with it (kSm90SpillBytesKept: one reload per step, an L1 hit), the kernel
+    // is compiled again without the overlap (Sm90ModTraits) and the one that spills less is
+    // kept (the first on a tie).
+    const int spilled = module->ptxas.spill_stores + module->ptxas.spill_loads;
+    if (module->ptxas.found && spilled > kSm90SpillBytesKept) {
+      Module second;
+      second.status = Status::Ok();
+      CompileProgram(SourceOf(mod, v, /*sm90_overlap=*/false), v, &second);
+      const PtxasReport report = ReportOf(second.log, second.kernel_name);
+      if (second.status.ok() && report.found &&
+          report.spill_stores + report.spill_loads < spilled) {
+        module->cubin = std::move(second.cubin);
+        module->kernel_name = std::move(second.kernel_name);
+        module->log = std::move(second.log);
+        module->ptxas = report;
+        module->sm90_overlap = false;
+      }
+    }
+  }
+  module->compile_ms = MsSince(t1);
   return module;
 }
 
@@ -394,7 +597,7 @@ std::shared_ptr<Module> GetModule(const std::shared_ptr<const flex::ScoreMod>& m
   flex::VariantKey key;
   key.graph.score_mod = mod;
   key.words = {static_cast<int64_t>(v.kernel), static_cast<int64_t>(v.dtype), v.head_dim,
-               v.arch, 0, 0, 0, 0};
+               v.arch, v.keys_per_step, 0, 0, 0};
   // A failed compile is cached too (its status), so that a graph NVRTC refuses is not compiled
   // again on every call.
   return Cache().get_or_make(key, [&] { return Compile(*mod, v); });
@@ -451,6 +654,27 @@ Status Launch(const std::shared_ptr<const flex::ScoreMod>& mod, const Variant& v
   int m, n, warps;
   size_t smem;
   LaunchShape(v, &m, &n, &warps, &smem);
+  // The Hopper forward (kForwardSm90): Q, K and V by TMA, the tensor maps encoded (before anything
+  // is launched) as the ahead-of-time instances' launcher encodes them (EncodeLaunchTensorMap:
+  // boxes of 64 columns x 128 query rows or keys_per_step keys), the plain grid (no THD schedule).
+  // The kernel takes (maps, params, m_tiles).
+  struct alignas(128) Maps {
+    alignas(128) unsigned char q[128];
+    alignas(128) unsigned char k[128];
+    alignas(128) unsigned char v[128];
+  } maps;
+  static_assert(sizeof(Maps) == 384, "three CUtensorMaps, as the kernel's Sm90Maps");
+  if (v.kernel == Kernel::kForwardSm90) {
+    const bool bf16 = v.dtype == FUSEDATTN_DTYPE_BFLOAT16;
+    p.schedule = nullptr;
+    if (!EncodeLaunchTensorMap(maps.q, p, p.q, true, p.head_dim_qk, m, bf16) ||
+        !EncodeLaunchTensorMap(maps.k, p, p.k, false, p.head_dim_qk, n, bf16) ||
+        !EncodeLaunchTensorMap(maps.v, p, p.v, false, p.head_dim_v, n, bf16))
+      return InternalError(
+          "flash: the planner chose the Hopper score_mod forward but TMA cannot describe q, k or "
+          "v (planner.cpp's TmaDescribes and sm90_host.cpp's encoding disagree, or this build "
+          "has no sm_90a kernels)");
+  }
   const MaskGrid g = MaskGridOf(mask_kernel != nullptr, module->mask_batch, module->mask_head, v,
                                 p.batch, p.heads_q, p.max_seqlen_q, p.max_seqlen_kv);
   p.flex.block_mask = nullptr;
@@ -483,6 +707,13 @@ Status Launch(const std::shared_ptr<const flex::ScoreMod>& mod, const Variant& v
     return NotSupported("flash: %lld %s blocks", (long long)blocks, KernelName(v.kernel));
   FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(smem)));
+  if (v.kernel == Kernel::kForwardSm90) {
+    void* args[] = {&maps, &p, &tiles};
+    FUSEDATTN_CUDA_CHECK(cudaLaunchKernel(kernel, dim3(static_cast<unsigned>(blocks)),
+                                          dim3(static_cast<unsigned>(warps * 32)), args, smem,
+                                          stream));
+    return Status::Ok();
+  }
   void* args[] = {&p, &tiles};
   FUSEDATTN_CUDA_CHECK(cudaLaunchKernel(kernel, dim3(static_cast<unsigned>(blocks)),
                                         dim3(static_cast<unsigned>(warps * 32)), args, smem,

@@ -2,6 +2,10 @@
 // a policy struct (the hook of fwd_kernel.cuh / bwd_kernel.cuh, see NoScoreMod in
 // device_common.cuh), the same kernel sources are instantiated with it by NVRTC for the device's
 // architecture, and the CUBIN is loaded with the runtime's cudaLibraryLoadData (no -lcuda).
+// On sm_90 the forward may instead be the Hopper kernel (fwd_kernel_sm90.cuh, wgmma + TMA) with
+// the policy as its Mod argument and the score policy Sm90Scores::kScoreMod (Kernel::kForwardSm90,
+// compiled for sm_90a; its TMA tensor maps are encoded at launch as sm90_host.cpp encodes them for
+// the ahead-of-time instances); the planner (planner.h) says which forward runs.
 //
 // One module per (graph, kernel, dtype, padded head dim, architecture), cached in a bounded LRU
 // (flex/cache.h) keyed by the graph's structure plus those words. A module holds the kernel and,
@@ -23,7 +27,7 @@
 
 namespace fusedattn::flash::jit {
 
-enum class Kernel : int { kForward = 0, kBackward = 1, kBackwardDq = 2 };
+enum class Kernel : int { kForward = 0, kBackward = 1, kBackwardDq = 2, kForwardSm90 = 3 };
 const char* KernelName(Kernel kernel);
 
 struct Variant {
@@ -31,6 +35,9 @@ struct Variant {
   fusedattn_dtype dtype = FUSEDATTN_DTYPE_BFLOAT16;  // float16 or bfloat16
   int head_dim = 128;                                // padded: 64, 128 or 256
   int arch = 90;                                     // compute capability; 90 -> sm_90a
+  // kForwardSm90 only (arch 90): its tile's keys per step, sm90.h's Sm90ForwardKeysPerStep (64
+  // or 128 at d64, 128 at d128, 80 at d256); 0 for the other kernels.
+  int keys_per_step = 0;
 };
 
 // The tile shape (query rows, keys) of a variant's kernel: the block mask's granularity.
@@ -41,6 +48,16 @@ std::string PolicySource(const flex::ScoreMod& mod);
 // The whole translation unit NVRTC compiles for a variant (policy, instantiation, block mask).
 std::string KernelSource(const flex::ScoreMod& mod, const Variant& v);
 
+// ptxas's report on one kernel of an NVRTC log (compiled with --ptxas-options=-v): the registers
+// of the launch, the spill bytes and stack frame, and every ptxas warning in the log (e.g.
+// C7510-C7519: wgmma serialized). found: the kernel's lines were in the log.
+struct PtxasReport {
+  bool found = false;
+  int registers = -1, spill_stores = -1, spill_loads = -1, stack = -1;
+  std::string warnings;
+};
+PtxasReport ReportOf(const std::string& log, const std::string& kernel_name);
+
 // A compiled (and, once used, loaded) module.
 struct Module {
   Status status;                       // why compiling (or loading) failed
@@ -48,7 +65,13 @@ struct Module {
   std::string kernel_name, mask_kernel_name;  // lowered names; mask: empty without a mask
   bool mask_batch = false, mask_head = false;  // what the mask_mod reads (block-mask broadcast)
   double codegen_ms = 0, compile_ms = 0, load_ms = 0;
-  std::string log;                     // NVRTC's log
+  std::string log;                     // NVRTC's log (with ptxas's -v lines)
+  PtxasReport ptxas;                   // the kernel's (kernel_name) report in the log
+  // kForwardSm90: whether the kernel has the tile's intra-warpgroup overlap of the softmax with
+  // O += P V (never on d64's 64-key tile). Compile() compiles it with the overlap first and,
+  // where ptxas spills more than 16 bytes there, again without it, keeping the one that spills
+  // less; FUSEDATTN_FLASH_SM90_JIT_OVERLAP=0 / 1 forces it off / on (read once per process).
+  bool sm90_overlap = false;
   ~Module();
   // Loads the CUBIN into the current context on first use (thread-safe); the kernel handles.
   Status Load(const void** kernel, const void** mask_kernel);

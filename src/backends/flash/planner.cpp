@@ -8,7 +8,12 @@
 //     kernels, instance 64 or 128, plain or softcap-alibi, scale > 0, a page size that is a
 //     power of two of at least 16, q and the pools described by TMA; nothing else reads pages.
 //  2. score_mod graph: the NVRTC-compiled tensor-core kernels (full variant), which need q, k, v
-//     (and dO) rows contiguous and 16-byte aligned; other tensors are refused at run time.
+//     (and dO) rows contiguous and 16-byte aligned; other tensors are refused at run time. The
+//     forward runs on the Hopper kernel compiled with the graph (path hopper-score_mod-jit,
+//     variant score_mod) where it fits: the Hopper device conditions of 3a, instance 64, 128 or
+//     256, no dropout and no bias tensor, ALiBi or softcap in the config (the graph expresses
+//     them), q, k, v described by TMA; the plain grid (no THD schedule). The backward stays on
+//     the mma.sync score_mod kernels (no Hopper score_mod backward yet).
 //  3. Tensor-core instance (float16/bfloat16, head dims multiples of 8 up to 256) whose tiles fit
 //     the device's shared memory, with q, k, v (and dO) rows contiguous and 16-byte aligned:
 //     a. the Hopper kernels: a build with sm_90a kernels, an sm_90 device, FUSEDATTN_FLASH_WGMMA
@@ -47,6 +52,7 @@ const char* KernelPathName(KernelPath path) {
     case KernelPath::kScoreModJit: return "score_mod-jit";
     case KernelPath::kSimple: return "simple";
     case KernelPath::kDecode: return "decode";
+    case KernelPath::kHopperScoreModJit: return "hopper-score_mod-jit";
   }
   return "?";
 }
@@ -56,6 +62,7 @@ const char* KernelVariantName(KernelVariant variant) {
     case KernelVariant::kFull: return "full";
     case KernelVariant::kSoftcapAlibi: return "softcap-alibi";
     case KernelVariant::kBias: return "bias";
+    case KernelVariant::kScoreMod: return "score_mod";
   }
   return "?";
 }
@@ -189,7 +196,7 @@ std::string HopperPagedRefusal(const Problem& p, const DeviceFacts& d) {
                   "o_dtype = %s, head_dim_qk = %lld, head_dim_v = %lld",
                   DtypeName(c.qkv_dtype), DtypeName(c.o_dtype), (long long)c.head_dim_qk,
                   (long long)c.head_dim_v);
-  if (p.score_mod) return "the Hopper forward does not compile score_mod graphs";
+  if (p.score_mod) return "the Hopper forward runs score_mod graphs on contiguous K/V only";
   if (HopperVariantOf(p) == KernelVariant::kFull)
     return "the Hopper forward's paged instances have no bias tensor or dropout (softcap and "
            "ALiBi run there)";
@@ -199,6 +206,25 @@ std::string HopperPagedRefusal(const Problem& p, const DeviceFacts& d) {
   const int64_t m_tiles = (c.max_seqlen_q + kSm90ScheduleRowsForward - 1) / kSm90ScheduleRowsForward;
   if (m_tiles * c.heads_q * c.batch > INT_MAX)
     return "the Hopper forward needs more blocks than a CUDA grid holds";
+  return std::string();
+}
+
+// Why the Hopper forward compiled with a score_mod graph (kHopperScoreModJit) cannot run a
+// contiguous score_mod problem on this device (from the config; the tensors TMA must describe
+// are asked in PlanForward), or empty when it can. Its policy computes Mod(scale q.k): the
+// config's own score modifiers (bias tensor, ALiBi, softcap) and dropout stay on the mma.sync
+// score_mod kernel, which applies them before the graph.
+std::string HopperScoreModRefusal(const Problem& p, int dim, const DeviceFacts& d) {
+  const auto& c = p.config;
+  if (const char* device = HopperDeviceRefusal(d)) return Format("hopper kernels: %s", device);
+  if (!HopperInstance(dim, /*backward=*/false))
+    return Format("hopper score_mod forward: instances 64, 128 and 256 only (this is %d)", dim);
+  if (c.dropout > 0.0 || c.bias_type != FUSEDATTN_BIAS_NONE || c.softcap > 0.0)
+    return "hopper score_mod forward: no dropout, bias tensor, ALiBi or softcap in the config "
+           "(the graph can express them)";
+  const int64_t m_tiles = (c.max_seqlen_q + kSm90ScheduleRowsForward - 1) / kSm90ScheduleRowsForward;
+  if (m_tiles * c.heads_q * c.batch > INT_MAX)
+    return "hopper score_mod forward: more blocks than a CUDA grid holds";
   return std::string();
 }
 
@@ -246,6 +272,8 @@ jit::Variant JitVariant(const Problem& p, jit::Kernel kernel, int instance,
   v.dtype = p.config.qkv_dtype;
   v.head_dim = instance;
   v.arch = d.compute_capability;
+  if (kernel == jit::Kernel::kForwardSm90)
+    v.keys_per_step = Sm90ForwardKeysPerStep(instance, p.config.max_seqlen_kv);
   return v;
 }
 
@@ -422,7 +450,12 @@ FwdWorkspaceLayout PlanFwdWorkspace(const Problem& p, const DeviceFacts& d) {
   FwdWorkspaceLayout w;
   const int dim = TensorCoreInstance(p);
   if (p.score_mod && dim > 0) {
+    // The block mask of either score_mod forward (the tensors decide between them): the mma.sync
+    // kernel's 128 x 64 tiles, the Hopper kernel's 128 x keys_per_step where it may run.
     w.block_mask_bytes = BlockMaskBytes(p, jit::Kernel::kForward, dim, d);
+    if (HopperScoreModRefusal(p, dim, d).empty())
+      w.block_mask_bytes =
+          std::max(w.block_mask_bytes, BlockMaskBytes(p, jit::Kernel::kForwardSm90, dim, d));
     w.total = AlignUp(w.block_mask_bytes);
   }
   if (ReservesSchedule(p, d, /*backward=*/false)) {
@@ -562,6 +595,18 @@ ForwardPlan PlanForward(const Problem& p, const FwdTensors& t, const DeviceFacts
     plan.path = KernelPath::kScoreModJit;
     plan.instance = dim;
     plan.variant = KernelVariant::kFull;
+    const std::string hopper = HopperScoreModRefusal(p, dim, d);
+    if (!hopper.empty()) {
+      plan.why = hopper;
+    } else if (!TmaDescribes(t.q, true, p) || !TmaDescribes(t.k, false, p) ||
+               !TmaDescribes(t.v, false, p)) {
+      plan.why =
+          "hopper kernels: TMA cannot describe q, k or v (16-byte aligned base and strides)";
+    } else {
+      plan.path = KernelPath::kHopperScoreModJit;
+      plan.variant = KernelVariant::kScoreMod;
+      plan.keys_per_step = Sm90ForwardKeysPerStep(dim, c.max_seqlen_kv);
+    }
     return plan;
   }
   if (PlanSimpleWithoutTensorCores(p, dim, fits, aligned, "q, k, v", &plan)) return plan;
@@ -624,6 +669,8 @@ BackwardPlan PlanBackward(const Problem& p, const BwdTensors& t, const DeviceFac
     plan.instance = dim;
     plan.variant = KernelVariant::kFull;
     plan.dq = fast_dq;
+    if (HopperDevice(d))
+      plan.why = "hopper backward: no score_mod graphs (the forward runs them there)";
     return plan;
   }
   if (PlanSimpleWithoutTensorCores(p, dim, fits, aligned, "q, k, v, dO", &plan)) {
@@ -776,7 +823,8 @@ std::string DescribeForwardPlan(const ForwardPlan& plan) {
   if (plan.path == KernelPath::kDecode)
     s += Format(", %d splits of %d keys, %d blocks (%d per SM)", plan.decode_splits,
                 plan.decode_keys_per_split, plan.decode_blocks, plan.decode_blocks_per_sm);
-  if (plan.path == KernelPath::kHopperWgmma) s += Format(", %d keys per step", plan.keys_per_step);
+  if (plan.path == KernelPath::kHopperWgmma || plan.path == KernelPath::kHopperScoreModJit)
+    s += Format(", %d keys per step", plan.keys_per_step);
   if (plan.paged) s += ", paged K/V";
   s += Format(", workspace %zu B", plan.workspace.total);
   if (!plan.why.empty()) s += " (" + plan.why + ")";

@@ -30,14 +30,23 @@ enum class KernelPath : int {
   kSimple,       // simple_kernels.cu: SIMT, any dtype, head dim and stride
   kDecode,       // decode_kernel.cuh (decode.h): max_seqlen_q <= 16, paged or contiguous K/V,
                  // split over the keys with a combine; forward only
+  kHopperScoreModJit,  // fwd_kernel_sm90.cuh compiled by NVRTC with a score_mod graph (jit.h,
+                       // Kernel::kForwardSm90): the forward of score_mod problems on sm_90
 };
 const char* KernelPathName(KernelPath path);
 
 // The plain kernel keeps the registers that bias, ALiBi, softcap and dropout need in the full one
 // (mma.sync, score_mod-jit). The Hopper forward and backward have the plain variant and
 // softcap-alibi (softcap and/or ALiBi, sm90.h's Sm90Scores); the Hopper forward also bias (a
-// pre- or post-scale bias tensor, softcap or not).
-enum class KernelVariant : int { kPlain = 0, kFull = 1, kSoftcapAlibi = 2, kBias = 3 };
+// pre- or post-scale bias tensor, softcap or not). kScoreMod: the Hopper forward's score_mod
+// policy (Sm90Scores::kScoreMod, path kHopperScoreModJit).
+enum class KernelVariant : int {
+  kPlain = 0,
+  kFull = 1,
+  kSoftcapAlibi = 2,
+  kBias = 3,
+  kScoreMod = 4,
+};
 const char* KernelVariantName(KernelVariant variant);
 
 // The order of a kernel's blocks: one per (tile, head, sequence) of the longest sequence, or the
@@ -113,7 +122,8 @@ struct ForwardPlan {
   TileSchedule schedule = TileSchedule::kPlainGrid;
   int decode_splits = 0;  // kDecode: splits over the keys (decode.h's DecodePlan)
   int decode_keys_per_split = 0, decode_blocks = 0, decode_blocks_per_sm = 0;  // (the same)
-  int keys_per_step = 0;  // kHopperWgmma: its tile's keys per step (sm90.h, Sm90ForwardKeysPerStep)
+  // kHopperWgmma and kHopperScoreModJit: its tile's keys per step (sm90.h, Sm90ForwardKeysPerStep)
+  int keys_per_step = 0;
   // kHopperWgmma: the paged instances (K/V from a paged cache: chunked prefill; paged problems
   // with at most 16 query rows per sequence take kDecode where it fits).
   bool paged = false;

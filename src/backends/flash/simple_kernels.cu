@@ -85,6 +85,18 @@ __device__ void BlockKeyRange(const FlashParams& p, int64_t row0, const SeqInfo&
   *hi = block_hi;
 }
 
+// The simple kernels' score (ScoreOf): tanhf for the softcap on float32 inputs, which only these
+// kernels run; on float16/bfloat16 the tensor-core kernels' SoftcapTanh, because the other
+// direction of such a problem may run there (a tensor-core forward's LSE with this backward's P
+// when dO is not 16-byte aligned, say), and P = exp(s - LSE) needs the same s in both.
+__device__ __forceinline__ float SimpleScoreOf(const FlashParams& p, float qk, int b, int h,
+                                               int64_t i, int64_t j, int len_q, int len_kv,
+                                               float* dcap) {
+  return p.qkv_dtype == FUSEDATTN_DTYPE_FLOAT32
+             ? ScoreOf</*kExactTanh=*/true>(p, qk, b, h, i, j, len_q, len_kv, dcap)
+             : ScoreOf</*kExactTanh=*/false>(p, qk, b, h, i, j, len_q, len_kv, dcap);
+}
+
 // ------------------------------------------------------------------------------------------------
 // Forward
 // ------------------------------------------------------------------------------------------------
@@ -130,7 +142,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32)
     if (visible) {
       float qk = 0.f;
       for (int x = 0; x < dqk; ++x) qk += qs[x] * Ks[lane * ks_stride + x];
-      s = ScoreOf</*kExactTanh=*/true>(p, qk, b, h, i, key, seq.len_q, seq.len_kv, nullptr);
+      s = SimpleScoreOf(p, qk, b, h, i, key, seq.len_q, seq.len_kv, nullptr);
     }
     const float m_new = fmaxf(m, WarpMax(s));
     if (m_new == -INFINITY) continue;  // nothing visible yet (warp-uniform)
@@ -365,7 +377,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32)
       float qk = 0.f, dp = 0.f, dcap = 1.f;
       for (int x = 0; x < dqk; ++x) qk += qs[x] * Ks[lane * ks_stride + x];
       for (int x = 0; x < dv; ++x) dp += dos[x] * Vs[lane * vs_stride + x];
-      const float s = ScoreOf</*kExactTanh=*/true>(p, qk, b, h, i, key, seq.len_q, seq.len_kv, &dcap);
+      const float s = SimpleScoreOf(p, qk, b, h, i, key, seq.len_q, seq.len_kv, &dcap);
       const float prob = expf(s - lse);
       if (p.dropout) dp = drop.Keep(key) ? dp * p.keep_scale : 0.f;
       g = prob * (dp - delta) * dcap * p.scale;
@@ -445,7 +457,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32)
         float qk = 0.f, dp = 0.f, dcap = 1.f;
         for (int x = 0; x < dqk; ++x) qk += Qs[lane * qs_stride + x] * ks[x];
         for (int x = 0; x < dv; ++x) dp += dOs[lane * dos_stride + x] * vs[x];
-        const float s = ScoreOf</*kExactTanh=*/true>(p, qk, b, h, i, j, seq.len_q, seq.len_kv, &dcap);
+        const float s = SimpleScoreOf(p, qk, b, h, i, j, seq.len_q, seq.len_kv, &dcap);
         const float prob = expf(s - lse);
         float keep = 1.f;
         if (p.dropout) keep = DropoutRowOf(p, b, h, i).Keep(j) ? p.keep_scale : 0.f;
@@ -521,7 +533,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32)
           qk += qs[x] * LoadElem(p.k.data, p.qkv_dtype, Offset(p.k, b, hk, seq.start_kv, j, x));
         for (int x = 0; x < dv; ++x)
           dp += dos[x] * LoadElem(p.v.data, p.qkv_dtype, Offset(p.v, b, hk, seq.start_kv, j, x));
-        const float s = ScoreOf</*kExactTanh=*/true>(p, qk, b, h, i, j, seq.len_q, seq.len_kv, &dcap);
+        const float s = SimpleScoreOf(p, qk, b, h, i, j, seq.len_q, seq.len_kv, &dcap);
         const float prob = expf(s - lse);
         if (p.dropout) dp = DropoutRowOf(p, b, h, i).Keep(j) ? dp * p.keep_scale : 0.f;
         const float ds = prob * (dp - p.delta[RowIndex(p, b, h, i)]);

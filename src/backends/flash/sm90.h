@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "backends/flash/kernels.h"
+#include "backends/flash/sm90_tile.h"  // Sm90Scores, Sm90FwdTile
 
 namespace fusedattn::flash {
 
@@ -17,19 +18,6 @@ bool WgmmaCompiled();
 // Whether the environment allows them: FUSEDATTN_FLASH_WGMMA is not "0" (read once per process).
 // The planner (planner.h, DeviceFacts) decides with both whether the Hopper path runs a call.
 bool WgmmaAllowedByEnvironment();
-
-// The score policies of the wgmma forward and backward, one instance set each per direction
-// (generate_kernels.py), chosen at compile time so that the plain instance carries no code of the
-// other:
-//  kPlain: s = scale * q.k (masks, windows, sinks, off-by-one);
-//  kSoftcapAlibi: softcap and/or ALiBi with the caller's slopes (fusedattn.h's pipeline without a
-//    bias tensor, sm90_scores.cuh), applied to every key tile before the mask;
-//  kBias (forward only): a pre- or post-scale bias tensor (qkv dtype or float32, any strides,
-//    broadcast over batch and heads), with or without softcap, each thread's elements read from
-//    global memory (fwd_kernel_sm90.cuh).
-// Dropout has no Hopper kernels, nor bias tensors a Hopper backward: the mma.sync full variant
-// runs them.
-enum class Sm90Scores : int { kPlain = 0, kSoftcapAlibi = 1, kBias = 2 };
 
 // The wgmma forward on head dims padded to kHeadDim (64, 128 or 256) with the score policy
 // kScores, when the planner chose it (planner.cpp: the problem, the tensors TMA can describe,

@@ -33,8 +33,10 @@
 
 #include <type_traits>
 
+#ifndef __CUDACC_RTC__  // NVRTC: jit.cpp's source declares CUtensorMap as cuda.h does
 #include <cuda.h>  // CUtensorMap (a plain struct; nothing from the driver library is linked)
 #include <cuda_runtime.h>
+#endif
 
 #include <cstdint>
 
