@@ -3,6 +3,7 @@
 # runs the `gpu` tests, compute-sanitizer subsets, the program, the Python GPU tests and the
 # benchmarks, and writes every log under $OUT (or ./gpu-out). Steps are chosen by name:
 #   bash scripts/gpu_run.sh build tests sanitize cli python bench-quick
+#   FUSEDATTN_BUILD_DIR=$PWD/build-flash bash scripts/gpu_run.sh build_flash flex_hopper ...
 # Each step logs to $OUT/<step>.log and the summary of all steps to $OUT/summary.txt.
 #
 # FlashAttention-4 (a benchmark peer, not installed there) travels in two calls to the same warm
@@ -80,6 +81,22 @@ step_build() {
 }
 
 # GTEST_FILTER: a subset of the gpu tests (default: all of them).
+# The flash backend's targets only (no cuDNN backend, no tools, sm_90a): about 60-75 s on the
+# GPU machine's 16 cores against about 150 s for step build (2026-11-28), for calls that test or
+# time flash kernels. Python tests on it see cuDNN as not built (a test that expects cuDNN's own
+# refusal, test_paged.py's test_paged_cuda_auto_names_every_gpu_backends_reason, fails there).
+# Give it its own FUSEDATTN_BUILD_DIR to keep a full build beside it.
+step_build_flash() {
+  local t0=$SECONDS
+  cmake -G Ninja -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DFUSEDATTN_CUDNN=OFF \
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DFUSEDATTN_BUILD_TOOLS=OFF &&
+    cmake --build "$BUILD" -j "$JOBS" --target fusedattn fusedattn_gpu_tests fusedattn_tests \
+      flash_bench
+  local rc=$?
+  echo "build time: $((SECONDS - t0)) s"
+  return $rc
+}
+
 step_tests() {
   "$BUILD/tests/fusedattn_gpu_tests" --gtest_brief=1 --gtest_output="xml:$OUT/gpu_tests.xml" \
     --gtest_filter="${GTEST_FILTER:-*}"
