@@ -624,7 +624,8 @@ FUSEDATTN_API fusedattn_status fusedattn_get_cache_stats(fusedattn_backend backe
  * Values are numbers or booleans. Numbers are evaluated in double on the CPU reference (a GPU
  * executor may use float32: integers up to 2^24 stay exact there). flash's kernels (float16 and
  * bfloat16 inputs) compute TANH as the softcap's tanh.approx.f32 (relative error up to about
- * 2^-11) and DIV by a constant c as a multiply by 1 / c rounded to float32. Leaves:
+ * 2^-11) and DIV by a constant c as a multiply by 1 / c rounded to float32 where that is a
+ * normal float32. Leaves:
  *   inputs     s (the score, see the specification above), b, h (query head), i (q_idx),
  *              j (kv_idx), sq and sk (the sequence's own lengths), all numbers
  *   constants  numbers (double; +-0, inf and NaN payloads are kept bit for bit)

@@ -1,5 +1,6 @@
 #include "flex/codegen.h"
 
+#include <cmath>
 #include <cstring>
 
 namespace fusedattn::flex {
@@ -57,8 +58,15 @@ void EmitCudaNodes(const Program& program, const std::vector<TensorDecl>& tensor
       case Op::kMul: expr = arg(0) + " * " + arg(1); break;
       case Op::kDiv: {
         const Node& divisor = nodes[static_cast<size_t>(n.args[1])];
-        expr = names.divide_by_reciprocal && divisor.op == Op::kConstant && divisor.value != 0.0
-                   ? arg(0) + " * " + FloatConstant(1.0 / static_cast<float>(divisor.value))
+        // Only where 1 / c is a normal float32 (so not for c = 0, inf, NaN, a denormal c whose
+        // reciprocal overflows, or |c| > 2^126 whose reciprocal is denormal).
+        const float reciprocal =
+            divisor.op == Op::kConstant
+                ? static_cast<float>(1.0 / static_cast<double>(static_cast<float>(divisor.value)))
+                : 0.f;
+        expr = names.divide_by_reciprocal && divisor.op == Op::kConstant &&
+                       std::isnormal(reciprocal)
+                   ? arg(0) + " * " + FloatConstant(reciprocal)
                    : arg(0) + " / " + arg(1);
         break;
       }

@@ -23,8 +23,9 @@ struct CudaNames {
   std::string prefix = "v";  // locals are <prefix><node index>
   // The function that computes tanh (float -> float): tanhf, or a backend's faster one.
   std::string tanh_function = "tanhf";
-  // Whether x / c for a constant c is emitted as x * (1 / c) (1 / c rounded to float32: within
-  // about an ulp of the division, one multiply instead of a division's dozen instructions).
+  // Whether x / c for a constant c is emitted as x * (1 / c), where 1 / c rounded to float32 is a
+  // normal number (within about an ulp of the division; one multiply instead of a division's
+  // dozen instructions); other constants (0, inf, NaN, denormals, |c| > 2^126) keep the division.
   bool divide_by_reciprocal = false;
 };
 

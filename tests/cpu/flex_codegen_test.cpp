@@ -72,7 +72,7 @@ TEST(FlexCodegen, EveryOpEmitsOneLinePerNode) {
 TEST(FlexCodegen, FlashTakesTheFastTanhAndMultipliesByAConstantsReciprocal) {
   ScoreMod mod;
   Expr s = mod.score();
-  mod.set_score(30.0 * tanh(s / 30.0) + s / mod.kv_idx() + s / 0.0).finalize();
+  mod.set_score(30.0 * tanh(s / 30.0) + s / mod.kv_idx() + s / 0.0 + s / 1e-39).finalize();
   auto count = [](const std::string& text, const std::string& what) {
     int n = 0;
     for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
@@ -84,17 +84,18 @@ TEST(FlexCodegen, FlashTakesTheFastTanhAndMultipliesByAConstantsReciprocal) {
   const std::string forward = policy.substr(at, policy.find("static bool Forward(", at) - at);
   EXPECT_EQ(count(forward, "SoftcapTanh("), 1) << forward;
   EXPECT_EQ(count(policy, "tanhf("), 0) << policy;
-  // s / 30 is s times 1 / 30 rounded to float32 (0x3d088889); s / kv_idx (a variable) and s / 0
-  // (no reciprocal) stay divisions.
+  // s / 30 is s times 1 / 30 rounded to float32 (0x3d088889); s / kv_idx (a variable), s / 0
+  // (no reciprocal) and s / 1e-39 (a float32 denormal: its reciprocal overflows) stay divisions.
   EXPECT_EQ(count(forward, " * __uint_as_float(0x3d088889u)"), 1) << forward;
-  EXPECT_EQ(count(forward, " / "), 2) << forward;
+  EXPECT_EQ(count(forward, " / "), 3) << forward;
+  EXPECT_EQ(count(forward, "0x7f800000u"), 0) << forward;  // no infinite multiplier
 
   flex::CudaNames generic;
   for (int k = 0; k < flex::kNumInputs; ++k) generic.inputs[k] = "x" + std::to_string(k);
   std::string plain;
   flex::EmitCudaNodes(Internal(mod)->forward(), Internal(mod)->tensors(), generic, &plain);
   EXPECT_EQ(count(plain, "tanhf("), 1) << plain;
-  EXPECT_EQ(count(plain, " / "), 3) << plain;
+  EXPECT_EQ(count(plain, " / "), 4) << plain;
   EXPECT_EQ(count(plain, "0x3d088889u"), 0) << plain;
 }
 
@@ -268,8 +269,9 @@ TEST(FlexCodegen, HopperForwardCompilesEveryOpIntoEveryTile) {
   SKIP_WITHOUT_NVRTC();
   ScoreMod mod;
   BuildEveryOp(&mod);
-  // d64's 64-key tile has 80 registers per thread (two blocks per SM), and the graph's code twice
-  // (the interior tiles' path and the boundary tiles'): ptxas spills 364 bytes there.
+  // d64's 64-key tile has 104 registers per consumer thread (80 at launch; two blocks per SM),
+  // and the graph's code twice (the interior tiles' path and the boundary tiles'): ptxas spills
+  // 364 bytes there.
   const int tiles[4][3] = {{64, 64, 400}, {64, 128, 32}, {128, 128, 32}, {256, 80, 32}};
   for (int k = 0; k < 4; ++k) {
     Variant v;

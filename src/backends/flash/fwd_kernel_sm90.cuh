@@ -593,7 +593,7 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
   // config's mask and the mask_mod show the key, -inf elsewhere: s = Mod(scale q.k), as the
   // mma.sync kernel computes it (ScoreOf without bias, softcap or ALiBi, which the planner sends
   // elsewhere). Two paths, chosen per tile (uniform over the warpgroup):
-  // * an interior tile (every element shown by the config's mask; sequences below 2^24) runs the
+  // * an interior tile (every element shown by the config's mask; lengths up to 2^24) runs the
   //   graph on the indices as floats: the row's converted once, the key's as one float plus its
   //   constant offset in the tile (exact below 2^24), not an I2F per element (I2F issues at the
   //   MUFU unit's rate, which the softmax's ex2 already fills), and no bounds;

@@ -414,6 +414,17 @@ bool FastMath() {
   return fast;
 }
 
+// Whether this NVRTC caches compiles across processes (CUDA 12.9 and later), and so takes
+// --no-cache.
+bool NvrtcHasCache() {
+  static const bool has = [] {
+    int major = 0, minor = 0;
+    if (nvrtcVersion(&major, &minor) != NVRTC_SUCCESS) return false;
+    return major > 12 || (major == 12 && minor >= 9);
+  }();
+  return has;
+}
+
 // One NVRTC run of `source` into module->cubin, kernel_name (the lowered name of v's kernel) and
 // log; module->status says why it failed.
 void CompileProgram(const std::string& source, const Variant& v, Module* module) {
@@ -451,7 +462,8 @@ void CompileProgram(const std::string& source, const Variant& v, Module* module)
   // CUBIN without ptxas's report, on which the Hopper forward's overlap rule decides (Compile): a
   // cached compile kept the overlap where the first process had dropped it. Those compiles skip
   // it (their NVRTC time, 1-8 s, is then paid once per process, as the module cache keeps them).
-  if (v.kernel == Kernel::kForwardSm90) options.push_back("--no-cache");
+  // An NVRTC without the cache has no --no-cache either, and refuses options it does not know.
+  if (v.kernel == Kernel::kForwardSm90 && NvrtcHasCache()) options.push_back("--no-cache");
   r = nvrtcCompileProgram(prog, static_cast<int>(options.size()), options.data());
   size_t log_size = 0;
   nvrtcGetProgramLogSize(prog, &log_size);

@@ -255,15 +255,6 @@ __device__ __forceinline__ void MbarArriveExpectTx(uint64_t* bar, uint32_t bytes
                : "memory");
 #endif
 }
-// Expects `bytes` more of TMA transactions in the current phase, without an arrival (for a
-// producer that learns box by box what it loads, and arrives once after the last box).
-__device__ __forceinline__ void MbarExpectTx(uint64_t* bar, uint32_t bytes) {
-#if FUSEDATTN_SM90_DEVICE
-  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(SmemAddress(bar)),
-               "r"(bytes)
-               : "memory");
-#endif
-}
 __device__ __forceinline__ void MbarArrive(uint64_t* bar) {
 #if FUSEDATTN_SM90_DEVICE
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(SmemAddress(bar)) : "memory");
