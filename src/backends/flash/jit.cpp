@@ -508,8 +508,10 @@ std::shared_ptr<Module> Compile(const flex::ScoreMod& mod, const Variant& v) {
       return module;
     }
   }
+  const int overlap_choice = Sm90OverlapChoice();
+  const bool overlap_first = Sm90OverlapsSoftmax(v) && overlap_choice != 0;
   const Clock::time_point t0 = Clock::now();
-  const std::string source = SourceOf(mod, v, /*sm90_overlap=*/true);
+  const std::string source = SourceOf(mod, v, overlap_first);
   const flex::Dependence dep =
       flex::DependenceOf(mod.forward().nodes, mod.tensors(), mod.forward().mask);
   module->mask_batch = dep.batch;
@@ -518,10 +520,8 @@ std::shared_ptr<Module> Compile(const flex::ScoreMod& mod, const Variant& v) {
   module->codegen_ms = MsSince(t0);
 
   const Clock::time_point t1 = Clock::now();
-  const int overlap_choice = Sm90OverlapChoice();
-  const bool overlap_first = Sm90OverlapsSoftmax(v) && overlap_choice != 0;
   module->sm90_overlap = v.kernel == Kernel::kForwardSm90 && overlap_first;
-  CompileProgram(SourceOf(mod, v, overlap_first), v, module.get());
+  CompileProgram(source, v, module.get());
   module->ptxas = ReportOf(module->log, module->kernel_name);
   if (module->status.ok() && v.kernel == Kernel::kForwardSm90 && overlap_first &&
       overlap_choice < 0) {

@@ -184,6 +184,17 @@ const char* HopperDeviceRefusal(const DeviceFacts& d) {
   return nullptr;
 }
 
+// The Hopper forward's query tiles of the longest sequence (128 rows each).
+int64_t HopperForwardQueryTiles(const Problem& p) {
+  return (p.config.max_seqlen_q + kSm90ScheduleRowsForward - 1) / kSm90ScheduleRowsForward;
+}
+
+// Whether the Hopper forward's grid (one block per query tile, head and sequence) fits a CUDA
+// grid's int32 block count: every Hopper forward path asks it.
+bool HopperForwardGridFits(const Problem& p) {
+  return HopperForwardQueryTiles(p) * p.config.heads_q * p.config.batch <= INT_MAX;
+}
+
 // Why the Hopper forward's paged instances cannot run a paged problem (from the config and the
 // device; the tensors TMA must describe are asked in PlanForward), or empty when they can.
 std::string HopperPagedRefusal(const Problem& p, const DeviceFacts& d) {
@@ -203,8 +214,7 @@ std::string HopperPagedRefusal(const Problem& p, const DeviceFacts& d) {
   if (!(p.scale() > 0.0)) return "the Hopper forward takes attn_scale > 0 only";
   if (const char* page = Sm90PagedRefusal(c.page_size))
     return Format("%s, but page_size = %lld", page, (long long)c.page_size);
-  const int64_t m_tiles = (c.max_seqlen_q + kSm90ScheduleRowsForward - 1) / kSm90ScheduleRowsForward;
-  if (m_tiles * c.heads_q * c.batch > INT_MAX)
+  if (!HopperForwardGridFits(p))
     return "the Hopper forward needs more blocks than a CUDA grid holds";
   return std::string();
 }
@@ -222,8 +232,7 @@ std::string HopperScoreModRefusal(const Problem& p, int dim, const DeviceFacts& 
   if (c.dropout > 0.0 || c.bias_type != FUSEDATTN_BIAS_NONE || c.softcap > 0.0)
     return "hopper score_mod forward: no dropout, bias tensor, ALiBi or softcap in the config "
            "(the graph can express them)";
-  const int64_t m_tiles = (c.max_seqlen_q + kSm90ScheduleRowsForward - 1) / kSm90ScheduleRowsForward;
-  if (m_tiles * c.heads_q * c.batch > INT_MAX)
+  if (!HopperForwardGridFits(p))
     return "hopper score_mod forward: more blocks than a CUDA grid holds";
   return std::string();
 }
@@ -527,11 +536,8 @@ BwdWorkspaceLayout PlanBwdWorkspace(const Problem& p, const DeviceFacts& d) {
 // anyway (a [batch, heads, max_seqlen_q] LSE gets -inf past len_q from the plain grid only).
 TileSchedule HopperForwardSchedule(const Problem& p, const FwdTensors& t,
                                    const FwdWorkspaceLayout& w) {
-  const auto& c = p.config;
-  const int64_t m_tiles =
-      (c.max_seqlen_q + kSm90ScheduleRowsForward - 1) / kSm90ScheduleRowsForward;
-  if (p.thd && w.has_schedule && (!t.lse.present() || t.lse_packed) && c.batch >= 1 &&
-      m_tiles + 1 <= kScheduleMaxBins)
+  if (p.thd && w.has_schedule && (!t.lse.present() || t.lse_packed) && p.config.batch >= 1 &&
+      HopperForwardQueryTiles(p) + 1 <= kScheduleMaxBins)
     return TileSchedule::kThdHeavyFirst;
   return TileSchedule::kPlainGrid;
 }
@@ -612,8 +618,6 @@ ForwardPlan PlanForward(const Problem& p, const FwdTensors& t, const DeviceFacts
   if (PlanSimpleWithoutTensorCores(p, dim, fits, aligned, "q, k, v", &plan)) return plan;
   plan.instance = dim;
   plan.path = KernelPath::kMmaSync;
-  const int m_tiles = static_cast<int>((c.max_seqlen_q + kSm90ScheduleRowsForward - 1) /
-                                       kSm90ScheduleRowsForward);
   if (const char* device = HopperDeviceRefusal(d)) {
     plan.why = Format("hopper kernels: %s", device);
   } else if (!HopperInstance(dim, /*backward=*/false)) {
@@ -625,7 +629,7 @@ ForwardPlan PlanForward(const Problem& p, const FwdTensors& t, const DeviceFacts
   } else if (!TmaDescribes(t.q, true, p) || !TmaDescribes(t.k, false, p) ||
              !TmaDescribes(t.v, false, p)) {
     plan.why = "hopper kernels: TMA cannot describe q, k or v (16-byte aligned base and strides)";
-  } else if (int64_t{m_tiles} * c.heads_q * c.batch > INT_MAX) {
+  } else if (!HopperForwardGridFits(p)) {
     plan.why = "hopper forward: more blocks than a CUDA grid holds";
   } else {
     plan.path = KernelPath::kHopperWgmma;
