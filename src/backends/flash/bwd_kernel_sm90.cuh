@@ -812,8 +812,8 @@ Status LaunchWgmmaBackward(const FlashParams& p, cudaStream_t stream, bool* laun
   // The plain variant (kPlain) or softcap/ALiBi (kSoftcapAlibi) with the dQ workspace of this
   // instance, in this instance's mode (deterministic: with its order workspace); everything else
   // (bias tensors, dropout, score_mod graphs) stays on the mma.sync kernels.
-  const bool policy_runs_it =
-      kScores == Sm90Scores::kPlain ? !NeedsFullKernel(p) : Sm90SoftcapAlibiProblem(p);
+  Sm90Scores scores;
+  const bool policy_runs_it = Sm90ScoresOf(p, /*forward=*/false, &scores) && scores == kScores;
   if (!policy_runs_it || p.deterministic != kDeterministic ||
       (kDeterministic && p.dq_order == nullptr) || p.dbias_mode != kDbiasNone ||
       p.flex.block_mask != nullptr || p.dq_accum == nullptr || p.dq_accum_dim != kHeadDim ||

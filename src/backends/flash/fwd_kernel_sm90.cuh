@@ -965,23 +965,22 @@ Status LaunchWgmmaForwardTile(const FlashParams& p, cudaStream_t stream, bool* l
   return Status::Ok();
 }
 
-// Whether the bias instances run a problem: a pre- or post-scale bias tensor (of the qkv dtype or
-// float32), softcap or not, no dropout (the planner's HopperForwardVariantOf on the config).
+// Whether the bias instances read the problem's bias tensor: present, of the qkv dtype or float32
+// (which policy runs a problem is Sm90ScoresOf's).
 template <typename Element>
-bool Sm90BiasProblem(const FlashParams& p) {
+bool Sm90BiasTensorReadable(const FlashParams& p) {
   const fusedattn_dtype element =
       std::is_same_v<Element, Bfloat16> ? FUSEDATTN_DTYPE_BFLOAT16 : FUSEDATTN_DTYPE_FLOAT16;
-  return (p.bias_type == FUSEDATTN_BIAS_PRE_SCALE || p.bias_type == FUSEDATTN_BIAS_POST_SCALE) &&
-         p.bias.data != nullptr && !p.dropout &&
+  return p.bias.data != nullptr &&
          (p.bias.dtype == element || p.bias.dtype == FUSEDATTN_DTYPE_FLOAT32);
 }
 
 template <typename Element, int kHeadDim, Sm90Scores kScores, bool kPaged>
 Status LaunchWgmmaForward(const FlashParams& p, cudaStream_t stream, bool* launched) {
   *launched = false;
-  const bool policy_runs_it = kScores == Sm90Scores::kPlain          ? !NeedsFullKernel(p)
-                              : kScores == Sm90Scores::kSoftcapAlibi ? Sm90SoftcapAlibiProblem(p)
-                                                                     : Sm90BiasProblem<Element>(p);
+  Sm90Scores scores;
+  const bool policy_runs_it = Sm90ScoresOf(p, /*forward=*/true, &scores) && scores == kScores &&
+                              (kScores != Sm90Scores::kBias || Sm90BiasTensorReadable<Element>(p));
   if (!policy_runs_it || !(p.scale > 0.f) || p.head_dim_qk > kHeadDim ||
       p.head_dim_v > kHeadDim || p.qkv_dtype != p.o_dtype)
     return Status::Ok();

@@ -117,26 +117,26 @@ KernelVariant VariantOf(const Problem& p) {
              : KernelVariant::kPlain;
 }
 
-// The Hopper kernels' variant of a problem (forward and backward): plain, softcap-alibi (softcap
-// and/or ALiBi, the launchers' Sm90SoftcapAlibiProblem), or kFull where they have none (a bias
-// tensor, dropout). The forward's is HopperForwardVariantOf (below).
-KernelVariant HopperVariantOf(const Problem& p) {
+// The Hopper kernels' variant of a problem in one direction: sm90_tile.h's Sm90ScoresFor on the
+// config (the rule the launchers apply to FlashParams), kFull where no Hopper policy runs it.
+KernelVariant HopperVariantOf(const Problem& p, bool forward) {
   const auto& c = p.config;
-  if (c.dropout > 0.0 || c.bias_type == FUSEDATTN_BIAS_PRE_SCALE ||
-      c.bias_type == FUSEDATTN_BIAS_POST_SCALE)
+  Sm90Scores scores;
+  if (!Sm90ScoresFor(c.bias_type == FUSEDATTN_BIAS_PRE_SCALE ||
+                         c.bias_type == FUSEDATTN_BIAS_POST_SCALE,
+                     c.bias_type == FUSEDATTN_BIAS_ALIBI, c.softcap > 0.0, c.dropout > 0.0,
+                     forward, &scores))
     return KernelVariant::kFull;
-  if (c.softcap > 0.0 || c.bias_type == FUSEDATTN_BIAS_ALIBI) return KernelVariant::kSoftcapAlibi;
-  return KernelVariant::kPlain;
+  switch (scores) {
+    case Sm90Scores::kSoftcapAlibi: return KernelVariant::kSoftcapAlibi;
+    case Sm90Scores::kBias: return KernelVariant::kBias;
+    default: return KernelVariant::kPlain;
+  }
 }
-
-// The Hopper forward's variant: HopperVariantOf's, or bias (a pre- or post-scale bias tensor,
-// softcap or not, no dropout: the launcher's Sm90BiasProblem), which only the forward has.
+// The backward's (and the paged forward's, whose instances have no bias policy) and the forward's.
+KernelVariant HopperVariantOf(const Problem& p) { return HopperVariantOf(p, /*forward=*/false); }
 KernelVariant HopperForwardVariantOf(const Problem& p) {
-  const auto& c = p.config;
-  if (c.dropout == 0.0 &&
-      (c.bias_type == FUSEDATTN_BIAS_PRE_SCALE || c.bias_type == FUSEDATTN_BIAS_POST_SCALE))
-    return KernelVariant::kBias;
-  return HopperVariantOf(p);
+  return HopperVariantOf(p, /*forward=*/true);
 }
 
 // Shared memory of the tensor-core kernels of a padded head dim (float16/bfloat16): the forward

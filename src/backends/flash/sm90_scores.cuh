@@ -8,15 +8,16 @@
 #pragma once
 
 #include "backends/flash/device_common.cuh"
+#include "backends/flash/sm90_tile.h"  // Sm90Scores, Sm90ScoresFor
 
 namespace fusedattn::flash {
 
-// Whether a problem is the softcap-alibi instances' (softcap and/or ALiBi, no bias tensor, no
-// dropout), in either direction; the plain instances take those where NeedsFullKernel is false.
-// The planner's HopperVariantOf (planner.cpp) is the same rule on the config.
-__host__ __device__ inline bool Sm90SoftcapAlibiProblem(const FlashParams& p) {
-  return (p.softcap > 0.f || p.bias_type == FUSEDATTN_BIAS_ALIBI) && !p.dropout &&
-         (p.bias_type == FUSEDATTN_BIAS_NONE || p.bias_type == FUSEDATTN_BIAS_ALIBI);
+// Which policy runs a problem: sm90_tile.h's Sm90ScoresFor on its FlashParams (the planner asks
+// the same of the config); forward: the forward's rule (with the bias policy).
+inline bool Sm90ScoresOf(const FlashParams& p, bool forward, Sm90Scores* scores) {
+  return Sm90ScoresFor(
+      p.bias_type == FUSEDATTN_BIAS_PRE_SCALE || p.bias_type == FUSEDATTN_BIAS_POST_SCALE,
+      p.bias_type == FUSEDATTN_BIAS_ALIBI, p.softcap > 0.f, p.dropout, forward, scores);
 }
 
 namespace sm90 {

@@ -22,6 +22,20 @@ namespace fusedattn::flash {
 // runs them.
 enum class Sm90Scores : int { kPlain = 0, kSoftcapAlibi = 1, kBias = 2, kScoreMod = 3 };
 
+// The one rule for which ahead-of-time score policy runs a problem without a score_mod graph:
+// *scores, or false where none does (dropout; a bias tensor in the backward). The planner asks
+// it of the config (planner.cpp's HopperVariantOf), the launchers of FlashParams, so that the
+// plan explain prints and the instance that runs cannot disagree. bias_tensor: a pre- or
+// post-scale bias tensor; alibi: ALiBi slopes; softcap: softcap > 0.
+inline bool Sm90ScoresFor(bool bias_tensor, bool alibi, bool softcap, bool dropout, bool forward,
+                          Sm90Scores* scores) {
+  if (dropout || (bias_tensor && !forward)) return false;
+  *scores = bias_tensor            ? Sm90Scores::kBias
+            : (softcap || alibi) ? Sm90Scores::kSoftcapAlibi
+                                 : Sm90Scores::kPlain;
+  return true;
+}
+
 // kLongKeys (d64 only, sm90.h's Sm90ForwardKeysPerStep): d128's configuration at d64.
 template <int kHeadDim, bool kLongKeys = false>
 struct Sm90FwdTile {
