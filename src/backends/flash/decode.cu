@@ -289,14 +289,10 @@ Status RunDecode(const Problem& problem, const FwdTensors& t, const FlashParams&
   d.base = common;
   d.base.max_logit = t.max_logit;
   d.base.max_logit_stride = t.max_logit_stride;
-  if (problem.paged) {
-    d.page_table = t.page_table;
-    d.page_table_stride = t.page_table_stride;
-    d.page_size = static_cast<int>(c.page_size);
-    if ((d.page_size & (d.page_size - 1)) == 0)
-      while ((int64_t{1} << (d.page_shift + 1)) <= d.page_size) ++d.page_shift;
-    d.num_pages = t.num_pages;
-    d.seqlens_kv = t.seqlens_kv;
+  if (problem.paged) {  // common.paged holds the table (the backend's SetPagedKv)
+    const int page_size = d.base.paged.page_size;
+    if (page_size > 0 && (page_size & (page_size - 1)) == 0)
+      while ((int64_t{1} << (d.page_shift + 1)) <= page_size) ++d.page_shift;
   }
   d.rows = plan.rows;
   d.row_chunks = plan.row_chunks;

@@ -19,6 +19,7 @@
 // is not broadcast; a broadcast float32 dbias is added atomically (non-deterministic mode), any
 // other broadcast dbias is summed by a kernel in a fixed order. dsink is reduced in a fixed order.
 #include <algorithm>
+#include <limits>
 #include <atomic>
 #include <climits>
 #include <cstdint>
@@ -154,6 +155,19 @@ void SetFlexTensors(const Tensors& t, FlashParams* p) {
     a.stride_b = v.stride_b, a.stride_h = v.stride_h;
     a.stride_q = v.stride_q, a.stride_kv = v.stride_kv;
   }
+}
+
+// A paged forward's page table, lengths and pool size in the kernels' params (params.h's
+// PagedKvArg), which the decode kernel and the Hopper forward's paged instances both read. Page
+// entries are int32, so a pool of more than INT32_MAX pages has no entry past INT32_MAX: the
+// bound is clamped there rather than wrapped.
+void SetPagedKv(const Problem& problem, const FwdTensors& t, FlashParams* p) {
+  p->paged.page_table = t.page_table;
+  p->paged.page_table_stride = t.page_table_stride;
+  p->paged.seqlens_kv = t.seqlens_kv;
+  p->paged.page_size = static_cast<int>(problem.config.page_size);
+  p->paged.num_pages =
+      static_cast<int>(std::min<int64_t>(t.num_pages, std::numeric_limits<int32_t>::max()));
 }
 
 // The Hopper kernels of a plan. The planner chose them from the same facts the launchers check,
@@ -348,6 +362,7 @@ class FlashBackendImpl final : public Backend {
     p.max_logit_stride = t.max_logit_stride;
     if (p.max_logit && plan.path != flash::KernelPath::kDecode)
       FUSEDATTN_RETURN_IF_ERROR(flash::LaunchFillMaxLogit(p, s));
+    if (problem.paged) SetPagedKv(problem, t, &p);
     const bool half = problem.config.qkv_dtype == FUSEDATTN_DTYPE_FLOAT16;
     switch (plan.path) {
       case flash::KernelPath::kDecode:
@@ -366,13 +381,6 @@ class FlashBackendImpl final : public Backend {
                            JitVariant(problem, jit::Kernel::kForwardSm90, plan.instance, device),
                            p, base + plan.workspace.block_mask, s);
       case flash::KernelPath::kHopperWgmma:
-        if (plan.paged) {
-          p.paged.page_table = t.page_table;
-          p.paged.page_table_stride = t.page_table_stride;
-          p.paged.seqlens_kv = t.seqlens_kv;
-          p.paged.page_size = static_cast<int>(problem.config.page_size);
-          p.paged.num_pages = static_cast<int>(t.num_pages);
-        }
         return half ? HopperForward<flash::Half>(plan.instance, plan.variant, plan.paged, p, s)
                     : HopperForward<flash::Bfloat16>(plan.instance, plan.variant, plan.paged, p,
                                                      s);
