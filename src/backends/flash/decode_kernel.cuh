@@ -63,30 +63,12 @@ Status LaunchMaybeProgrammatic(void (*kernel)(Args...), unsigned blocks, int thr
   return Status::Ok();
 }
 
-// Lengths and token starts of sequence b: the query side as the other kernels read it (padding,
-// THD); the keys from seqlens_kv (paged) or as LoadSeq gives them (contiguous). Clamped so that
-// bad index tensors can never send the kernel outside the tensors.
+// Lengths and token starts of sequence b: LoadPagedSeq (paged: the keys from seqlens_kv) or
+// LoadSeq (contiguous), as the other kernels read them; clamped so that bad index tensors can
+// never send the kernel outside the tensors.
 template <bool kPaged>
 __device__ __forceinline__ SeqInfo DecodeSeq(const DecodeParams& d, int b) {
-  const FlashParams& p = d.base;
-  if constexpr (!kPaged) {
-    return LoadSeq(p, b);
-  } else {
-    SeqInfo s{p.max_seqlen_q, p.max_seqlen_kv, 0, 0};
-    if (p.padding) {  // paged K/V takes no cu_seqlens_kv: only the query side comes from here
-      int64_t lq = int64_t{p.cu_seqlens_q[b + 1]} - p.cu_seqlens_q[b];
-      lq = ClampI64(lq, 0, p.max_seqlen_q);
-      if (p.thd) {
-        int64_t start = p.seq_offsets_q ? p.seq_offsets_q[b] : p.cu_seqlens_q[b];
-        start = ClampI64(start, 0, p.tokens_q);
-        lq = lq < p.tokens_q - start ? lq : p.tokens_q - start;
-        s.start_q = start;
-      }
-      s.len_q = static_cast<int>(lq);
-    }
-    s.len_kv = static_cast<int>(ClampI64(p.paged.seqlens_kv[b], 0, p.max_seqlen_kv));
-    return s;
-  }
+  return kPaged ? LoadPagedSeq(d.base, b) : LoadSeq(d.base, b);
 }
 
 template <typename Element, int kHeadDim, int kRows, bool kPaged>
