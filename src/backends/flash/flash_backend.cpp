@@ -19,7 +19,6 @@
 // is not broadcast; a broadcast float32 dbias is added atomically (non-deterministic mode), any
 // other broadcast dbias is summed by a kernel in a fixed order. dsink is reduced in a fixed order.
 #include <algorithm>
-#include <limits>
 #include <atomic>
 #include <climits>
 #include <cstdint>
@@ -158,16 +157,15 @@ void SetFlexTensors(const Tensors& t, FlashParams* p) {
 }
 
 // A paged forward's page table, lengths and pool size in the kernels' params (params.h's
-// PagedKvArg), which the decode kernel and the Hopper forward's paged instances both read. Page
-// entries are int32, so a pool of more than INT32_MAX pages has no entry past INT32_MAX: the
-// bound is clamped there rather than wrapped.
+// PagedKvArg), which the decode kernel and the Hopper forward's paged instances both read. The
+// pool's page count fits an int: validation (problem.cpp, CheckPagePool) refuses pools of more
+// than INT32_MAX pages, whose entries (int32) could not address them.
 void SetPagedKv(const Problem& problem, const FwdTensors& t, FlashParams* p) {
   p->paged.page_table = t.page_table;
   p->paged.page_table_stride = t.page_table_stride;
   p->paged.seqlens_kv = t.seqlens_kv;
   p->paged.page_size = static_cast<int>(problem.config.page_size);
-  p->paged.num_pages =
-      static_cast<int>(std::min<int64_t>(t.num_pages, std::numeric_limits<int32_t>::max()));
+  p->paged.num_pages = static_cast<int>(t.num_pages);
 }
 
 // The Hopper kernels of a plan. The planner chose them from the same facts the launchers check,
