@@ -42,19 +42,9 @@ __global__ void __launch_bounds__(128) DecodeCombineKernel(const DecodeParams d)
   const int h = static_cast<int>((row / p.max_seqlen_q) % p.heads_q);
   const int b = static_cast<int>(row / (int64_t{p.max_seqlen_q} * p.heads_q));
   // The query side of the sequence (as the decode kernel reads it).
-  int len_q = p.max_seqlen_q;
-  int64_t start_q = 0;
-  if (p.padding) {
-    int64_t lq = int64_t{p.cu_seqlens_q[b + 1]} - p.cu_seqlens_q[b];
-    lq = ClampI64(lq, 0, p.max_seqlen_q);
-    if (p.thd) {
-      int64_t start = p.seq_offsets_q ? p.seq_offsets_q[b] : p.cu_seqlens_q[b];
-      start = ClampI64(start, 0, p.tokens_q);
-      lq = lq < p.tokens_q - start ? lq : p.tokens_q - start;
-      start_q = start;
-    }
-    len_q = static_cast<int>(lq);
-  }
+  const SeqInfo seq = LoadQuerySeq(p, b);
+  const int len_q = seq.len_q;
+  const int64_t start_q = seq.start_q;
   if (p.thd && i >= len_q) return;  // not a token of the sequence
 
   constexpr int kPerLane = kMaxSplits / 32;  // split lane + 32 u in weight[u]
@@ -289,14 +279,10 @@ Status RunDecode(const Problem& problem, const FwdTensors& t, const FlashParams&
   d.base = common;
   d.base.max_logit = t.max_logit;
   d.base.max_logit_stride = t.max_logit_stride;
-  if (problem.paged) {
-    d.page_table = t.page_table;
-    d.page_table_stride = t.page_table_stride;
-    d.page_size = static_cast<int>(c.page_size);
-    if ((d.page_size & (d.page_size - 1)) == 0)
-      while ((int64_t{1} << (d.page_shift + 1)) <= d.page_size) ++d.page_shift;
-    d.num_pages = t.num_pages;
-    d.seqlens_kv = t.seqlens_kv;
+  if (problem.paged) {  // common.paged holds the table (the backend's SetPagedKv)
+    const int page_size = d.base.paged.page_size;
+    if (page_size > 0 && (page_size & (page_size - 1)) == 0)
+      while ((int64_t{1} << (d.page_shift + 1)) <= page_size) ++d.page_shift;
   }
   d.rows = plan.rows;
   d.row_chunks = plan.row_chunks;

@@ -60,18 +60,12 @@ constexpr size_t DecodeSmemBytes() {
 
 struct DecodeParams {
   // Shapes, sequences (q side; k side when contiguous), mask, score pipeline, q/k/v/o/lse and
-  // max_logit, as the other kernels take them. Paged: k and v are the pools, stride_b steps from
-  // page to page and stride_s from token to token inside a page.
+  // max_logit, as the other kernels take them. Paged (base.paged, params.h's PagedKvArg, as the
+  // Hopper forward takes it): k and v are the pools, stride_b steps from page to page and
+  // stride_s from token to token inside a page; entries outside [0, num_pages) are never
+  // followed (their keys read as zeros). The decode kernel takes any page size.
   FlashParams base;
-  // Paged K/V: key j of sequence b is token j % page_size of page
-  // page_table[b * page_table_stride + j / page_size]; entries outside [0, num_pages) are never
-  // followed (their keys read as zeros). Lengths seqlens_kv[b], clamped to [0, max_seqlen_kv].
-  const int32_t* page_table = nullptr;
-  int64_t page_table_stride = 0;
-  int page_size = 0;
-  int page_shift = -1;  // log2(page_size) when it is a power of two, else -1
-  int64_t num_pages = 0;
-  const int32_t* seqlens_kv = nullptr;
+  int page_shift = -1;  // paged: log2(base.paged.page_size) when it is a power of two, else -1
   // Work split: rows = group * max_seqlen_q query rows per (sequence, kv head), row r being
   // query i = r / group of head hk * group + r % group; row_chunks blocks of kRows rows each;
   // splits blocks along the keys, split s taking the key tiles [s * tiles_per_split, ...).

@@ -63,30 +63,12 @@ Status LaunchMaybeProgrammatic(void (*kernel)(Args...), unsigned blocks, int thr
   return Status::Ok();
 }
 
-// Lengths and token starts of sequence b: the query side as the other kernels read it (padding,
-// THD); the keys from seqlens_kv (paged) or as LoadSeq gives them (contiguous). Clamped so that
-// bad index tensors can never send the kernel outside the tensors.
+// Lengths and token starts of sequence b: LoadPagedSeq (paged: the keys from seqlens_kv) or
+// LoadSeq (contiguous), as the other kernels read them; clamped so that bad index tensors can
+// never send the kernel outside the tensors.
 template <bool kPaged>
 __device__ __forceinline__ SeqInfo DecodeSeq(const DecodeParams& d, int b) {
-  const FlashParams& p = d.base;
-  if constexpr (!kPaged) {
-    return LoadSeq(p, b);
-  } else {
-    SeqInfo s{p.max_seqlen_q, p.max_seqlen_kv, 0, 0};
-    if (p.padding) {  // paged K/V takes no cu_seqlens_kv: only the query side comes from here
-      int64_t lq = int64_t{p.cu_seqlens_q[b + 1]} - p.cu_seqlens_q[b];
-      lq = ClampI64(lq, 0, p.max_seqlen_q);
-      if (p.thd) {
-        int64_t start = p.seq_offsets_q ? p.seq_offsets_q[b] : p.cu_seqlens_q[b];
-        start = ClampI64(start, 0, p.tokens_q);
-        lq = lq < p.tokens_q - start ? lq : p.tokens_q - start;
-        s.start_q = start;
-      }
-      s.len_q = static_cast<int>(lq);
-    }
-    s.len_kv = static_cast<int>(ClampI64(d.seqlens_kv[b], 0, p.max_seqlen_kv));
-    return s;
-  }
+  return kPaged ? LoadPagedSeq(d.base, b) : LoadSeq(d.base, b);
 }
 
 template <typename Element, int kHeadDim, int kRows, bool kPaged>
@@ -174,7 +156,8 @@ __global__ void __launch_bounds__(DecodeTile<kHeadDim>::kWarps * 32,
   const int piece = (threadIdx.x % kPieces) * 8;
   const int first_row = threadIdx.x / kPieces;
   const int64_t k_head = hk * p.k.stride_h + piece, v_head = hk * p.v.stride_h + piece;
-  const int32_t* table_row = kPaged ? d.page_table + b * d.page_table_stride : nullptr;
+  const int32_t* table_row =
+      kPaged ? p.paged.page_table + b * p.paged.page_table_stride : nullptr;
   // Contiguous: the sequence's first key (LoadSeq keeps start + length inside the tensor).
   const int64_t k_seq = kPaged ? 0 : b * p.k.stride_b + seq.start_kv * p.k.stride_s;
   const int64_t v_seq = kPaged ? 0 : b * p.v.stride_b + seq.start_kv * p.v.stride_s;
@@ -194,10 +177,11 @@ __global__ void __launch_bounds__(DecodeTile<kHeadDim>::kWarps * 32,
         // entries (validated): the entry read is one of the sequence's own.
         // A power-of-two page size (page_shift >= 0, uniform) takes a shift and a mask instead
         // of the integer division and remainder, which cost dozens of instructions per row.
-        const int entry = d.page_shift >= 0 ? j >> d.page_shift : j / d.page_size;
+        const int entry = d.page_shift >= 0 ? j >> d.page_shift : j / p.paged.page_size;
         const int64_t page = valid[pass] ? __ldg(table_row + entry) : 0;
-        valid[pass] = valid[pass] && page >= 0 && page < d.num_pages;
-        const int64_t token = d.page_shift >= 0 ? j & (d.page_size - 1) : j % d.page_size;
+        valid[pass] = valid[pass] && page >= 0 && page < p.paged.num_pages;
+        const int64_t token =
+            d.page_shift >= 0 ? j & (p.paged.page_size - 1) : j % p.paged.page_size;
         if (valid[pass]) {
           k_off[pass] = page * p.k.stride_b + token * p.k.stride_s;
           v_off[pass] = page * p.v.stride_b + token * p.v.stride_s;
@@ -468,7 +452,7 @@ Status LaunchDecodeInstance(const DecodeParams& d, cudaStream_t stream) {
 
 template <typename Element, int kHeadDim>
 Status LaunchDecode(const DecodeParams& d, int block_rows, cudaStream_t stream) {
-  const bool paged = d.page_table != nullptr;
+  const bool paged = d.base.paged.page_table != nullptr;
   if (block_rows == 16)
     return paged ? LaunchDecodeInstance<Element, kHeadDim, 16, true>(d, stream)
                  : LaunchDecodeInstance<Element, kHeadDim, 16, false>(d, stream);

@@ -156,6 +156,18 @@ void SetFlexTensors(const Tensors& t, FlashParams* p) {
   }
 }
 
+// A paged forward's page table, lengths and pool size in the kernels' params (params.h's
+// PagedKvArg), which the decode kernel and the Hopper forward's paged instances both read. The
+// pool's page count fits an int: validation (problem.cpp, CheckPagePool) refuses pools of more
+// than INT32_MAX pages, whose entries (int32) could not address them.
+void SetPagedKv(const Problem& problem, const FwdTensors& t, FlashParams* p) {
+  p->paged.page_table = t.page_table;
+  p->paged.page_table_stride = t.page_table_stride;
+  p->paged.seqlens_kv = t.seqlens_kv;
+  p->paged.page_size = static_cast<int>(problem.config.page_size);
+  p->paged.num_pages = static_cast<int>(t.num_pages);
+}
+
 // The Hopper kernels of a plan. The planner chose them from the same facts the launchers check,
 // so a launcher that declines (*launched = false) means the two disagree: an internal error, never
 // a silent fall-through to another kernel.
@@ -348,6 +360,7 @@ class FlashBackendImpl final : public Backend {
     p.max_logit_stride = t.max_logit_stride;
     if (p.max_logit && plan.path != flash::KernelPath::kDecode)
       FUSEDATTN_RETURN_IF_ERROR(flash::LaunchFillMaxLogit(p, s));
+    if (problem.paged) SetPagedKv(problem, t, &p);
     const bool half = problem.config.qkv_dtype == FUSEDATTN_DTYPE_FLOAT16;
     switch (plan.path) {
       case flash::KernelPath::kDecode:
@@ -366,13 +379,6 @@ class FlashBackendImpl final : public Backend {
                            JitVariant(problem, jit::Kernel::kForwardSm90, plan.instance, device),
                            p, base + plan.workspace.block_mask, s);
       case flash::KernelPath::kHopperWgmma:
-        if (plan.paged) {
-          p.paged.page_table = t.page_table;
-          p.paged.page_table_stride = t.page_table_stride;
-          p.paged.seqlens_kv = t.seqlens_kv;
-          p.paged.page_size = static_cast<int>(problem.config.page_size);
-          p.paged.num_pages = static_cast<int>(t.num_pages);
-        }
         return half ? HopperForward<flash::Half>(plan.instance, plan.variant, plan.paged, p, s)
                     : HopperForward<flash::Bfloat16>(plan.instance, plan.variant, plan.paged, p,
                                                      s);
