@@ -306,6 +306,19 @@ __device__ __forceinline__ void StoreShared4(uint32_t address, float a, float b,
 #endif
 }
 
+// stmatrix.x4 (m8n8, 16-bit elements): four 8x8 matrices held in the mma fragment layout (lane
+// l holds row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of each, one 32-bit register per
+// matrix: r0 for matrix 0 ...) stored as rows of 16 bytes, row j of matrix m at the address lane
+// 8 m + j gives. One instruction for what four 32-bit st.shared per thread store.
+__device__ __forceinline__ void StoreMatrix4(uint32_t address, uint32_t r0, uint32_t r1,
+                                             uint32_t r2, uint32_t r3) {
+#if FUSEDATTN_SM90_DEVICE
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(address),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+#endif
+}
+
 // ---- Named barriers ----
 
 // bar.sync on hardware barrier `id` (1..15; 0 is __syncthreads) for `threads` threads (a
