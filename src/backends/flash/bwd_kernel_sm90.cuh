@@ -673,8 +673,11 @@ __global__ void __launch_bounds__(384, 1)
         // 8 i + 2 t) of the [128 keys][kBlockM queries] tile. dsa[kk][m] is one 8x8 matrix in
         // the mma fragment layout (slice 2 kk + m / 2, rows 8 (m % 2)..), so one stmatrix.x4 per
         // kk stores four of them (4 instructions per thread at d128 where 32-bit stores took
-        // 16); lane 8 m + j gives the address of row j of matrix m. Conflict-free: the 8 rows of
-        // a matrix land in 8 different 16-byte chunks of the swizzle.
+        // 16); lane 8 m + j gives the address of row j of matrix m. Conflict-free either way:
+        // the 8 rows of a store phase land in 8 different 16-byte chunks of the swizzle. The
+        // softcap-alibi instances keep the 32-bit stores: there stmatrix's addresses made ptxas
+        // spill (d64 32/36 B) and the backward measured 3-5% slower (H200, 2026-11-28), where
+        // the plain d128 one measured up to 2% faster.
         uint32_t pa[kBlockM / 16][4];
 #pragma unroll
         for (int kk = 0; kk < kBlockM / 16; ++kk)
@@ -683,7 +686,7 @@ __global__ void __launch_bounds__(384, 1)
             pa[kk][e] = Pack<Element>(st[8 * kk + 2 * e], st[8 * kk + 2 * e + 1]);
             dsa[kk][e] = Pack<Element>(dpt[8 * kk + 2 * e], dpt[8 * kk + 2 * e + 1]);
           }
-        {
+        if constexpr (!kTransformScores) {
           const int matrix = lane / 8;
           const int row = 64 * wg + 16 * warp + lane % 8 + 8 * (matrix % 2);
           const uint32_t ds_address = SmemAddress(ds_buf);
@@ -692,6 +695,17 @@ __global__ void __launch_bounds__(384, 1)
             sm90::StoreMatrix4(
                 ds_address + sm90::Swizzle128Offset(row, 8 * (2 * kk + matrix / 2), kBlockN),
                 dsa[kk][0], dsa[kk][1], dsa[kk][2], dsa[kk][3]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < kSlices; ++i) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              const int row = 64 * wg + 16 * warp + g + 8 * r;
+              *reinterpret_cast<uint32_t*>(ds_buf +
+                                           sm90::Swizzle128Offset(row, 8 * i + 2 * t, kBlockN)) =
+                  dsa[i / 2][2 * (i % 2) + r];
+            }
+          }
         }
         sm90::FenceProxyAsync();  // this thread's dS^T stores before the wgmma reads (async proxy)
 
