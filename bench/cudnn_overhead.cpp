@@ -5,6 +5,9 @@
 //              new sequence lengths (the first builds its plans and the structure's ragged ones,
 //              later ones run through those: the sequence-length route, the default; and with it
 //              off); a repeated size; the forward of a no-mask problem (the unified node's plans).
+//   auto       automatic selection of new shapes of a built structure (background builds, the
+//              default): the time selection takes, the backend it picks while cuDNN builds the
+//              shape's plans on its worker, and how long until cuDNN is chosen again.
 //   dynamic    only when FUSEDATTN_CUDNN_DYNAMIC_SHAPES asks for dynamic shapes (1, or
 //              no-override) in this program's environment: the same sweep with dynamic-shape
 //              plans from a structure's kernel cache, and a second process of this program started
@@ -34,6 +37,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backends/cudnn/cudnn_backend.h"
@@ -130,6 +134,48 @@ void Row(const std::string& what, const Build& b) {
   else
     std::printf("| %s | %.1f | %llu | %s |\n", what.c_str(), b.ms,
                 (unsigned long long)b.delta.builds, b.how.c_str());
+}
+
+// Automatic selection of new shapes (background builds, the default; cuDNN README "Background
+// builds"): the structure's first shape builds in the call; a new length or batch beyond what
+// built plans cover is chosen at once for the next backend while its plans build on the worker,
+// and cuDNN is chosen again once they are built. The time of fusedattn_get_backend, the backend
+// chosen, and how long until cuDNN is chosen again (polled every 0.2 ms).
+void AutoNewShapes() {
+  std::printf("\n### Automatic selection of new shapes (background builds, the default)\n\n");
+  std::printf("| what (auto) | selection ms | chosen | cuDNN chosen again after ms |\n"
+              "|---|---|---|---|\n");
+  auto row = [](const char* what, int64_t batch, int64_t seqlen) {
+    fusedattn_config c = Structure(batch, seqlen);
+    c.backend = FUSEDATTN_BACKEND_AUTO;
+    char msg[8192];
+    fusedattn_backend chosen = FUSEDATTN_BACKEND_AUTO;
+    const auto t0 = Clock::now();
+    if (!Check(fusedattn_get_backend(&c, &chosen, msg, sizeof msg), "fusedattn_get_backend", msg))
+      return;
+    const double ms = Ms(Clock::now() - t0);
+    std::string again = chosen == FUSEDATTN_BACKEND_CUDNN ? "(chosen)" : "never (5 s)";
+    if (chosen != FUSEDATTN_BACKEND_CUDNN) {
+      const auto t1 = Clock::now();
+      while (Ms(Clock::now() - t1) < 5000) {
+        fusedattn_backend now = FUSEDATTN_BACKEND_AUTO;
+        if (fusedattn_get_backend(&c, &now, msg, sizeof msg) == FUSEDATTN_SUCCESS &&
+            now == FUSEDATTN_BACKEND_CUDNN) {
+          again = Format("%.1f", Ms(Clock::now() - t1) + ms);
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    }
+    std::printf("| %s | %.2f | %s | %s |\n", what, ms, fusedattn_backend_name(chosen),
+                again.c_str());
+  };
+  row("s=128, b=2 (the structure's first shape: built in the call)", 2, 128);
+  row("new sequence length s=256, b=2", 2, 256);
+  row("new sequence length s=200, b=2 (within the ragged plans of 2 x 256)", 2, 200);
+  row("new sequence length s=600, b=2 (beyond them)", 2, 600);
+  row("new batch b=16, s=1000", 16, 1000);
+  cudnn::WaitForBackgroundBuilds();
 }
 
 // A plan lookup on a warm cache: check() of a built problem, many times.
@@ -493,6 +539,8 @@ int main(int argc, char** argv) {
       TimeBuild(Structure(2, 200)));
   unsetenv("FUSEDATTN_CUDNN_SEQLEN_ROUTE");
   cudnn::ReloadSettings();
+  std::fflush(stdout);
+  AutoNewShapes();
 
   fusedattn_config unified = Structure(1, 128);
   unified.mask = FUSEDATTN_MASK_NONE, unified.is_training = 0;

@@ -248,6 +248,15 @@
  * chosen backend's); the error of a call no backend runs names every backend with its reason.
  * A forced backend (config.backend or FUSEDATTN_BACKEND) is never replaced.
  *
+ * A new shape of a problem whose cuDNN plans were built before (a sequence length or batch size
+ * that no built plan covers) does not wait for cuDNN to build its plans under automatic
+ * selection: cuDNN builds them on a background thread while selection picks the next backend
+ * that runs the problem (explain names the build), and picks cuDNN again once they are built. A
+ * call whose workspace was sized for the earlier choice runs on that choice, so the switch never
+ * fails a call; the next workspace query sizes for the new one. Deterministic problems and
+ * problems with dropout build in the call (which backend runs them must not depend on timing);
+ * so does a forced cuDNN backend, and a problem no other backend runs.
+ *
  * ---------------------------------------------------------------------------------------------
  * Environment variables (read once per process, at first use)
  * ---------------------------------------------------------------------------------------------
@@ -265,6 +274,8 @@
  *                                   call makes instead of building a plan for its own batch
  *                                   (default and maximum 8; 0 or 1: off); see
  *                                   src/backends/cudnn/README.md, "Plans across shapes"
+ *   FUSEDATTN_CUDNN_BACKGROUND_BUILD=0  build a new shape's cuDNN plans in the call that needs
+ *                                   them instead of in the background (above; default 1)
  *   FUSEDATTN_CACHE_DIR=dir         the on-disk cache of compiled code, so that a new process
  *                                   does not compile again: cuDNN's per-shape plans (cudnn-plans/,
  *                                   written after each build and read instead of building; keyed

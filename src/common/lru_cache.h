@@ -60,6 +60,23 @@ class LruCache {
     return order_.front().second;
   }
 
+  // Replaces key's value with value if it is still `expected` (a decision made again from it),
+  // and returns the stored value: value, or what another thread stored first. A key no longer
+  // cached (evicted, cleared) gets value.
+  std::shared_ptr<Value> replace(const Key& key, const std::shared_ptr<Value>& expected,
+                                 std::shared_ptr<Value> value) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = index_.find(key);
+      if (it != index_.end()) {
+        order_.splice(order_.begin(), order_, it->second);
+        if (it->second->second == expected) it->second->second = std::move(value);
+        return it->second->second;
+      }
+    }
+    return insert(key, std::move(value));
+  }
+
   // Finds, or builds with make() outside the lock and inserts. make returns a shared_ptr or
   // nullptr (nothing is cached then).
   template <typename Make>

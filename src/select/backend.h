@@ -2,7 +2,9 @@
 // of expected speed and runs the first whose check() accepts.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
+#include <memory>
 #include <string>
 
 #include "common/status.h"
@@ -26,6 +28,18 @@ class Backend {
   // problem.config.is_training is set. A problem that passes check() must not fail for a reason
   // the check could have known. Must be thread-safe.
   virtual Status check(const Problem& problem) = 0;
+
+  // check() as automatic selection asks it. A backend whose answer would take long to prepare
+  // (cuDNN: the plans of a new shape of a structure it built before) may instead start that
+  // preparation in the background, answer NotSupported with its reason and set *ready to a flag
+  // that turns true when check() would answer without waiting: selection then runs the problem
+  // on the next backend that accepts it and decides again once the flag is set (select.cpp,
+  // "Deferred backends"). Otherwise it answers as check() and leaves *ready alone. Forced
+  // backends are asked check() itself. Must be thread-safe.
+  virtual Status check_or_defer(const Problem& problem,
+                                std::shared_ptr<const std::atomic<bool>>* ready) {
+    return check(problem);
+  }
 
   virtual Status fwd_workspace_size(const Problem& problem, size_t* bytes) = 0;
   virtual Status bwd_workspace_size(const Problem& problem, size_t* bytes) = 0;

@@ -129,11 +129,21 @@ struct Alternative {
   size_t workspace[2] = {};  // forward, backward bytes (when check is ok)
 };
 
+// Deferred backends: a backend earlier in the order than the chosen one may have deferred its
+// answer (Backend::check_or_defer: cuDNN building a new shape's plans in the background). The
+// choice then keeps its flag, and the first selection after the flag turns true decides again
+// (Select), replacing the cached choice; the new choice keeps the old one as `previous`, because
+// a caller may hold a workspace sized for it (asked just before the new decision): a call whose
+// workspace is too small for the new choice runs on the previous one (Run). So no call waits for
+// the preparation while another backend can run the problem, and none fails for the switch.
 struct Choice {
   Backend* backend = nullptr;  // nullptr: none
   bool forced = false;         // by config.backend or FUSEDATTN_BACKEND: never replaced
   Status status;
   std::string diagnostic;
+  // Set: a backend before the chosen one deferred its answer; true once it can answer.
+  std::shared_ptr<const std::atomic<bool>> deferred_ready;
+  std::shared_ptr<Choice> previous;  // the choice this one replaced, or null
   // The chosen backend's forward and backward workspace bytes, -1 until first asked. (cuDNN also
   // checks the workspace against the plan it runs, should a rebuilt plan ever need more.)
   std::atomic<int64_t> workspace[2] = {-1, -1};
@@ -169,9 +179,11 @@ LruCache<SelectionKey, Choice, SelectionKeyHash>& SelectionCache() {
 }
 
 // Whether selection may pick b for p (p.config.is_training set when the backward must run too).
-Status AutomaticCheck(Backend* b, const Problem& p) {
+// With ready given, b may defer its answer (Backend::check_or_defer) and set *ready.
+Status AutomaticCheck(Backend* b, const Problem& p,
+                      std::shared_ptr<const std::atomic<bool>>* ready = nullptr) {
   Status s = b->available();
-  if (s.ok()) s = b->check(p);
+  if (s.ok()) s = ready ? b->check_or_defer(p, ready) : b->check(p);
   if (s.ok() && b->id() == FUSEDATTN_BACKEND_REFERENCE && p.device == Device::kCuda)
     s = NotSupported("not chosen automatically for CUDA tensors (it computes on the host; "
                      "force it with backend=reference)");
@@ -207,23 +219,41 @@ void Decide(const Problem& problem, bool need_backward, fusedattn_backend forced
     return;
   }
   std::string refusals;
+  Backend* deferred = nullptr;  // the first backend that deferred its answer
+  std::shared_ptr<const std::atomic<bool>> deferred_ready;
+  auto choose = [&](Backend* b) {
+    choice.backend = b;
+    std::string chosen = b->name() + NoteOf(b, p);
+    // cuDNN or flash: say what ordered the two (without asking the other one: a cuDNN
+    // check builds its plan).
+    const bool ranked = b->id() == FUSEDATTN_BACKEND_CUDNN || b->id() == FUSEDATTN_BACKEND_FLASH;
+    if (ranked && !speed.basis.empty()) chosen += " (" + speed.basis + ")";
+    choice.diagnostic = refusals.empty()
+                            ? chosen
+                            : Format("%s; not chosen: %s", chosen.c_str(), refusals.c_str());
+  };
   for (fusedattn_backend id : choice.order) {
     Backend* b = FindBackend(id);
-    Status s = AutomaticCheck(b, p);
+    std::shared_ptr<const std::atomic<bool>> ready;
+    Status s = AutomaticCheck(b, p, deferred ? nullptr : &ready);
     if (s.ok()) {
-      choice.backend = b;
-      std::string chosen = b->name() + NoteOf(b, p);
-      // cuDNN or flash: say what ordered the two (without asking the other one: a cuDNN
-      // check builds its plan).
-      const bool ranked = id == FUSEDATTN_BACKEND_CUDNN || id == FUSEDATTN_BACKEND_FLASH;
-      if (ranked && !speed.basis.empty()) chosen += " (" + speed.basis + ")";
-      choice.diagnostic = refusals.empty() ? chosen
-                                           : Format("%s; not chosen: %s", chosen.c_str(),
-                                                    refusals.c_str());
+      choose(b);
+      choice.deferred_ready = std::move(deferred_ready);
       return;
     }
+    if (ready && !deferred) deferred = b, deferred_ready = std::move(ready);
     if (!refusals.empty()) refusals += "; ";
     refusals += Format("%s: %s", b->name(), s.message().c_str());
+  }
+  if (deferred) {
+    // Nobody else runs the problem: wait for the deferred one.
+    Status s = deferred->check(p);
+    refusals += Format("; then %s was waited for", deferred->name());
+    if (s.ok()) {
+      choose(deferred);
+      return;
+    }
+    refusals += Format(": %s", s.message().c_str());
   }
   // Backends not asked for this device still get a line, so the user sees all of them.
   for (Backend* b : Registry()) {
@@ -271,6 +301,12 @@ Status Select(const Problem& problem, bool need_backward, std::shared_ptr<Choice
     choice = std::make_shared<Choice>();
     Decide(problem, key.need_backward, forced, choice.get());
     choice = SelectionCache().insert(key, choice);
+  } else if (choice->deferred_ready && choice->deferred_ready->load(std::memory_order_acquire)) {
+    // The deferred backend can answer now: decide again (see "Deferred backends").
+    auto again = std::make_shared<Choice>();
+    Decide(problem, key.need_backward, forced, again.get());
+    again->previous = choice;
+    choice = SelectionCache().replace(key, choice, std::move(again));
   }
   *out = std::move(choice);
   return Status::Ok();
@@ -352,6 +388,15 @@ Status Run(const Problem& problem, bool backward, void* workspace, size_t worksp
   if (!choice->backend) return choice->status;
   size_t needed = 0;
   FUSEDATTN_RETURN_IF_ERROR(ChosenWorkspace(*choice, problem, backward, &needed));
+  // A choice made again after a deferred backend got ready may need more workspace than the
+  // caller sized from the choice before it: that one runs the call ("Deferred backends").
+  auto too_small = [&](size_t bytes) {
+    return bytes > 0 && (workspace == nullptr || workspace_bytes < bytes);
+  };
+  while (too_small(needed) && choice->previous && choice->previous->backend) {
+    choice = choice->previous;
+    FUSEDATTN_RETURN_IF_ERROR(ChosenWorkspace(*choice, problem, backward, &needed));
+  }
   const char* direction = backward ? "bwd" : "fwd";
   FUSEDATTN_RETURN_IF_ERROR(CheckWorkspace(direction, needed, workspace, workspace_bytes));
   Status first = call(choice->backend);

@@ -695,6 +695,30 @@ TEST(CudnnSeqlenRoute, OnByDefaultEagerOrOffByTheVariable) {
   EXPECT_NE(off.find("is not 1, eager or 0"), std::string::npos) << off;
 }
 
+TEST(CudnnBackgroundBuild, OnByDefaultOffByTheVariable) {
+  std::string off;
+  EXPECT_TRUE(ParseBackgroundBuild(nullptr, &off));
+  EXPECT_TRUE(off.empty());
+  EXPECT_TRUE(ParseBackgroundBuild("", &off));
+  EXPECT_TRUE(ParseBackgroundBuild("1", &off));
+  EXPECT_FALSE(ParseBackgroundBuild("0", &off));
+  EXPECT_NE(off.find("built in the call that needs them"), std::string::npos) << off;
+  EXPECT_FALSE(ParseBackgroundBuild("later", &off));
+  EXPECT_NE(off.find("is not 1 or 0"), std::string::npos) << off;
+}
+
+TEST(CudnnBackgroundBuild, DeterministicAndDropoutProblemsBuildInTheCall) {
+  fusedattn_config c = BaseConfig();
+  EXPECT_TRUE(BackgroundBuildRefusal(MakeOk(c)).ok());
+  c.deterministic = 1;
+  Status s = BackgroundBuildRefusal(MakeOk(c));
+  EXPECT_NE(s.message().find("deterministic"), std::string::npos) << s.message();
+  c.deterministic = 0;
+  c.dropout = 0.1f;
+  s = BackgroundBuildRefusal(MakeOk(c));
+  EXPECT_NE(s.message().find("dropout"), std::string::npos) << s.message();
+}
+
 TEST(CudnnThdBuckets, FourStepsPerOctaveAbove64) {
   EXPECT_EQ(ThdSeqlenBucket(1), 1);
   EXPECT_EQ(ThdSeqlenBucket(16), 16);

@@ -10,6 +10,8 @@
 //     the reference and build nothing once its ragged plans exist, found within 5 ms;
 //     FUSEDATTN_CUDNN_SEQLEN_ROUTE=0 / eager; NaN after the last sequence of every tensor (of a
 //     routed call, and of a THD call) is neither read nor overwritten;
+//   * background builds (default): under automatic selection a new length of a built structure
+//     runs on flash at once while cuDNN builds its plans, then on cuDNN; off by the variable;
 //   * the plan store (default): a second process reads the plans the first stored (within the
 //     100 ms target), a truncated store is rebuilt and rewritten;
 //   * dynamic shapes (CudnnDynamic*, experimental): the same structures with
@@ -23,7 +25,7 @@
 //     reproduce the 2026-11-24 failure, else 1);
 //   * host path: strided sink logits staged for cuDNN, and dsink from the one-launch backward
 //     epilogue, bit-identical run to run.
-// Run them: build/tests/fusedattn_gpu_tests --gtest_filter='*CudnnShapes*:CudnnBatchChunks*:*CudnnSeqlenRoute*:CudnnPlanStore*:CudnnSink*'
+// Run them: build/tests/fusedattn_gpu_tests --gtest_filter='*CudnnShapes*:CudnnBatchChunks*:*CudnnSeqlenRoute*:CudnnBackgroundBuild*:CudnnPlanStore*:CudnnSink*'
 //           FUSEDATTN_TEST_CUDNN_DYNAMIC=1 build/tests/fusedattn_gpu_tests --gtest_filter='*CudnnDynamic*'
 #ifdef FUSEDATTN_WITH_CUDNN
 
@@ -68,6 +70,7 @@ PlanBuildStats Delta(const PlanBuildStats& after, const PlanBuildStats& before) 
   d.batch_chunked = after.batch_chunked - before.batch_chunked;
   d.seqlen_routed = after.seqlen_routed - before.seqlen_routed;
   d.route_plans = after.route_plans - before.route_plans;
+  d.background_builds = after.background_builds - before.background_builds;
   d.plans_read = after.plans_read - before.plans_read;
   d.plan_read_failures = after.plan_read_failures - before.plan_read_failures;
   d.plans_written = after.plans_written - before.plans_written;
@@ -530,6 +533,67 @@ TEST(CudnnSeqlenRouteSetting, OffBuildsEveryLengthEagerBuildsTheRaggedPlansFirst
     EXPECT_EQ(stats[i].builds, 0u) << "shape " << i;
     EXPECT_EQ(stats[i].seqlen_routed, 2u) << "shape " << i;
   }
+}
+
+// Background builds (the default): under automatic selection, a new length of a built structure
+// is chosen at once (within the 5 ms target) for the next backend that runs it, which matches the
+// reference, while cuDNN builds the length's plans on its worker; once they are built cuDNN is
+// chosen again and matches too. FUSEDATTN_CUDNN_BACKGROUND_BUILD=0 builds them in the call.
+TEST(CudnnBackgroundBuild, ANewLengthRunsOnTheNextBackendUntilItsPlansAreBuilt) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
+  ScopedCudnnEnv env;
+  env.set(kDynamicVariable, nullptr);
+  env.set(kRouteVariable, nullptr);
+  env.set("FUSEDATTN_CUDNN_BACKGROUND_BUILD", nullptr);  // the default
+  env.set("FUSEDATTN_CACHE_DIR", "off");                 // builds, not stored plans
+  cudnn::WaitForBackgroundBuilds();
+  cudnn::ClearPlanCache();
+  fusedattn_config c = Config(2, 4, 4, 128, 128, 64);
+  c.backend = FUSEDATTN_BACKEND_AUTO;
+  c.mask = FUSEDATTN_MASK_CAUSAL, c.is_training = 1;
+  RunOptions run;
+  run.expect_no_new_plans = false;  // the worker builds while the calls run
+  auto select = [&](double* ms) {
+    char msg[8192];
+    fusedattn_backend chosen = FUSEDATTN_BACKEND_AUTO;
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_EQ(fusedattn_get_backend(&c, &chosen, msg, sizeof msg), FUSEDATTN_SUCCESS) << msg;
+    *ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count();
+    std::printf("[ background ] b=%lld s=%lld: %.2f ms: %s\n", (long long)c.batch,
+                (long long)c.max_seqlen_q, *ms, msg);
+    return chosen;
+  };
+  double ms = 0;
+  ASSERT_EQ(select(&ms), FUSEDATTN_BACKEND_CUDNN) << "a structure's first shape builds in the call";
+  RunAndCompare(c, {}, run);
+
+  c.max_seqlen_q = c.max_seqlen_kv = 200;
+  const PlanBuildStats before = GetPlanBuildStats();
+  EXPECT_EQ(select(&ms), FUSEDATTN_BACKEND_FLASH);
+  EXPECT_LE(ms, 5.0) << "the target for a new length of a built structure";
+  const std::string deferred = Diagnostic(c);
+  EXPECT_NE(deferred.find("being built in the background"), std::string::npos) << deferred;
+  run.expect_backend = FUSEDATTN_BACKEND_FLASH;
+  RunAndCompare(c, {}, run);
+
+  cudnn::WaitForBackgroundBuilds();
+  const PlanBuildStats built = Delta(GetPlanBuildStats(), before);
+  EXPECT_EQ(built.background_builds, 1u);
+  EXPECT_EQ(built.failed, 0u);
+  EXPECT_GE(built.builds, 2u) << "the length's forward and backward plans";
+  EXPECT_EQ(select(&ms), FUSEDATTN_BACKEND_CUDNN) << "chosen again once built";
+  run.expect_backend = FUSEDATTN_BACKEND_CUDNN;
+  run.expect_no_new_plans = true;
+  RunAndCompare(c, {}, run);
+
+  env.set("FUSEDATTN_CUDNN_BACKGROUND_BUILD", "0");  // re-read settings, cleared plans
+  c.max_seqlen_q = c.max_seqlen_kv = 128;
+  ASSERT_EQ(select(&ms), FUSEDATTN_BACKEND_CUDNN);
+  c.max_seqlen_q = c.max_seqlen_kv = 176;
+  EXPECT_EQ(select(&ms), FUSEDATTN_BACKEND_CUDNN) << "off: built in the call";
+  EXPECT_EQ(Delta(GetPlanBuildStats(), before).background_builds, 1u);
 }
 
 // The same tensor with `extra` more elements of storage after its own, NaN (poison): inputs keep

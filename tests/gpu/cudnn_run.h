@@ -91,6 +91,7 @@ inline std::string Describe(const char* what, const Comparison& c) {
 struct RunOptions {
   bool backward = true;
   bool expect_no_new_plans = true;  // the calls reuse the plans check() built
+  fusedattn_backend expect_backend = FUSEDATTN_BACKEND_CUDNN;  // the one selection picks
   std::function<void(ProblemTensors*)> edit;  // change tensors (layouts) before the runs
   size_t extra_workspace = 0;  // bytes beyond what the workspace-size calls ask for
 };
@@ -114,7 +115,7 @@ inline void RunAndCompare(const fusedattn_config& c, TensorOptions options,
 
   fusedattn_backend chosen = FUSEDATTN_BACKEND_AUTO;
   ASSERT_EQ(fusedattn_get_backend(&config, &chosen, msg, sizeof msg), FUSEDATTN_SUCCESS) << msg;
-  ASSERT_EQ(chosen, FUSEDATTN_BACKEND_CUDNN) << msg;
+  ASSERT_EQ(chosen, run.expect_backend) << msg;
   size_t fwd_bytes = 0, bwd_bytes = 0;
   ASSERT_EQ(fusedattn_fwd_workspace_size(&config, &fwd_bytes, msg, sizeof msg),
             FUSEDATTN_SUCCESS)

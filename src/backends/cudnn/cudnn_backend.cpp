@@ -44,10 +44,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "backends/cudnn/kernels.h"
@@ -208,6 +212,9 @@ struct Settings {
   // FUSEDATTN_CUDNN_SEQLEN_ROUTE (plan_spec.h ParseSeqlenRoute): on by default.
   SeqlenRouteMode seqlen_route = SeqlenRouteMode::kOn;
   std::string seqlen_route_off;
+  // FUSEDATTN_CUDNN_BACKGROUND_BUILD (plan_spec.h ParseBackgroundBuild): on by default.
+  bool background = true;
+  std::string background_off;
 };
 
 // The on-disk store in <cache dir>/<subdirectory>; a disabled one when *off already says why
@@ -238,6 +245,8 @@ std::shared_ptr<const Settings> MakeSettings() {
       ParseMaxBatchChunks(std::getenv("FUSEDATTN_CUDNN_BATCH_CHUNKS"), &s->batch_chunks_off);
   s->seqlen_route =
       ParseSeqlenRoute(std::getenv("FUSEDATTN_CUDNN_SEQLEN_ROUTE"), &s->seqlen_route_off);
+  s->background =
+      ParseBackgroundBuild(std::getenv("FUSEDATTN_CUDNN_BACKGROUND_BUILD"), &s->background_off);
   if (s->dynamic == DynamicShapesMode::kOff) {
     s->disk_off = "the on-disk kernel cache applies only with dynamic shapes "
                   "(FUSEDATTN_CUDNN_DYNAMIC_SHAPES=1, experimental), which are off";
@@ -347,6 +356,7 @@ struct Counters {
   std::atomic<uint64_t> builds{0}, unified{0}, dynamic{0}, per_shape{0}, failed{0};
   std::atomic<uint64_t> batch_chunked{0};
   std::atomic<uint64_t> seqlen_routed{0}, route_plans{0};
+  std::atomic<uint64_t> background_builds{0};
   std::atomic<uint64_t> plans_read{0}, plan_read_failures{0}, plans_written{0};
   std::atomic<uint64_t> plan_write_failures{0}, read_us{0};
   std::atomic<uint64_t> loaded{0}, load_failures{0}, saved{0}, save_failures{0};
@@ -619,9 +629,10 @@ bool SeqlensVary(const SdpaGraphSpec& spec, const DeviceInfo& device) {
 // run in batch chunks, else (route given: a dense problem) a built ragged plan of larger extents
 // to run through, else built. A call that builds gets its own plan (the dense kernels); when its
 // structure's lengths vary (FUSEDATTN_CUDNN_SEQLEN_ROUTE=eager: always), the ragged plan of its
-// extents is built with it, so that later lengths up to them build nothing.
+// extents is built with it, so that later lengths up to them build nothing. With needs_build
+// given, nothing is built: *needs_build is set and the answer is NotSupported instead.
 Status GetPlan(const SdpaGraphSpec& spec, const DeviceInfo& device, const SeqlenRoute* route,
-               std::shared_ptr<PlanEntry>* entry) {
+               std::shared_ptr<PlanEntry>* entry, bool* needs_build = nullptr) {
   PlanKey key = MakePlanKey(spec, device);
   if (key.used > PlanKey::kWords)
     return InternalError("cuDNN plan key needs %zu words, more than %zu", key.used,
@@ -632,6 +643,10 @@ Status GetPlan(const SdpaGraphSpec& spec, const DeviceInfo& device, const Seqlen
   const bool routable = route != nullptr && mode != SeqlenRouteMode::kOff &&
                         SeqlenRouteRefusal(*route->problem, spec).ok();
   if (routable && (*entry = FindRoutedPlan(device, key, *route))) return Status::Ok();
+  if (needs_build) {  // asked not to build (check_or_defer)
+    *needs_build = true;
+    return NotSupported("the %s plan is not built", DirectionName(spec.direction));
+  }
   FUSEDATTN_RETURN_IF_ERROR(BuildPlan(spec, device, key, entry));
   if (routable && (*entry)->status.ok() &&
       (mode == SeqlenRouteMode::kEager || SeqlensVary(spec, device))) {
@@ -781,6 +796,110 @@ Status Execute(const PlanEntry& entry, const SdpaGraphSpec& spec, int device, vo
   return Status::Ok();
 }
 
+// ------------------------------------------------------------------------------------------------
+// Background builds (README.md "Background builds"; plan_spec.h ParseBackgroundBuild)
+// ------------------------------------------------------------------------------------------------
+// One worker thread for the process builds the plans check_or_defer deferred, one problem at a
+// time in the order asked; a problem asked again while its build waits or runs shares it. The
+// worker runs in relaxed stream-capture mode, so that its cuDNN calls never invalidate a CUDA
+// graph another thread captures meanwhile; at exit the queue is dropped and the build under way
+// is waited for, so that CUDA is not torn down under it.
+class BackgroundBuilder {
+ public:
+  using Ready = std::shared_ptr<const std::atomic<bool>>;
+
+  // The readiness flag of problem's build on device: the one under way, or a new one.
+  Ready start(const Problem& problem, int device, std::function<void()> build) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Key key{KeyOf(problem), device};
+    auto it = pending_.find(key);
+    if (it != pending_.end()) return it->second;
+    auto ready = std::make_shared<std::atomic<bool>>(false);
+    pending_.emplace(key, ready);
+    queue_.push_back(Job{std::move(key), std::move(build), ready});
+    if (!started_) {
+      started_ = true;
+      std::thread([this] { Work(); }).detach();
+      std::atexit([] { Builder().stop(); });
+    }
+    wake_.notify_one();
+    return ready;
+  }
+
+  // Until no build waits or runs (tests, benchmarks).
+  void wait_idle() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    idle_.wait(lock, [this] { return queue_.empty() && !busy_; });
+  }
+
+  static BackgroundBuilder& Builder() {
+    static BackgroundBuilder* builder = new BackgroundBuilder();  // the worker outlives statics
+    return *builder;
+  }
+
+ private:
+  struct Key {
+    ProblemKey problem;
+    int device;
+    bool operator==(const Key& o) const { return device == o.device && problem == o.problem; }
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const {
+      return ProblemKeyHash()(k.problem) * 31 + static_cast<size_t>(k.device);
+    }
+  };
+  struct Job {
+    Key key;
+    std::function<void()> build;
+    std::shared_ptr<std::atomic<bool>> ready;
+  };
+
+  void stop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    stopping_ = true;
+    queue_.clear();
+    idle_.wait(lock, [this] { return !busy_; });
+  }
+
+  void Work() {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [this] { return !queue_.empty() || stopping_; });
+        if (stopping_) return;
+        job = std::move(queue_.front());
+        queue_.pop_front();
+        busy_ = true;
+      }
+      if (cudaSetDevice(job.key.device) == cudaSuccess) {
+        try {
+          job.build();  // its result (plans, or cuDNN's refusal) is in the plan cache
+        } catch (...) {
+        }
+        ++Count().background_builds;
+      } else {
+        cudaGetLastError();
+      }
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        pending_.erase(job.key);
+        busy_ = false;
+      }
+      job.ready->store(true, std::memory_order_release);
+      idle_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_, idle_;
+  std::deque<Job> queue_;
+  std::unordered_map<Key, std::shared_ptr<std::atomic<bool>>, KeyHash> pending_;
+  bool started_ = false, busy_ = false, stopping_ = false;
+};
+
 class CudnnBackendImpl final : public Backend {
  public:
   fusedattn_backend id() const override { return FUSEDATTN_BACKEND_CUDNN; }
@@ -803,7 +922,36 @@ class CudnnBackendImpl final : public Backend {
     return Status::Ok();
   }
 
-  Status check(const Problem& problem) override {
+  Status check(const Problem& problem) override { return CheckPlans(problem, nullptr); }
+
+  // A problem whose plans are all built (or cached as refused) answers at once. One that would
+  // build waits for nothing when background builds are on and its structure was built before:
+  // its plans are built on the worker (BackgroundBuilder) while selection runs it elsewhere.
+  Status check_or_defer(const Problem& problem,
+                        std::shared_ptr<const std::atomic<bool>>* ready) override {
+    const std::shared_ptr<const Settings> settings = CurrentSettings();
+    if (!settings->background) return check(problem);
+    Problem storage;
+    const Problem& p = EffectiveProblem(problem, &storage);
+    if (!BackgroundBuildRefusal(p).ok()) return check(problem);
+    bool needs_build = false;
+    Status s = CheckPlans(problem, &needs_build);
+    if (!needs_build) return s;
+    DeviceInfo device;
+    FUSEDATTN_RETURN_IF_ERROR(CurrentDevice(&device));
+    const std::shared_ptr<Structure> st =
+        Structures().peek(MakeStructureKey(ForwardSpec(p, CanonicalFwdTensors(p)), device));
+    if (!st || st->first_seqlens.load() < 0) return check(problem);  // a new structure
+    *ready = BackgroundBuilder::Builder().start(problem, device.ordinal,
+                                                [this, problem] { (void)check(problem); });
+    return NotSupported(
+        "the plans of this new shape of a problem it built before are being built in the "
+        "background (FUSEDATTN_CUDNN_BACKGROUND_BUILD=0 builds them in the call instead); "
+        "selection comes back to cuDNN once they are built");
+  }
+
+  // check(), or with needs_build given: the same without building (plan_spec.h, GetPlan).
+  Status CheckPlans(const Problem& problem, bool* needs_build) {
     Problem storage;
     const Problem& p = EffectiveProblem(problem, &storage);
     FUSEDATTN_RETURN_IF_ERROR(PreCheck(p));
@@ -812,12 +960,14 @@ class CudnnBackendImpl final : public Backend {
     const FwdTensors fwd = CanonicalFwdTensors(p);
     const SeqlenRoute fwd_route{&p, [&fwd](const Problem& r) { return ForwardSpec(r, fwd); }};
     std::shared_ptr<PlanEntry> entry;
-    FUSEDATTN_RETURN_IF_ERROR(GetPlan(ForwardSpec(p, fwd), device, &fwd_route, &entry));
+    FUSEDATTN_RETURN_IF_ERROR(
+        GetPlan(ForwardSpec(p, fwd), device, &fwd_route, &entry, needs_build));
     FUSEDATTN_RETURN_IF_ERROR(PlanStatus(*entry, Direction::kForward));
     if (p.config.is_training) {
       const BwdTensors bwd = CanonicalBwdTensors(p);
       const SeqlenRoute bwd_route{&p, [&bwd](const Problem& r) { return BackwardSpec(r, bwd); }};
-      FUSEDATTN_RETURN_IF_ERROR(GetPlan(BackwardSpec(p, bwd), device, &bwd_route, &entry));
+      FUSEDATTN_RETURN_IF_ERROR(
+          GetPlan(BackwardSpec(p, bwd), device, &bwd_route, &entry, needs_build));
       FUSEDATTN_RETURN_IF_ERROR(PlanStatus(*entry, Direction::kBackward));
     }
     return Status::Ok();
@@ -1212,9 +1362,12 @@ Status CudnnBackendImpl::backward(const Problem& problem, const BwdTensors& t, v
 
 }  // namespace
 
+void WaitForBackgroundBuilds() { BackgroundBuilder::Builder().wait_idle(); }
+
 void ReloadPlanCacheCapacity() { Cache().set_capacity(CacheCapacityFromEnv()); }
 
 void ClearPlanCache() {
+  BackgroundBuilder::Builder().wait_idle();  // so that no build stores a plan after the clear
   Cache().clear();
   Structures().clear();
   // Selections keep the workspace sizes of the plans they were made with; a rebuilt plan may
@@ -1242,6 +1395,7 @@ PlanBuildStats GetPlanBuildStats() {
   s.per_shape = c.per_shape.load(), s.failed = c.failed.load();
   s.batch_chunked = c.batch_chunked.load();
   s.seqlen_routed = c.seqlen_routed.load(), s.route_plans = c.route_plans.load();
+  s.background_builds = c.background_builds.load();
   s.plans_read = c.plans_read.load(), s.plan_read_failures = c.plan_read_failures.load();
   s.plans_written = c.plans_written.load(), s.plan_write_failures = c.plan_write_failures.load();
   s.read_ms = static_cast<double>(c.read_us.load()) / 1000.0;

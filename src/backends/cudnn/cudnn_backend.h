@@ -14,6 +14,9 @@ void ReloadPlanCacheCapacity();
 // them; counters keep counting.
 void ClearPlanCache();
 
+// Returns when no background build (README.md "Background builds") waits or runs.
+void WaitForBackgroundBuilds();
+
 // Re-reads FUSEDATTN_CUDNN_DYNAMIC_SHAPES and the on-disk cache's variables (FUSEDATTN_CACHE_DIR,
 // FUSEDATTN_CACHE_MAX_MB, XDG_CACHE_HOME, HOME), then clears the plan cache; read once at first
 // use otherwise.
@@ -32,6 +35,8 @@ struct PlanBuildStats {
   uint64_t seqlen_routed = 0;  // dense specs given a ragged plan of larger extents to run through
   uint64_t route_plans = 0;    // ragged plans asked for by it (built or read from the plan
                                // store: also counted above and below)
+  uint64_t background_builds = 0;  // problems whose plans the background worker built (or
+                                   // found refused) after check_or_defer deferred them
   uint64_t kernel_caches_loaded = 0;  // structures whose kernel cache came from disk
   uint64_t kernel_cache_load_failures = 0;  // damaged files, or kernel caches cuDNN refused
   uint64_t kernel_caches_saved = 0;   // files written

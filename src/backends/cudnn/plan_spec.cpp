@@ -1184,6 +1184,31 @@ SeqlenRouteMode ParseSeqlenRoute(const char* value, std::string* off_reason) {
   return SeqlenRouteMode::kOff;
 }
 
+bool ParseBackgroundBuild(const char* value, std::string* off_reason) {
+  off_reason->clear();
+  if (value == nullptr || *value == '\0' || IsOneOf(value, {"1", "on", "true", "yes"}))
+    return true;
+  if (IsOneOf(value, {"0", "off", "false", "no"}))
+    *off_reason = Format("FUSEDATTN_CUDNN_BACKGROUND_BUILD = '%s': a new shape's plans are built "
+                         "in the call that needs them",
+                         value);
+  else
+    *off_reason = Format("FUSEDATTN_CUDNN_BACKGROUND_BUILD = '%s' is not 1 or 0: off (a new "
+                         "shape's plans are built in the call that needs them)",
+                         value);
+  return false;
+}
+
+Status BackgroundBuildRefusal(const Problem& problem) {
+  if (problem.config.deterministic)
+    return NotSupported("deterministic: which backend runs it must not depend on a build's "
+                        "timing");
+  if (problem.has_dropout())
+    return NotSupported("dropout: its forward and backward must run on one backend to draw one "
+                        "mask");
+  return Status::Ok();
+}
+
 std::string KernelCacheDiskKey(const SdpaGraphSpec& s, const MachineIdentity& m) {
   PlanKey structure;
   KeyWriter w(&structure);

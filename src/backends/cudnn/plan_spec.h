@@ -352,6 +352,18 @@ int64_t RouteSequenceStep(const TensorView& view, int64_t batch, int64_t seqlen)
 enum class SeqlenRouteMode { kOff, kOn, kEager };
 SeqlenRouteMode ParseSeqlenRoute(const char* value, std::string* off_reason);
 
+// Background builds (README.md "Background builds"): under automatic selection, the plans of a
+// new shape of a structure built before (a batch size no chunks cover, a sequence length no
+// ragged plan covers, a new THD bucket) are built on a worker thread while the calls run on the
+// next backend that accepts the problem (Backend::check_or_defer). FUSEDATTN_CUDNN_BACKGROUND_BUILD
+// (value: the variable's value, null when unset): unset, 1/on/true/yes: on (the default); 0/off/
+// false/no: off, with *off_reason saying so; anything else: off, with *off_reason naming it.
+bool ParseBackgroundBuild(const char* value, std::string* off_reason);
+// Why a problem's plans are built in the call even when background builds are on, or Ok:
+// deterministic problems (which backend runs one must not depend on a thread's timing) and
+// dropout (a forward and its backward must draw the same mask, so both run on one backend).
+Status BackgroundBuildRefusal(const Problem& problem);
+
 // Canonical (contiguous) views of every tensor of a problem, the ones check() plans for. Data
 // pointers are null.
 FwdTensors CanonicalFwdTensors(const Problem& problem);
