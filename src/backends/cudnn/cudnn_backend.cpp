@@ -24,7 +24,9 @@
 // builds that ragged plan with them once its structure has had another length (GetPlan), so that
 // later lengths up to its extents build nothing. Per-shape plans are stored on disk
 // after they are built and read back by later processes instead of building (the plan store,
-// README.md "The on-disk caches"). That is the default. Dynamic shapes
+// README.md "The on-disk caches"). Under automatic selection, a new shape of a structure built
+// before whose plans none of that covers is built on a worker thread (BackgroundBuilder,
+// check_or_defer) while selection runs it on the next backend. That is the default. Dynamic shapes
 // (FUSEDATTN_CUDNN_DYNAMIC_SHAPES=1; experimental, off by default: on cuDNN 9.19 they gave wrong
 // results after a shape change; README.md "Dynamic shapes: status") group the shapes of a
 // problem into a structure (the problem without its shape, plan_spec.h MakeStructureKey) whose
