@@ -82,17 +82,6 @@ class RefusingBackend final : public Backend {
   }
 };
 
-fusedattn_config CpuConfig() {
-  fusedattn_config c = FUSEDATTN_CONFIG_INIT;
-  c.device = FUSEDATTN_DEVICE_CPU;
-  c.batch = 2, c.heads_q = 2, c.heads_kv = 2, c.max_seqlen_q = 8, c.max_seqlen_kv = 8;
-  c.head_dim_qk = c.head_dim_v = 16;
-  c.qkv_dtype = c.o_dtype = FUSEDATTN_DTYPE_FLOAT32;
-  c.mask = FUSEDATTN_MASK_CAUSAL;
-  c.is_training = 1;
-  return c;
-}
-
 bool Contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
@@ -118,7 +107,7 @@ class DeferredSelection : public ::testing::Test {
 };
 
 TEST_F(DeferredSelection, ADeferringBackendIsPassedOverUntilReadyThenChosen) {
-  const fusedattn_config c = CpuConfig();
+  const fusedattn_config c = test::SmallCpuTrainingConfig();
   DeferringBackend deferring;
   SetBackendsForTesting({&deferring, ReferenceBackend()});
 
@@ -147,7 +136,7 @@ TEST_F(DeferredSelection, ADeferringBackendIsPassedOverUntilReadyThenChosen) {
 }
 
 TEST_F(DeferredSelection, AForcedBackendIsAskedCheckItselfAndNeverDefers) {
-  fusedattn_config c = CpuConfig();
+  fusedattn_config c = test::SmallCpuTrainingConfig();
   DeferringBackend deferring;
   SetBackendsForTesting({&deferring, ReferenceBackend()});
   c.backend = FUSEDATTN_BACKEND_CUDNN;
@@ -157,7 +146,7 @@ TEST_F(DeferredSelection, AForcedBackendIsAskedCheckItselfAndNeverDefers) {
 }
 
 TEST_F(DeferredSelection, WhenNoOtherBackendRunsTheProblemSelectionWaitsForTheDeferredOne) {
-  const fusedattn_config c = CpuConfig();
+  const fusedattn_config c = test::SmallCpuTrainingConfig();
   DeferringBackend deferring;
   RefusingBackend refusing;
   SetBackendsForTesting({&deferring, &refusing});
@@ -169,7 +158,7 @@ TEST_F(DeferredSelection, WhenNoOtherBackendRunsTheProblemSelectionWaitsForTheDe
 }
 
 TEST_F(DeferredSelection, ACallWithTheWorkspaceOfTheChoiceBeforeRunsOnThatChoice) {
-  const fusedattn_config c = CpuConfig();
+  const fusedattn_config c = test::SmallCpuTrainingConfig();
   DeferringBackend deferring(/*workspace=*/size_t{1} << 20);
   SetBackendsForTesting({&deferring, ReferenceBackend()});
   EXPECT_EQ(FwdWorkspace(c), 0u) << "the reference needs none";

@@ -60,17 +60,6 @@ class FakeBackend final : public Backend {
   size_t workspace_;
 };
 
-fusedattn_config CpuConfig() {
-  fusedattn_config c = FUSEDATTN_CONFIG_INIT;
-  c.device = FUSEDATTN_DEVICE_CPU;
-  c.batch = 2, c.heads_q = 2, c.heads_kv = 2, c.max_seqlen_q = 8, c.max_seqlen_kv = 8;
-  c.head_dim_qk = c.head_dim_v = 16;
-  c.qkv_dtype = c.o_dtype = FUSEDATTN_DTYPE_FLOAT32;
-  c.mask = FUSEDATTN_MASK_CAUSAL;
-  c.is_training = 1;
-  return c;
-}
-
 bool BytesEqual(const HostTensor& a, const HostTensor& b) {
   return a.storage_bytes() == b.storage_bytes() &&
          std::memcmp(a.data(), b.data(), a.storage_bytes()) == 0;
@@ -102,7 +91,7 @@ class RuntimeRetry : public ::testing::Test {
 };
 
 TEST_F(RuntimeRetry, TensorsTheChosenBackendCannotReadRunOnTheNextOne) {
-  const fusedattn_config c = CpuConfig();
+  const fusedattn_config c = test::SmallCpuTrainingConfig();
   const ProblemTensors expected = ReferenceRun(c);
 
   FakeBackend fake(FUSEDATTN_BACKEND_CUDNN, "fake",
@@ -134,7 +123,7 @@ TEST_F(RuntimeRetry, TensorsTheChosenBackendCannotReadRunOnTheNextOne) {
 }
 
 TEST_F(RuntimeRetry, AForcedBackendIsNotReplacedAndSaysWhoWouldRunIt) {
-  fusedattn_config c = CpuConfig();
+  fusedattn_config c = test::SmallCpuTrainingConfig();
   FakeBackend fake(FUSEDATTN_BACKEND_CUDNN, "fake",
                    NotSupported("args.k has head-dim stride 2: fake needs stride 1 there"));
   SetBackendsForTesting({&fake, ReferenceBackend()});
@@ -150,7 +139,7 @@ TEST_F(RuntimeRetry, AForcedBackendIsNotReplacedAndSaysWhoWouldRunIt) {
 }
 
 TEST_F(RuntimeRetry, WhenNoBackendRunsTheTensorsEveryReasonIsKept) {
-  const fusedattn_config c = CpuConfig();
+  const fusedattn_config c = test::SmallCpuTrainingConfig();
   FakeBackend first(FUSEDATTN_BACKEND_CUDNN, "first", NotSupported("args.q is misaligned"));
   FakeBackend second(FUSEDATTN_BACKEND_FLASH, "second", NotSupported("args.v has stride 3"));
   FakeBackend third(FUSEDATTN_BACKEND_SMALL_SEQ, "third", Status::Ok(), size_t{1} << 20);
@@ -167,7 +156,7 @@ TEST_F(RuntimeRetry, WhenNoBackendRunsTheTensorsEveryReasonIsKept) {
 }
 
 TEST_F(RuntimeRetry, OtherErrorsAreNotRetried) {
-  const fusedattn_config c = CpuConfig();
+  const fusedattn_config c = test::SmallCpuTrainingConfig();
   FakeBackend failing(FUSEDATTN_BACKEND_CUDNN, "failing",
                       Status(FUSEDATTN_ERROR_CUDA, "an illegal memory access was encountered"));
   SetBackendsForTesting({&failing, ReferenceBackend()});
@@ -179,7 +168,7 @@ TEST_F(RuntimeRetry, OtherErrorsAreNotRetried) {
 }
 
 TEST_F(RuntimeRetry, AnErrorOfTheBackendTriedNextNamesWhyItRan) {
-  const fusedattn_config c = CpuConfig();
+  const fusedattn_config c = test::SmallCpuTrainingConfig();
   FakeBackend refusing(FUSEDATTN_BACKEND_CUDNN, "refusing", NotSupported("args.o is misaligned"));
   FakeBackend failing(FUSEDATTN_BACKEND_FLASH, "failing",
                       Status(FUSEDATTN_ERROR_CUDA, "launch failed"));

@@ -23,6 +23,19 @@ inline std::string StatusText(const Result& r) {
   return std::string(fusedattn_status_string(r.status)) + ": " + r.message;
 }
 
+// A small causal float32 training problem on the CPU (the selection tests' fake backends run it
+// through the reference).
+inline fusedattn_config SmallCpuTrainingConfig() {
+  fusedattn_config c = FUSEDATTN_CONFIG_INIT;
+  c.device = FUSEDATTN_DEVICE_CPU;
+  c.batch = 2, c.heads_q = 2, c.heads_kv = 2, c.max_seqlen_q = 8, c.max_seqlen_kv = 8;
+  c.head_dim_qk = c.head_dim_v = 16;
+  c.qkv_dtype = c.o_dtype = FUSEDATTN_DTYPE_FLOAT32;
+  c.mask = FUSEDATTN_MASK_CAUSAL;
+  c.is_training = 1;
+  return c;
+}
+
 inline Result Forward(const fusedattn_config& c, const fusedattn_fwd_args& args) {
   char msg[4096] = "";
   fusedattn_status s = fusedattn_fwd(&c, &args, nullptr, 0, nullptr, msg, sizeof msg);
