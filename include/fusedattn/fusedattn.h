@@ -254,8 +254,9 @@
  * that runs the problem (explain names the build), and picks cuDNN again once they are built. A
  * call whose workspace was sized for the earlier choice runs on that choice, so the switch never
  * fails a call; the next workspace query sizes for the new one. Deterministic problems and
- * problems with dropout build in the call (which backend runs them must not depend on timing);
- * so does a forced cuDNN backend, and a problem no other backend runs.
+ * problems with dropout build in the call (which backend runs them must not depend on timing),
+ * as do score_mod graphs (the other backend may compile one for longer); so does a forced cuDNN
+ * backend, and a problem no other backend runs.
  *
  * ---------------------------------------------------------------------------------------------
  * Environment variables (read once per process, at first use)

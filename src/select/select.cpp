@@ -131,19 +131,22 @@ struct Alternative {
 
 // Deferred backends: a backend earlier in the order than the chosen one may have deferred its
 // answer (Backend::check_or_defer: cuDNN building a new shape's plans in the background). The
-// choice then keeps its flag, and the first selection after the flag turns true decides again
-// (Select), replacing the cached choice; the new choice keeps the old one as `previous`, because
-// a caller may hold a workspace sized for it (asked just before the new decision): a call whose
-// workspace is too small for the new choice runs on the previous one (Run). So no call waits for
-// the preparation while another backend can run the problem, and none fails for the switch.
+// choice then keeps it and its flag, and the first selection after the flag turns true decides
+// again (Select), replacing the cached choice; the new choice keeps the old one as `previous`
+// when the backend changed, because a caller may hold a workspace sized for it (asked just
+// before the new decision): a call whose workspace is too small for the new choice runs on the
+// previous one (Run). A call whose tensors the chosen backend cannot read goes to the deferred
+// backend first (waiting for it), then to the ones after the chosen one. So no call waits for the
+// preparation while another backend can run the problem, and none fails for the switch.
 struct Choice {
   Backend* backend = nullptr;  // nullptr: none
   bool forced = false;         // by config.backend or FUSEDATTN_BACKEND: never replaced
   Status status;
   std::string diagnostic;
   // Set: a backend before the chosen one deferred its answer; true once it can answer.
+  Backend* deferred = nullptr;
   std::shared_ptr<const std::atomic<bool>> deferred_ready;
-  std::shared_ptr<Choice> previous;  // the choice this one replaced, or null
+  std::shared_ptr<Choice> previous;  // the choice of another backend this one replaced, or null
   // The chosen backend's forward and backward workspace bytes, -1 until first asked. (cuDNN also
   // checks the workspace against the plan it runs, should a rebuilt plan ever need more.)
   std::atomic<int64_t> workspace[2] = {-1, -1};
@@ -218,42 +221,48 @@ void Decide(const Problem& problem, bool need_backward, fusedattn_backend forced
     choice.diagnostic = Format("%s (forced)%s", b->name(), NoteOf(b, p).c_str());
     return;
   }
-  std::string refusals;
+  std::string refusals;         // of every backend asked, the deferred one's included
+  std::string before_deferred;  // refusals of the backends before the deferred one
   Backend* deferred = nullptr;  // the first backend that deferred its answer
   std::shared_ptr<const std::atomic<bool>> deferred_ready;
-  auto choose = [&](Backend* b) {
+  auto choose = [&](Backend* b, const std::string& not_chosen) {
     choice.backend = b;
     std::string chosen = b->name() + NoteOf(b, p);
     // cuDNN or flash: say what ordered the two (without asking the other one: a cuDNN
-    // check builds its plan).
+    // check builds its plan), unless the one ranked first deferred its answer.
     const bool ranked = b->id() == FUSEDATTN_BACKEND_CUDNN || b->id() == FUSEDATTN_BACKEND_FLASH;
-    if (ranked && !speed.basis.empty()) chosen += " (" + speed.basis + ")";
-    choice.diagnostic = refusals.empty()
+    if (deferred && deferred != b)
+      chosen += Format(" (%s is preparing the problem)", deferred->name());
+    else if (ranked && !speed.basis.empty())
+      chosen += " (" + speed.basis + ")";
+    choice.diagnostic = not_chosen.empty()
                             ? chosen
-                            : Format("%s; not chosen: %s", chosen.c_str(), refusals.c_str());
+                            : Format("%s; not chosen: %s", chosen.c_str(), not_chosen.c_str());
   };
   for (fusedattn_backend id : choice.order) {
     Backend* b = FindBackend(id);
     std::shared_ptr<const std::atomic<bool>> ready;
     Status s = AutomaticCheck(b, p, deferred ? nullptr : &ready);
     if (s.ok()) {
-      choose(b);
+      choose(b, refusals);
+      choice.deferred = deferred;
       choice.deferred_ready = std::move(deferred_ready);
       return;
     }
-    if (ready && !deferred) deferred = b, deferred_ready = std::move(ready);
+    if (ready && !deferred) deferred = b, deferred_ready = std::move(ready), before_deferred = refusals;
     if (!refusals.empty()) refusals += "; ";
     refusals += Format("%s: %s", b->name(), s.message().c_str());
   }
   if (deferred) {
     // Nobody else runs the problem: wait for the deferred one.
     Status s = deferred->check(p);
-    refusals += Format("; then %s was waited for", deferred->name());
     if (s.ok()) {
-      choose(deferred);
+      Backend* waited = deferred;
+      deferred = nullptr;  // chosen: no longer "preparing"
+      choose(waited, before_deferred);
       return;
     }
-    refusals += Format(": %s", s.message().c_str());
+    refusals += Format("; then %s was waited for: %s", deferred->name(), s.message().c_str());
   }
   // Backends not asked for this device still get a line, so the user sees all of them.
   for (Backend* b : Registry()) {
@@ -305,7 +314,7 @@ Status Select(const Problem& problem, bool need_backward, std::shared_ptr<Choice
     // The deferred backend can answer now: decide again (see "Deferred backends").
     auto again = std::make_shared<Choice>();
     Decide(problem, key.need_backward, forced, again.get());
-    again->previous = choice;
+    again->previous = again->backend == choice->backend ? choice->previous : choice;
     choice = SelectionCache().replace(key, choice, std::move(again));
   }
   *out = std::move(choice);
@@ -352,12 +361,24 @@ Status CheckWorkspace(const char* direction, size_t needed, void* workspace, siz
   return Status::Ok();
 }
 
-// The backends after the chosen one in preference order, with their answers for the problem.
+// The backends after the chosen one in preference order, after the one that deferred its answer
+// (if any), with their answers for the problem.
 const std::vector<Alternative>& AlternativesOf(Choice& choice, const Problem& problem,
                                                bool need_backward) {
   std::call_once(choice.alternatives_once, [&] {
     Problem p = problem;
     if (need_backward) p.config.is_training = 1;
+    auto add = [&](Backend* b) {
+      Alternative alt;
+      alt.backend = b;
+      alt.check = AutomaticCheck(b, p);  // check() itself: a deferred backend is waited for
+      if (alt.check.ok()) alt.check = b->fwd_workspace_size(p, &alt.workspace[0]);
+      if (alt.check.ok() && p.config.is_training)
+        alt.check = b->bwd_workspace_size(p, &alt.workspace[1]);
+      choice.alternatives.push_back(std::move(alt));
+    };
+    // A backend that deferred its answer comes first: it ranked before the chosen one.
+    if (choice.deferred) add(choice.deferred);
     bool after = false;
     for (fusedattn_backend id : choice.order) {
       Backend* b = FindBackend(id);
@@ -365,14 +386,8 @@ const std::vector<Alternative>& AlternativesOf(Choice& choice, const Problem& pr
         after = true;
         continue;
       }
-      if (!after || b == nullptr) continue;
-      Alternative alt;
-      alt.backend = b;
-      alt.check = AutomaticCheck(b, p);
-      if (alt.check.ok()) alt.check = b->fwd_workspace_size(p, &alt.workspace[0]);
-      if (alt.check.ok() && p.config.is_training)
-        alt.check = b->bwd_workspace_size(p, &alt.workspace[1]);
-      choice.alternatives.push_back(std::move(alt));
+      if (!after || b == nullptr || b == choice.deferred) continue;
+      add(b);
     }
   });
   return choice.alternatives;
@@ -393,12 +408,19 @@ Status Run(const Problem& problem, bool backward, void* workspace, size_t worksp
   auto too_small = [&](size_t bytes) {
     return bytes > 0 && (workspace == nullptr || workspace_bytes < bytes);
   };
-  while (too_small(needed) && choice->previous && choice->previous->backend) {
-    choice = choice->previous;
-    FUSEDATTN_RETURN_IF_ERROR(ChosenWorkspace(*choice, problem, backward, &needed));
-  }
   const char* direction = backward ? "bwd" : "fwd";
-  FUSEDATTN_RETURN_IF_ERROR(CheckWorkspace(direction, needed, workspace, workspace_bytes));
+  if (too_small(needed)) {
+    std::shared_ptr<Choice> fits = choice;
+    size_t fits_needed = needed;
+    while (too_small(fits_needed) && fits->previous && fits->previous->backend) {
+      fits = fits->previous;
+      FUSEDATTN_RETURN_IF_ERROR(ChosenWorkspace(*fits, problem, backward, &fits_needed));
+    }
+    // None fits: the error names what the workspace size functions answer now.
+    FUSEDATTN_RETURN_IF_ERROR(CheckWorkspace(direction, too_small(fits_needed) ? needed : 0,
+                                             workspace, workspace_bytes));
+    choice = std::move(fits);
+  }
   Status first = call(choice->backend);
   if (first.code() != FUSEDATTN_ERROR_NOT_SUPPORTED) return first;
 

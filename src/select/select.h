@@ -28,7 +28,8 @@ Status SelectBackendAndWorkspace(const Problem& problem, bool backward, Backend*
 // after checking that the caller's workspace holds what that backend asked for. When the backend
 // answers NotSupported for these tensors (a run-time reason check() could not know: strides,
 // alignment, a plan for the caller's layout that needs more workspace than was given), the
-// backends after it in preference order that accept the problem get the call in turn, each only
+// backends after it in preference order that accept the problem get the call in turn (first,
+// waited for, a backend before it that deferred its answer: backend.h check_or_defer), each only
 // when the given workspace covers its own size; a forced backend (config or FUSEDATTN_BACKEND)
 // is never replaced. Errors other than NotSupported end the call as they are. The final error
 // names every backend tried with its reason.

@@ -1,8 +1,8 @@
 // Deferred backends in automatic selection (backend.h check_or_defer, select.cpp "Deferred
 // backends"), on the CPU with a fake backend in front of the reference: a backend that defers is
 // passed over while its preparation runs, chosen once it is ready, never deferred when forced,
-// waited for when nobody else runs the problem; and a call whose workspace was sized from the
-// choice before still runs there.
+// waited for when nobody else runs the problem or the chosen one cannot read a call's tensors;
+// and a call whose workspace was sized from the choice before still runs there.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -65,6 +65,32 @@ class DeferringBackend final : public Backend {
   size_t workspace_;
 };
 
+// Accepts every problem, and cannot read any call's tensors (a run-time NotSupported).
+class UnreadableTensorsBackend final : public Backend {
+ public:
+  fusedattn_backend id() const override { return FUSEDATTN_BACKEND_FLASH; }
+  const char* name() const override { return "unreadable"; }
+  Status available() const override { return Status::Ok(); }
+  Status check(const Problem&) override { return Status::Ok(); }
+  Status fwd_workspace_size(const Problem&, size_t* bytes) override {
+    *bytes = 0;
+    return Status::Ok();
+  }
+  Status bwd_workspace_size(const Problem&, size_t* bytes) override {
+    *bytes = 0;
+    return Status::Ok();
+  }
+  Status forward(const Problem&, const FwdTensors&, void*, size_t, void*) override {
+    ++calls;
+    return NotSupported("args.q is not 16-byte aligned");
+  }
+  Status backward(const Problem&, const BwdTensors&, void*, size_t, void*) override {
+    ++calls;
+    return NotSupported("args.q is not 16-byte aligned");
+  }
+  std::atomic<int> calls{0};
+};
+
 // Refuses every problem.
 class RefusingBackend final : public Backend {
  public:
@@ -115,6 +141,7 @@ TEST_F(DeferredSelection, ADeferringBackendIsPassedOverUntilReadyThenChosen) {
   EXPECT_EQ(Chosen(c, &diagnostic), FUSEDATTN_BACKEND_REFERENCE);
   EXPECT_TRUE(Contains(diagnostic, "deferring: preparing this problem in the background"))
       << diagnostic;
+  EXPECT_TRUE(Contains(diagnostic, "(deferring is preparing the problem)")) << diagnostic;
   ProblemTensors t = MakeProblemTensors(c, {});
   test::Result r = test::Forward(c, t.fwd_args());
   ASSERT_TRUE(r.ok()) << test::StatusText(r);
@@ -154,7 +181,21 @@ TEST_F(DeferredSelection, WhenNoOtherBackendRunsTheProblemSelectionWaitsForTheDe
   EXPECT_EQ(Chosen(c, &diagnostic), FUSEDATTN_BACKEND_CUDNN);
   EXPECT_EQ(deferring.checks.load(), 1) << "its blocking check() was asked";
   EXPECT_TRUE(Contains(diagnostic, "refusing: never runs anything")) << diagnostic;
-  EXPECT_TRUE(Contains(diagnostic, "then deferring was waited for")) << diagnostic;
+  EXPECT_FALSE(Contains(diagnostic, "deferring: preparing")) << "it was chosen: " << diagnostic;
+}
+
+TEST_F(DeferredSelection, TensorsTheChosenBackendCannotReadGoToTheDeferredBackendFirst) {
+  const fusedattn_config c = test::SmallCpuTrainingConfig();
+  DeferringBackend deferring;
+  UnreadableTensorsBackend unreadable;
+  SetBackendsForTesting({&deferring, &unreadable, ReferenceBackend()});
+  EXPECT_EQ(Chosen(c), FUSEDATTN_BACKEND_FLASH) << "the deferring backend is preparing";
+  ProblemTensors t = MakeProblemTensors(c, {});
+  test::Result r = test::Forward(c, t.fwd_args());
+  ASSERT_TRUE(r.ok()) << test::StatusText(r);
+  EXPECT_EQ(unreadable.calls.load(), 1);
+  EXPECT_EQ(deferring.checks.load(), 1) << "waited for: its blocking check() was asked";
+  EXPECT_EQ(deferring.calls.load(), 1) << "it ran the call, ahead of the reference";
 }
 
 TEST_F(DeferredSelection, ACallWithTheWorkspaceOfTheChoiceBeforeRunsOnThatChoice) {

@@ -43,6 +43,7 @@
 #include "backends/cudnn/cudnn_backend.h"
 
 #include <cudnn.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -54,6 +55,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "backends/cudnn/kernels.h"
@@ -319,6 +321,9 @@ struct Structure {
   // sequence-length route builds a ragged plan with it (GetPlan). Written once under the mutex,
   // read without it.
   std::atomic<int64_t> first_seqlens{-1};
+  // Whether a plan of it is in the plan cache (built, read from the store, or refused): then a
+  // new shape of it may be built in the background (check_or_defer); set after the first one.
+  std::atomic<bool> has_plan{false};
 };
 
 using StructureCache = LruCache<PlanKey, Structure, PlanKeyHash>;
@@ -471,6 +476,7 @@ Status BuildPlan(const SdpaGraphSpec& spec, const DeviceInfo& device, const Plan
             std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
                 .count());
         *entry = Cache().insert(key, std::move(loaded));
+        st->has_plan = true;
         return Status::Ok();
       }
       NotePlanStoreError(Format("a stored plan in %s was not used (built and rewritten): %s",
@@ -537,6 +543,7 @@ Status BuildPlan(const SdpaGraphSpec& spec, const DeviceInfo& device, const Plan
     ++count.failed;
   }
   *entry = Cache().insert(key, std::move(made));
+  st->has_plan = true;
   return Status::Ok();
 }
 
@@ -802,35 +809,58 @@ Status Execute(const PlanEntry& entry, const SdpaGraphSpec& spec, int device, vo
 // Background builds (README.md "Background builds"; plan_spec.h ParseBackgroundBuild)
 // ------------------------------------------------------------------------------------------------
 // One worker thread for the process builds the plans check_or_defer deferred, one problem at a
-// time in the order asked; a problem asked again while its build waits or runs shares it. The
-// worker runs in relaxed stream-capture mode, so that its cuDNN calls never invalidate a CUDA
-// graph another thread captures meanwhile; at exit the queue is dropped and the build under way
-// is waited for, so that CUDA is not torn down under it.
+// time in the order asked (at most kMaxQueued waiting: beyond that the call builds, so that a
+// stream of new shapes cannot queue stale builds); a problem asked again while its build waits
+// or runs shares it. A build that leaves the plans missing (a handle or device that failed; a
+// refusal by cuDNN is cached with the plans and does not count) is remembered, and that problem
+// is not deferred again. The worker runs in relaxed stream-capture mode, so that its cuDNN calls
+// are not refused while another thread captures a CUDA graph; at exit the queue is dropped and
+// the build under way waited for, so that CUDA is not torn down under it. A forked child starts
+// without the worker: its first deferral starts its own.
 class BackgroundBuilder {
  public:
   using Ready = std::shared_ptr<const std::atomic<bool>>;
+  static constexpr size_t kMaxQueued = 8;
 
-  // The readiness flag of problem's build on device: the one under way, or a new one.
-  Ready start(const Problem& problem, int device, std::function<void()> build) {
+  // The readiness flag of problem's build on device: the one under way, or a new one; null when
+  // the problem is not to be deferred (queue full, an earlier build of it failed, the process is
+  // exiting, no thread could be started). build returns whether the plans exist afterwards.
+  Ready start(const Problem& problem, int device, std::function<bool()> build) {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (pid_ != getpid()) {  // a forked child: the parent's worker and jobs are not here
+      pid_ = getpid();
+      started_ = busy_ = false;
+      queue_.clear();
+      pending_.clear();
+    }
+    if (stopping_) return nullptr;
     Key key{KeyOf(problem), device};
     auto it = pending_.find(key);
     if (it != pending_.end()) return it->second;
+    if (failed_.count(key) != 0 || queue_.size() >= kMaxQueued) return nullptr;
+    if (!started_) {
+      try {
+        std::thread([this] { Work(); }).detach();
+      } catch (...) {
+        return nullptr;
+      }
+      started_ = true;
+      if (!atexit_registered_) {
+        atexit_registered_ = true;
+        std::atexit([] { Builder().stop(); });
+      }
+    }
     auto ready = std::make_shared<std::atomic<bool>>(false);
     pending_.emplace(key, ready);
     queue_.push_back(Job{std::move(key), std::move(build), ready});
-    if (!started_) {
-      started_ = true;
-      std::thread([this] { Work(); }).detach();
-      std::atexit([] { Builder().stop(); });
-    }
     wake_.notify_one();
     return ready;
   }
 
-  // Until no build waits or runs (tests, benchmarks).
+  // Until no build waits or runs (tests, benchmarks, clearing the plan cache).
   void wait_idle() {
     std::unique_lock<std::mutex> lock(mutex_);
+    if (pid_ != getpid()) return;  // a forked child: nothing of the parent's runs here
     idle_.wait(lock, [this] { return queue_.empty() && !busy_; });
   }
 
@@ -852,15 +882,17 @@ class BackgroundBuilder {
   };
   struct Job {
     Key key;
-    std::function<void()> build;
+    std::function<bool()> build;
     std::shared_ptr<std::atomic<bool>> ready;
   };
 
   void stop() {
     std::unique_lock<std::mutex> lock(mutex_);
     stopping_ = true;
+    if (pid_ != getpid()) return;
     queue_.clear();
     idle_.wait(lock, [this] { return !busy_; });
+    wake_.notify_all();
   }
 
   void Work() {
@@ -876,9 +908,10 @@ class BackgroundBuilder {
         queue_.pop_front();
         busy_ = true;
       }
+      bool built = false;
       if (cudaSetDevice(job.key.device) == cudaSuccess) {
         try {
-          job.build();  // its result (plans, or cuDNN's refusal) is in the plan cache
+          built = job.build();  // its result (plans, or cuDNN's refusal) is in the plan cache
         } catch (...) {
         }
         ++Count().background_builds;
@@ -887,10 +920,11 @@ class BackgroundBuilder {
       }
       {
         std::lock_guard<std::mutex> lock(mutex_);
+        if (!built) failed_.insert(job.key);
         pending_.erase(job.key);
+        job.ready->store(true, std::memory_order_release);  // before idle: wait_idle sees it set
         busy_ = false;
       }
-      job.ready->store(true, std::memory_order_release);
       idle_.notify_all();
     }
   }
@@ -899,7 +933,9 @@ class BackgroundBuilder {
   std::condition_variable wake_, idle_;
   std::deque<Job> queue_;
   std::unordered_map<Key, std::shared_ptr<std::atomic<bool>>, KeyHash> pending_;
-  bool started_ = false, busy_ = false, stopping_ = false;
+  std::unordered_set<Key, KeyHash> failed_;
+  pid_t pid_ = getpid();
+  bool started_ = false, busy_ = false, stopping_ = false, atexit_registered_ = false;
 };
 
 class CudnnBackendImpl final : public Backend {
@@ -943,9 +979,16 @@ class CudnnBackendImpl final : public Backend {
     FUSEDATTN_RETURN_IF_ERROR(CurrentDevice(&device));
     const std::shared_ptr<Structure> st =
         Structures().peek(MakeStructureKey(ForwardSpec(p, CanonicalFwdTensors(p)), device));
-    if (!st || st->first_seqlens.load() < 0) return check(problem);  // a new structure
-    *ready = BackgroundBuilder::Builder().start(problem, device.ordinal,
-                                                [this, problem] { (void)check(problem); });
+    if (!st || !st->has_plan.load()) return check(problem);  // a new structure
+    BackgroundBuilder::Ready flag =
+        BackgroundBuilder::Builder().start(problem, device.ordinal, [this, problem] {
+          (void)check(problem);
+          bool missing = false;  // a refusal cuDNN gave is cached: only a missing plan fails
+          (void)CheckPlans(problem, &missing);
+          return !missing;
+        });
+    if (!flag) return check(problem);  // not deferred (BackgroundBuilder::start)
+    *ready = std::move(flag);
     return NotSupported(
         "the plans of this new shape of a problem it built before are being built in the "
         "background (FUSEDATTN_CUDNN_BACKGROUND_BUILD=0 builds them in the call instead); "
@@ -1369,7 +1412,9 @@ void WaitForBackgroundBuilds() { BackgroundBuilder::Builder().wait_idle(); }
 void ReloadPlanCacheCapacity() { Cache().set_capacity(CacheCapacityFromEnv()); }
 
 void ClearPlanCache() {
-  BackgroundBuilder::Builder().wait_idle();  // so that no build stores a plan after the clear
+  // The builds asked for so far finish first, so that they do not store plans after the clear
+  // (one asked for meanwhile by another thread may).
+  BackgroundBuilder::Builder().wait_idle();
   Cache().clear();
   Structures().clear();
   // Selections keep the workspace sizes of the plans they were made with; a rebuilt plan may

@@ -1206,6 +1206,9 @@ Status BackgroundBuildRefusal(const Problem& problem) {
   if (problem.has_dropout())
     return NotSupported("dropout: its forward and backward must run on one backend to draw one "
                         "mask");
+  if (problem.has_score_mod())
+    return NotSupported("a score_mod graph: the next backend may compile it for seconds (flash's "
+                        "run-time compiler), longer than cuDNN's build");
   return Status::Ok();
 }
 

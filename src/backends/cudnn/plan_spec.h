@@ -360,8 +360,9 @@ SeqlenRouteMode ParseSeqlenRoute(const char* value, std::string* off_reason);
 // false/no: off, with *off_reason saying so; anything else: off, with *off_reason naming it.
 bool ParseBackgroundBuild(const char* value, std::string* off_reason);
 // Why a problem's plans are built in the call even when background builds are on, or Ok:
-// deterministic problems (which backend runs one must not depend on a thread's timing) and
-// dropout (a forward and its backward must draw the same mask, so both run on one backend).
+// deterministic problems (which backend runs one must not depend on a thread's timing), dropout
+// (a forward and its backward must draw the same mask, so both run on one backend) and score_mod
+// graphs (the next backend, flash, may compile one for longer than cuDNN builds).
 Status BackgroundBuildRefusal(const Problem& problem);
 
 // Canonical (contiguous) views of every tensor of a problem, the ones check() plans for. Data
