@@ -221,8 +221,8 @@ void Decide(const Problem& problem, bool need_backward, fusedattn_backend forced
     choice.diagnostic = Format("%s (forced)%s", b->name(), NoteOf(b, p).c_str());
     return;
   }
-  std::string refusals;         // of every backend asked, the deferred one's included
-  std::string before_deferred;  // refusals of the backends before the deferred one
+  std::string refusals;  // of every backend asked, the deferred one's included
+  std::string others;    // of every backend asked but the deferred one
   Backend* deferred = nullptr;  // the first backend that deferred its answer
   std::shared_ptr<const std::atomic<bool>> deferred_ready;
   auto choose = [&](Backend* b, const std::string& not_chosen) {
@@ -249,9 +249,13 @@ void Decide(const Problem& problem, bool need_backward, fusedattn_backend forced
       choice.deferred_ready = std::move(deferred_ready);
       return;
     }
-    if (ready && !deferred) deferred = b, deferred_ready = std::move(ready), before_deferred = refusals;
-    if (!refusals.empty()) refusals += "; ";
-    refusals += Format("%s: %s", b->name(), s.message().c_str());
+    const std::string refusal = Format("%s: %s", b->name(), s.message().c_str());
+    if (ready && !deferred) {
+      deferred = b, deferred_ready = std::move(ready);
+    } else {
+      others += (others.empty() ? "" : "; ") + refusal;
+    }
+    refusals += (refusals.empty() ? "" : "; ") + refusal;
   }
   if (deferred) {
     // Nobody else runs the problem: wait for the deferred one.
@@ -259,7 +263,7 @@ void Decide(const Problem& problem, bool need_backward, fusedattn_backend forced
     if (s.ok()) {
       Backend* waited = deferred;
       deferred = nullptr;  // chosen: no longer "preparing"
-      choose(waited, before_deferred);
+      choose(waited, others);
       return;
     }
     refusals += Format("; then %s was waited for: %s", deferred->name(), s.message().c_str());
