@@ -13,7 +13,7 @@
 //
 // compute-sanitizer (the prepare kernel's table copy, a bad page index in a used entry):
 //   compute-sanitizer --tool memcheck build/tests/fusedattn_gpu_tests \
-//     --gtest_filter='CudnnPagedTable*:CudnnPagedDecode/*Page16_Gqa8x2_D128*'
+//     --gtest_filter='CudnnPagedTable*:Shapes/CudnnPagedDecode.MatchesReference/Page16_Gqa8x2_D128*'
 // Compiled when the cuDNN backend is built.
 #ifdef FUSEDATTN_WITH_CUDNN
 
