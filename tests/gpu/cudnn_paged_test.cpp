@@ -182,10 +182,10 @@ void PrintTo(const PrefillCase& c, std::ostream* os) { *os << c.name; }
 
 class CudnnPagedPrefill : public ::testing::TestWithParam<PrefillCase> {};
 
-// THD queries of {40, 0, 1, 17, 64} rows (a sequence with one cached key and 17 new ones, of
-// which the first 16 see no key under bottom-right causal: the fix-up's O = 0, LSE = -inf) against
-// caches of {700, 0, 1, 333, 64} keys, GQA 8/2, d128, pages of 16 in BHSD, unless the case says
-// otherwise.
+// THD queries of {40, 3, 1, 17, 64} rows against caches of {700, 0, 1, 1, 64} keys (three
+// queries against an empty cache, and a sequence with one cached key and 17 new ones, of which
+// the first 16 see no key under bottom-right causal: the fix-up's O = 0, LSE = -inf), GQA 8/2,
+// d128, pages of 16 in BHSD, unless the case says otherwise.
 TEST_P(CudnnPagedPrefill, MatchesReference) {
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   fusedattn_config c = PagedConfig(8, 2, 64, 700, 128, 16);
@@ -193,8 +193,8 @@ TEST_P(CudnnPagedPrefill, MatchesReference) {
   c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
   SetQueryFormat(&c, FUSEDATTN_FORMAT_THD);
   TensorOptions o = PagedOptions(700);
-  o.len_q = {40, 0, 1, 17, 64};
-  o.len_kv = {700, 0, 1, 333, 64};
+  o.len_q = {40, 3, 1, 17, 64};
+  o.len_kv = {700, 0, 1, 1, 64};
   GetParam().apply(c, o);
   ExpectMatchesReference(c, o, GetParam().edit);
 }
@@ -333,10 +333,15 @@ TEST(CudnnPagedPlans, AnotherPoolBuildsItsPlanOnce) {
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
   fusedattn_config c = PagedConfig(8, 2, 1, 1000, 128, 16);
   const TensorOptions o = PagedOptions(1000);
+  char msg[4096];
+  fusedattn_backend chosen = FUSEDATTN_BACKEND_AUTO;
+  ASSERT_EQ(fusedattn_get_backend(&c, &chosen, msg, sizeof msg), FUSEDATTN_SUCCESS) << msg;
+  const uint64_t before = CacheStats().misses;  // check() has the canonical pool's plan now
   RunOptions first;
   first.backward = false;
   first.expect_no_new_plans = false;
   RunAndCompare(c, o, first);
+  EXPECT_GT(CacheStats().misses, before) << "the call's own pool built its plan";
   RunOptions second = first;
   second.expect_no_new_plans = true;
   RunAndCompare(c, o, second);

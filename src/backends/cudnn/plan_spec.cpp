@@ -38,7 +38,11 @@ CudnnMask CudnnMaskOf(const Problem& p) {
   const bool lengths = p.padding || p.paged;
   m.padding = lengths;
   const int64_t left = EffectiveWindow(p.window_left, c);
-  const int64_t right = EffectiveWindow(p.window_right, c);
+  int64_t right = EffectiveWindow(p.window_right, c);
+  // Paged decode (one query per sequence against its keys, bottom-right): the diagonal is the
+  // last key, so a right bound of 0 or more hides nothing. Dropped, because cuDNN up to 9.9
+  // refuses a right bound in decode and 9.15-9.20 keep the unified node from any band.
+  if (p.paged && p.bottom_right && c.max_seqlen_q == 1 && right >= 0) right = -1;
   if (left < 0 && right < 0) return m;
   // cuDNN keeps key j when j > d - left_bound (so window_left + 1) and j <= d + right_bound.
   m.has_left = left >= 0;
@@ -465,12 +469,14 @@ static Status Fp8PreCheck(const Problem& p) {
 // Paged K/V (cudnn-frontend's SDPA_attributes::set_paged_attention_k_table / _v_table /
 // _max_seq_len_kv; plan_spec.h): what cuDNN cannot take next to paged caches and what this
 // backend does not map for them. Each reason starts with the page size, so that a paged problem's
-// refusal says that it is one, and names the reference as the backend that runs it (it runs every
-// paged problem; which of them flash runs is narrower, fusedattn.h "Paged K/V" says).
+// refusal says that it is one, and names the backends that run it: flash's paged kernels within
+// their limits (fusedattn.h "Paged K/V": e.g. softcap, ALiBi and max_logit), the reference always.
 static Status PagedPreCheck(const Problem& p) {
   const auto& c = p.config;
   const long long page = static_cast<long long>(c.page_size);
-  const char* other = "the reference runs it";
+  const char* other =
+      "flash's paged kernels run it within their limits (fusedattn.h \"Paged K/V\"), the "
+      "reference always";
   if ((c.page_size & (c.page_size - 1)) != 0)
     return NotSupported(
         "paged K/V (page_size = %lld): cuDNN takes pages of a power-of-two number of tokens only "
