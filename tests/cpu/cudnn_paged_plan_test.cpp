@@ -231,25 +231,34 @@ TEST(CudnnPagedSpec, PaddingIsAlwaysOnAndTheBottomRightDiagonalStays) {
   EXPECT_EQ(s.right_bound, 0);
 }
 
-// check() plans for a pool of batch * table_pages pages (each sequence its own); a call with
-// exactly such a pool (contiguous) has the plan check() built, one with another pool its own.
+// check() plans for a pool of batch * table_pages pages (each sequence its own) of the effective
+// problem (plan_spec.h EffectiveProblem: max_seqlen_kv rounded up to its bucket), as forward()
+// does; a call with exactly such a pool (contiguous) has the plan check() built, one with another
+// pool its own. 1000 keys in pages of 16 is 63 pages, its bucket 1024 is 64: a spec planned from
+// the raw length would not match.
 TEST(CudnnPagedSpec, TheCanonicalPoolHasThePlanCheckBuiltAndOtherPoolsTheirOwn) {
   fusedattn_config c = PagedConfig();
   c.device = FUSEDATTN_DEVICE_CPU;
+  c.max_seqlen_kv = 1000;
   Problem p;
   ASSERT_TRUE(MakeProblem(&c, false, &p).ok());
-  EXPECT_EQ(CanonicalNumPages(p), 3 * 7);
+  Problem storage;
+  const Problem& e = EffectiveProblem(p, &storage);
+  ASSERT_EQ(e.config.max_seqlen_kv, 1024) << "the paged key extent is bucketed";
+  ASSERT_EQ(CanonicalNumPages(p), 3 * 63);
+  EXPECT_EQ(CanonicalNumPages(e), 3 * 64);
   testing::TensorOptions o;
-  o.len_kv = {100, 17, 0};  // 7 + 2 + 0 pages used
-  o.spare_pages = 3 * 7 - 9;
+  o.len_kv = {1000, 17, 0};  // 63 + 2 + 0 pages used
+  o.spare_pages = 3 * 64 - 65;
+  // The caller's tensors are those of its own problem; the backend plans from the effective one.
   const testing::ProblemTensors canonical_pool = testing::MakeProblemTensors(c, o);
-  ASSERT_EQ(canonical_pool.num_pages, CanonicalNumPages(p));
-  EXPECT_EQ(MakePlanKey(ForwardSpec(p, ViewsOf(p, canonical_pool)), kH100),
-            MakePlanKey(CanonicalSpec(p), kH100));
+  ASSERT_EQ(canonical_pool.num_pages, CanonicalNumPages(e));
+  EXPECT_EQ(MakePlanKey(ForwardSpec(e, ViewsOf(p, canonical_pool)), kH100),
+            MakePlanKey(CanonicalSpec(e), kH100));
   o.spare_pages += 5;
   const testing::ProblemTensors larger_pool = testing::MakeProblemTensors(c, o);
-  EXPECT_FALSE(MakePlanKey(ForwardSpec(p, ViewsOf(p, larger_pool)), kH100) ==
-               MakePlanKey(CanonicalSpec(p), kH100));
+  EXPECT_FALSE(MakePlanKey(ForwardSpec(e, ViewsOf(p, larger_pool)), kH100) ==
+               MakePlanKey(CanonicalSpec(e), kH100));
 }
 
 // ---------------------------------------------------------------------------------------------
