@@ -372,6 +372,21 @@ step_flex_hopper_bench() {
   return $rc
 }
 
+# cuDNN's paged SDPA forward (issue 21; cuDNN README "Paged K/V"): its GPU tests with the other
+# paged ones (flash decode and chunked prefill, selection's paged refusals), memcheck on the
+# table and one decode case, the Python paged tests; needs the full build (step build). Give it
+# TIMEOUT_cudnn_paged=400.
+step_cudnn_paged() {
+  local rc=0
+  GTEST_FILTER='*CudnnPaged*:ReferenceOnCudaSelection.*:*FlashDecode*:*PagedPrefill*' \
+    step_tests_parallel || rc=1
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/fusedattn_gpu_tests" \
+    --gtest_filter='CudnnPagedTable*:Shapes/CudnnPagedDecode.MatchesReference/Page16_Gqa8x2_D128*' \
+    || rc=1
+  PYTEST_ARGS='tests/test_paged.py' step_python || rc=1
+  return $rc
+}
+
 # Times fusedattn with score modifiers against compiled FlexAttention (bench/flex_bench.py).
 # Chunked prefill against a paged K/V cache next to the same problem with contiguous K/V
 # (bench/flash_bench.cpp --paged-prefill: 8 sequences x 2048 new tokens against 8192 cached, hq 32,
