@@ -13,6 +13,7 @@
 
 #include "select/backend.h"
 #include "select/select.h"
+#include "fake_backend.h"
 #include "test_util.h"
 #include "testing/tensors.h"
 
@@ -34,7 +35,8 @@ class DeferringBackend final : public Backend {
     ++checks;
     return Status::Ok();
   }
-  Status check_or_defer(const Problem& p, std::shared_ptr<const std::atomic<bool>>* ready) override {
+  Status check_or_defer(const Problem& p,
+                        std::shared_ptr<const std::atomic<bool>>* ready) override {
     ++deferred_checks;
     if (ready_->load()) return check(p);
     *ready = ready_;
@@ -63,32 +65,6 @@ class DeferringBackend final : public Backend {
  private:
   std::shared_ptr<std::atomic<bool>> ready_ = std::make_shared<std::atomic<bool>>(false);
   size_t workspace_;
-};
-
-// Accepts every problem, and cannot read any call's tensors (a run-time NotSupported).
-class UnreadableTensorsBackend final : public Backend {
- public:
-  fusedattn_backend id() const override { return FUSEDATTN_BACKEND_FLASH; }
-  const char* name() const override { return "unreadable"; }
-  Status available() const override { return Status::Ok(); }
-  Status check(const Problem&) override { return Status::Ok(); }
-  Status fwd_workspace_size(const Problem&, size_t* bytes) override {
-    *bytes = 0;
-    return Status::Ok();
-  }
-  Status bwd_workspace_size(const Problem&, size_t* bytes) override {
-    *bytes = 0;
-    return Status::Ok();
-  }
-  Status forward(const Problem&, const FwdTensors&, void*, size_t, void*) override {
-    ++calls;
-    return NotSupported("args.q is not 16-byte aligned");
-  }
-  Status backward(const Problem&, const BwdTensors&, void*, size_t, void*) override {
-    ++calls;
-    return NotSupported("args.q is not 16-byte aligned");
-  }
-  std::atomic<int> calls{0};
 };
 
 // Refuses every problem.
@@ -187,7 +163,8 @@ TEST_F(DeferredSelection, WhenNoOtherBackendRunsTheProblemSelectionWaitsForTheDe
 TEST_F(DeferredSelection, TensorsTheChosenBackendCannotReadGoToTheDeferredBackendFirst) {
   const fusedattn_config c = test::SmallCpuTrainingConfig();
   DeferringBackend deferring;
-  UnreadableTensorsBackend unreadable;
+  test::FakeBackend unreadable(FUSEDATTN_BACKEND_FLASH, "unreadable",
+                               NotSupported("args.q is not 16-byte aligned"));
   SetBackendsForTesting({&deferring, &unreadable, ReferenceBackend()});
   EXPECT_EQ(Chosen(c), FUSEDATTN_BACKEND_FLASH) << "the deferring backend is preparing";
   ProblemTensors t = MakeProblemTensors(c, {});

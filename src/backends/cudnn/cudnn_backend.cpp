@@ -1002,7 +1002,7 @@ class CudnnBackendImpl final : public Backend {
         "selection comes back to cuDNN once they are built");
   }
 
-  // check(), or with needs_build given: the same without building (plan_spec.h, GetPlan).
+  // check(), or with needs_build given: the same without building (GetPlan's needs_build).
   Status CheckPlans(const Problem& problem, bool* needs_build) {
     Problem storage;
     const Problem& p = EffectiveProblem(problem, &storage);

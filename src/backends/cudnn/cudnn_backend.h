@@ -11,7 +11,7 @@ namespace fusedattn::cudnn {
 void ReloadPlanCacheCapacity();
 
 // Drops every cached plan and structure (with its kernel cache) and the selections made with
-// them; counters keep counting.
+// them, after the background builds asked for so far have finished; counters keep counting.
 void ClearPlanCache();
 
 // Returns when no background build (README.md "Background builds") waits or runs.
