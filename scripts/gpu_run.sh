@@ -538,7 +538,8 @@ for step in "$@"; do
   fi
   t0=$SECONDS
   # Each step has its own time limit (STEP_TIMEOUT, seconds) so one hang cannot eat the call.
-  export -f "$fn" step_python_build use_fa4 step_tests_parallel
+  # Every step function, so that a step may call another (cudnn_paged runs step python).
+  export -f $(declare -F | awk '$3 ~ /^step_/ {print $3}') use_fa4 summary
   limit_var="TIMEOUT_${step//-/_}"
   PYTHONUNBUFFERED=1 timeout "${!limit_var:-${STEP_TIMEOUT:-300}}" bash -c "$fn" >"$OUT/$step.log" 2>&1
   rc=$?
