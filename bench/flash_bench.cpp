@@ -8,7 +8,7 @@
 // Usage: flash_bench [--backend flash|cudnn|...] [--dtype bf16|fp16|all] [--d 64|128|...|all]
 //                    [--seqlen N|all] [--causal 0|1|all] [--tokens 16384] [--hidden 2048]
 //                    [--iters 10] [--fwd-only] [--deterministic] [--softcap C] [--alibi]
-//                    [--bias pre|post] [--bias-broadcast] [--bias-fp32]
+//                    [--bias pre|post] [--bias-broadcast] [--bias-fp32] [--dropout P]
 //                    [--score-mod relbias|softcap|alibi|window|doc]
 //        flash_bench --paged-prefill [--batch 8] [--new-tokens 2048] [--cached 8192]
 //                    [--heads-q 32] [--heads-kv 8] [--page-sizes 16,64] [--d 128] [--dtype bf16]
@@ -23,6 +23,12 @@
 // filled on the device with one finite value (no host copy of a tensor that reaches 8 GiB at
 // s 16384); flash's Hopper forward runs its bias variant ([hopper-wgmma d128 bias]), the
 // backward mma.sync (no bias gradient is asked for). --bias and --alibi exclude each other.
+// --dropout P (0 < P < 1) drops with probability P (fusedattn.h's Philox mask, seed and offset
+// fixed) and times the same problem without dropout first, in the same process on the same
+// inputs: the line adds "plain fwd X ms ..., speed dropout/plain Y" (plain ms / dropout ms). On
+// sm_90 flash's forward runs the Hopper kernel's dropout variant ([hopper-wgmma d128 dropout];
+// with a bias tensor the mma.sync full kernel) and the backward the mma.sync one
+// ([mma.sync d128 full]); FUSEDATTN_FLASH_WGMMA=0 gives the mma.sync forward for comparison.
 // --score-mod NAME times a fusedattn.flex graph (config.score_mod) next to the plain forward of
 // the same problem in the same process, on the same inputs: relbias (s + 0.05 (q_idx - kv_idx)),
 // softcap (30 tanh(s / 30)), alibi (s - slope[h] |q_idx_br - kv_idx|, a float32 slopes tensor
@@ -35,7 +41,7 @@
 // against the plain Hopper forward). TFLOP/s are
 // the dense count even for the masks (their time is what the sparsity saves). The first call
 // compiles the graph with NVRTC (seconds): TimeMs's warm-up calls take it. Excludes --softcap,
-// --alibi and --bias (those would send the graph to the mma.sync score_mod kernel).
+// --alibi, --bias and --dropout (those would send the graph to the mma.sync score_mod kernel).
 // With --backend flash each line says which forward and which backward key-block kernel ran, as
 // the call's plan (planner.h) names it: [hopper-wgmma d128 plain] (Hopper, sm_90) or
 // [mma.sync d128 plain]; FUSEDATTN_FLASH_WGMMA=0 turns both wgmma kernels off.
@@ -109,6 +115,7 @@ struct Options {
   fusedattn_bias bias = FUSEDATTN_BIAS_NONE;  // PRE_SCALE or POST_SCALE: a bias tensor
   bool bias_broadcast = false, bias_fp32 = false;
   std::string score_mod;  // --score-mod: relbias, softcap, alibi, window, doc (empty: none)
+  double dropout = 0.0;   // --dropout: the probability of dropping (0: off)
   // --paged-prefill
   bool paged_prefill = false;
   int64_t batch = 8, new_tokens = 2048, cached = 8192, heads_q = 32, heads_kv = 8;
@@ -316,6 +323,8 @@ void RunOne(const Options& o, fusedattn_dtype dtype, int64_t d, int64_t seqlen, 
   if (o.alibi) fa.alibi_slopes = ba.alibi_slopes = slopes.desc;
   if (with_bias) fa.bias = ba.bias = bias.desc;
   ba.d_o = d_o.desc, ba.dq = dq.desc, ba.dk = dk.desc, ba.dv = dv.desc;
+  fa.dropout_seed = ba.dropout_seed = 0x1234abcd5678ef01ull;  // --dropout (read when > 0)
+  fa.dropout_offset = ba.dropout_offset = 7;
 
   char msg[2048];
   size_t fwd_bytes = 0, bwd_bytes = 0;
@@ -333,24 +342,28 @@ void RunOne(const Options& o, fusedattn_dtype dtype, int64_t d, int64_t seqlen, 
     return ApiOk(fusedattn_bwd(&c, &ba, workspace, bytes, nullptr, msg, sizeof msg), "bwd", msg);
   };
   const double flops = 4.0 * batch * heads * seqlen * seqlen * d * (causal ? 0.5 : 1.0);
-  // --score-mod: the plain forward of the same problem first, then the graph's.
+  // --score-mod and --dropout: the plain forward of the same problem first (without the graph,
+  // without dropout), then the graph's or dropout's, with the workspace that problem needs (the
+  // graph's block mask; the backward that dropout runs on).
   double plain_ms = 0;
   std::string plain_kernel;
-  if (!o.score_mod.empty()) {
+  if (!o.score_mod.empty() || o.dropout > 0) {
     plain_ms = TimeMs(o.iters, fwd);
 #ifdef FUSEDATTN_WITH_FLASH
     if (o.backend == FUSEDATTN_BACKEND_FLASH) plain_kernel = ForwardKernel(c, fa);
 #endif
-    c.score_mod = mod.get();
-    fa.num_score_mod_tensors = ba.num_score_mod_tensors =
-        static_cast<int64_t>(graph_tensors.size());
-    fa.score_mod_tensors = ba.score_mod_tensors = graph_tensors.data();
-    // The graph's workspace (its block mask) on top of the plain problem's.
-    size_t flex_fwd = 0, flex_bwd = 0;
-    if (!ApiOk(fusedattn_fwd_workspace_size(&c, &flex_fwd, msg, sizeof msg), "workspace", msg) ||
-        !ApiOk(fusedattn_bwd_workspace_size(&c, &flex_bwd, msg, sizeof msg), "workspace", msg))
+    c.dropout = o.dropout;
+    if (!o.score_mod.empty()) {
+      c.score_mod = mod.get();
+      fa.num_score_mod_tensors = ba.num_score_mod_tensors =
+          static_cast<int64_t>(graph_tensors.size());
+      fa.score_mod_tensors = ba.score_mod_tensors = graph_tensors.data();
+    }
+    size_t then_fwd = 0, then_bwd = 0;
+    if (!ApiOk(fusedattn_fwd_workspace_size(&c, &then_fwd, msg, sizeof msg), "workspace", msg) ||
+        !ApiOk(fusedattn_bwd_workspace_size(&c, &then_bwd, msg, sizeof msg), "workspace", msg))
       return;
-    const size_t need = flex_fwd > flex_bwd ? flex_fwd : flex_bwd;
+    const size_t need = then_fwd > then_bwd ? then_fwd : then_bwd;
     if (need > bytes) {
       if (workspace) cudaFree(workspace);
       workspace = nullptr;
@@ -363,6 +376,7 @@ void RunOne(const Options& o, fusedattn_dtype dtype, int64_t d, int64_t seqlen, 
   if (o.softcap > 0) mods += " softcap=" + std::to_string(o.softcap).substr(0, 5);
   if (o.alibi) mods += " alibi";
   if (!o.score_mod.empty()) mods += " score_mod=" + o.score_mod;
+  if (o.dropout > 0) mods += " dropout=" + std::to_string(o.dropout).substr(0, 4);
   if (with_bias)
     mods += std::string(" bias=") + (o.bias == FUSEDATTN_BIAS_PRE_SCALE ? "pre" : "post") +
             (o.bias_broadcast ? "[1,1,s,s]" : "[b,h,s,s]") + (o.bias_fp32 ? "f32" : "");
@@ -374,10 +388,11 @@ void RunOne(const Options& o, fusedattn_dtype dtype, int64_t d, int64_t seqlen, 
   if (o.backend == FUSEDATTN_BACKEND_FLASH)
     std::printf(" [%s]", ForwardKernel(c, fa).c_str());
 #endif
-  if (!o.score_mod.empty() && plain_ms > 0 && fwd_ms > 0)
-    std::printf(" | plain fwd %8.3f ms %6.1f TFLOP/s%s%s%s, speed score_mod/plain %.3f", plain_ms,
+  if (plain_ms > 0 && fwd_ms > 0)
+    std::printf(" | plain fwd %8.3f ms %6.1f TFLOP/s%s%s%s, speed %s/plain %.3f", plain_ms,
                 flops / plain_ms / 1e9, plain_kernel.empty() ? "" : " [",
-                plain_kernel.c_str(), plain_kernel.empty() ? "" : "]", plain_ms / fwd_ms);
+                plain_kernel.c_str(), plain_kernel.empty() ? "" : "]",
+                o.score_mod.empty() ? "dropout" : "score_mod", plain_ms / fwd_ms);
   if (!o.fwd_only && fwd_ms > 0) {
     double bwd_host_ms = 0;
     const double bwd_ms = TimeMs(o.iters, bwd, &bwd_host_ms);
@@ -466,6 +481,12 @@ int main(int argc, char** argv) {
         return 2;
       }
       next();
+    } else if (flag == "--dropout") {
+      o.dropout = atof(value), next();
+      if (!(o.dropout > 0.0 && o.dropout < 1.0)) {
+        std::printf("--dropout takes a probability in (0, 1), not %s\n", value);
+        return 2;
+      }
     } else if (flag == "--paged-prefill") {
       o.paged_prefill = true;
     } else if (flag == "--batch") {
@@ -495,8 +516,10 @@ int main(int argc, char** argv) {
     std::printf("--bias and --alibi exclude each other (config.bias_type is one of them)\n");
     return 2;
   }
-  if (!o.score_mod.empty() && (o.alibi || o.softcap > 0 || o.bias != FUSEDATTN_BIAS_NONE)) {
-    std::printf("--score-mod excludes --softcap, --alibi and --bias (see the top of the file)\n");
+  if (!o.score_mod.empty() &&
+      (o.alibi || o.softcap > 0 || o.bias != FUSEDATTN_BIAS_NONE || o.dropout > 0)) {
+    std::printf("--score-mod excludes --softcap, --alibi, --bias and --dropout (see the top of "
+                "the file)\n");
     return 2;
   }
   if ((o.bias_broadcast || o.bias_fp32) && o.bias == FUSEDATTN_BIAS_NONE) {

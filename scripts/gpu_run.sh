@@ -372,6 +372,66 @@ step_flex_hopper_bench() {
   return $rc
 }
 
+# cuDNN's paged SDPA forward (issue 21; cuDNN README "Paged K/V"): its GPU tests with the other
+# paged ones (flash decode and chunked prefill, selection's paged refusals), memcheck on the
+# table and one decode case, the Python paged tests; needs the full build (step build). Give it
+# TIMEOUT_cudnn_paged=400.
+step_cudnn_paged() {
+  local rc=0
+  GTEST_FILTER='*CudnnPaged*:ReferenceOnCudaSelection.*:*FlashDecode*:*PagedPrefill*' \
+    step_tests_parallel || rc=1
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/fusedattn_gpu_tests" \
+    --gtest_filter='CudnnPagedTable*:Shapes/CudnnPagedDecode.MatchesReference/Page16_Gqa8x2_D128*' \
+    || rc=1
+  PYTEST_ARGS='tests/test_paged.py' step_python || rc=1
+  return $rc
+}
+
+# Dropout on flash's Hopper forward (issue 17; flash README "Hopper forward: dropout").
+# hopper_dropout: the Hopper forward's tests (its dropout cases, the mask checks and the dispatch
+# test among them), the mma.sync, simple and small_seq tests (every kernel that draws the mask:
+# Philox's device multiply changed with it), again with FUSEDATTN_FLASH_WGMMA=0, memcheck and
+# racecheck on the dropout sanitize cases, and the CPU planner, dropout and NVRTC codegen tests;
+# give it TIMEOUT_hopper_dropout=580.
+# hopper_dropout_bench: flash_bench --dropout (each line beside
+# the same problem without dropout: "speed dropout/plain") on the Hopper kernel, then the same
+# lines with FUSEDATTN_FLASH_WGMMA=0 (the mma.sync full kernel that ran dropout before).
+step_hopper_dropout() {
+  local rc=0 hopper='FlashWgmma/*:FlashWgmma.*:FlashWgmmaSanitize*'
+  local masks='Flash.*:FlashGrid/*:FlashSanitize*:SmallSeq*:*Dropout*'
+  GTEST_FILTER="$hopper:$masks" step_tests_parallel || rc=1
+  # The same mask tests on the mma.sync kernels (their Philox multiply changed too, and plain
+  # dropout no longer reaches them on sm_90 otherwise): the bit-for-bit test then checks the
+  # mma.sync forward's mask.
+  FUSEDATTN_FLASH_WGMMA=0 GTEST_FILTER='Flash.*:FlashGrid/*:*Dropout*' step_tests_parallel || rc=1
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/fusedattn_gpu_tests" \
+    --gtest_filter='FlashWgmmaSanitize.DropoutSmallCases' || rc=1
+  compute-sanitizer --tool racecheck --error-exitcode 9 "$BUILD/tests/fusedattn_gpu_tests" \
+    --gtest_filter='FlashWgmmaSanitize.DropoutSmallCases' || rc=1
+  "$BUILD/tests/fusedattn_tests" --gtest_filter='FlashPlan*:*Dropout*:FlexCodegen.*' || rc=1
+  return $rc
+}
+
+step_hopper_dropout_bench() {
+  local rc=0 bench="$BUILD/bench/flash_bench" wgmma p
+  for wgmma in 1 0; do
+    echo "== FUSEDATTN_FLASH_WGMMA=$wgmma"
+    for p in 0.1 0.5; do
+      FUSEDATTN_FLASH_WGMMA=$wgmma "$bench" --dtype bf16 --d 128 --seqlen 16384 --causal all \
+        --iters 10 --fwd-only --dropout "$p" || rc=1
+    done
+    FUSEDATTN_FLASH_WGMMA=$wgmma "$bench" --dtype bf16 --d 64 --seqlen 1024 --causal all \
+      --iters 10 --fwd-only --dropout 0.1 || rc=1
+    FUSEDATTN_FLASH_WGMMA=$wgmma "$bench" --dtype bf16 --d 64 --seqlen 16384 --causal all \
+      --iters 10 --fwd-only --dropout 0.1 || rc=1
+    FUSEDATTN_FLASH_WGMMA=$wgmma "$bench" --dtype bf16 --d 256 --seqlen 16384 --causal 0 \
+      --iters 10 --fwd-only --dropout 0.1 || rc=1
+  done
+  # A training step: the Hopper dropout forward and the mma.sync backward.
+  "$bench" --dtype bf16 --d 128 --seqlen 16384 --causal all --iters 10 --dropout 0.1 || rc=1
+  return $rc
+}
+
 # Times fusedattn with score modifiers against compiled FlexAttention (bench/flex_bench.py).
 # Chunked prefill against a paged K/V cache next to the same problem with contiguous K/V
 # (bench/flash_bench.cpp --paged-prefill: 8 sequences x 2048 new tokens against 8192 cached, hq 32,
@@ -478,7 +538,8 @@ for step in "$@"; do
   fi
   t0=$SECONDS
   # Each step has its own time limit (STEP_TIMEOUT, seconds) so one hang cannot eat the call.
-  export -f "$fn" step_python_build use_fa4 step_tests_parallel
+  # Every step function, so that a step may call another (cudnn_paged runs step python).
+  export -f $(declare -F | awk '$3 ~ /^step_/ {print $3}') use_fa4 summary
   limit_var="TIMEOUT_${step//-/_}"
   PYTHONUNBUFFERED=1 timeout "${!limit_var:-${STEP_TIMEOUT:-300}}" bash -c "$fn" >"$OUT/$step.log" 2>&1
   rc=$?

@@ -218,8 +218,12 @@
  * on sm_90 the Hopper forward's paged instances for the rest (chunked prefill with more query
  * rows, and the few-row problems the decode kernel refuses): float16/bfloat16 with o_dtype equal,
  * head dims multiples of 8 up to 128, attn_scale > 0, no bias tensor, dropout or score_mod,
- * page_size a power of two >= 16, q and the pools 16-byte aligned for TMA; the other GPU backends
- * and the problems flash refuses say why in their reasons.
+ * page_size a power of two >= 16, q and the pools 16-byte aligned for TMA. cuDNN runs paged K/V
+ * through its paged SDPA forward (cuDNN >= 9.5, THD queries >= 9.8): float16/bfloat16 with o_dtype
+ * equal, page_size a power of two, head dims multiples of 8, no pre-scale bias, ALiBi, softcap,
+ * max_logit or score_mod other than a band, what cuDNN's own engines take besides; it gives cuDNN
+ * a copy of the table in which every entry is a page of the pool. small_seq and the problems
+ * flash and cuDNN refuse say why in their reasons.
  *
  * Where tensors live: config.device says it. CUDA: device memory (or memory the device can read);
  * the reference backend then copies to the host and back. CPU: host memory, only the reference

@@ -17,10 +17,19 @@ struct Philox4 {
   uint32_t x, y, z, w;
 };
 
+// The high and low words of a * b. On the device as two 32-bit operations (ptxas fuses them into
+// one IMAD.WIDE): from the 64-bit product, NVVM kept 64-bit XORs of the words that ptxas lowered
+// with an extra add per multiply (about a fifth of the Hopper dropout forward's mask arithmetic;
+// the mma.sync full backward spills less with it, ptxas -v, sm_80 and sm_90a). Same words.
 FUSEDATTN_HOST_DEVICE uint32_t PhiloxMulHi(uint32_t a, uint32_t b, uint32_t* lo) {
+#if defined(__CUDA_ARCH__)
+  *lo = a * b;
+  return __umulhi(a, b);
+#else
   uint64_t product = static_cast<uint64_t>(a) * b;
   *lo = static_cast<uint32_t>(product);
   return static_cast<uint32_t>(product >> 32);
+#endif
 }
 
 // Ten rounds of Philox4x32 on counter c with key (k0, k1).

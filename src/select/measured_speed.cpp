@@ -33,6 +33,12 @@ const char* OutsideTheTable(const Problem& p) {
 SpeedOrder OrderByMeasuredSpeed(const Problem& p, int sm, bool training,
                                 const std::vector<MeasuredSpeed>& table, const char* source) {
   SpeedOrder order;
+  if (p.paged) {
+    order.flash_first = true;
+    order.basis = "flash first for paged K/V: cuDNN's paged SDPA forward is the second backend, "
+                  "taken where flash refuses, until the two are measured side by side";
+    return order;
+  }
   if (const char* why = OutsideTheTable(p)) {
     order.basis = Format("default order: no measured speed for problems with %s", why);
     return order;

@@ -108,8 +108,8 @@ std::vector<fusedattn_backend> PreferenceOrder(const Problem& p, SpeedOrder* spe
   if (p.device == Device::kCpu) return {FUSEDATTN_BACKEND_REFERENCE};
   // small_seq refuses anything but sq = 1 against a short K/V at once; cuDNN and our flash
   // kernels run nearly everything else, in the order their measured speed gives for this problem
-  // (measured_speed.h), cuDNN first where nothing was measured; the reference runs on CUDA
-  // tensors only when forced (it copies everything to the host).
+  // (measured_speed.h), cuDNN first where nothing was measured (flash first for paged K/V);
+  // the reference runs on CUDA tensors only when forced (it copies everything to the host).
   SpeedOrder order = OrderByMeasuredSpeed(p, CurrentDeviceComputeCapability(),
                                           p.config.is_training != 0);
   const bool flash_first = order.flash_first;

@@ -14,6 +14,7 @@
 #include "backends/flash/jit.h"
 #include "backends/flash/planner.h"
 #include "backends/flash/schedule.h"
+#include "backends/flash/sm90_tile.h"
 #include "fusedattn/score_mod.hpp"
 #include "problem/problem.h"
 
@@ -147,21 +148,93 @@ TEST(FlashPlanBackward, ThdAtD256ReservesNoScheduleForItsMmaSyncBackward) {
   EXPECT_TRUE(Forward(Thd(Config(256))).workspace.has_schedule);
 }
 
-TEST(FlashPlanForward, DropoutTakesTheFullVariantOnMmaSync) {
-  fusedattn_config dropout = Config(), softcap_alibi_dropout = Config(), bias_dropout = Config();
-  dropout.dropout = 0.1;
-  softcap_alibi_dropout.softcap = 30.0;
-  softcap_alibi_dropout.bias_type = FUSEDATTN_BIAS_ALIBI;
-  softcap_alibi_dropout.dropout = 0.1;
-  bias_dropout.bias_type = FUSEDATTN_BIAS_POST_SCALE;
-  bias_dropout.dropout = 0.1;
-  for (const fusedattn_config& c : {dropout, softcap_alibi_dropout, bias_dropout}) {
-    ForwardPlan plan = Forward(c);
-    ASSERT_TRUE(plan.status.ok()) << plan.status.message();
-    EXPECT_EQ(plan.variant, KernelVariant::kFull);
-    EXPECT_EQ(plan.path, KernelPath::kMmaSync);
-    EXPECT_EQ(plan.why, "hopper forward: no dropout (softcap, ALiBi and bias tensors run there)");
+// Dropout runs on the Hopper forward's dropout variant at every forward instance, with the plain
+// score or with softcap and/or ALiBi, through the masks, GQA, sinks, max_logit and THD.
+TEST(FlashPlanForward, DropoutTakesTheDropoutVariantOfTheHopperForward) {
+  for (int64_t d : {64, 128, 256}) {
+    fusedattn_config plain = Config(d), causal = Config(d), softcap = Config(d),
+                     alibi = Config(d), both = Config(d), sink = Config(d);
+    for (fusedattn_config* c : {&plain, &causal, &softcap, &alibi, &both, &sink})
+      c->dropout = 0.1;
+    causal.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    causal.window_left = 64;
+    softcap.softcap = 30.0;
+    alibi.bias_type = FUSEDATTN_BIAS_ALIBI;
+    both.softcap = 5.0;
+    both.bias_type = FUSEDATTN_BIAS_ALIBI;
+    both.return_max_logit = 1;
+    sink.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+    sink.heads_kv = 1;
+    for (const fusedattn_config& c : {plain, causal, softcap, alibi, both, sink})
+      ExpectHopperForward(c, d, KernelVariant::kDropout);
+    ForwardPlan thd = Forward(Thd(plain));
+    EXPECT_EQ(thd.path, KernelPath::kHopperWgmma);
+    EXPECT_EQ(thd.variant, KernelVariant::kDropout);
+    EXPECT_EQ(thd.schedule, TileSchedule::kThdHeavyFirst);
   }
+  // d64 from 4096 keys: the long-key tile, as without dropout.
+  fusedattn_config long_keys = Config(64);
+  long_keys.max_seqlen_kv = 4096;
+  long_keys.dropout = 0.5;
+  const ForwardPlan plan = Forward(long_keys);
+  EXPECT_EQ(plan.variant, KernelVariant::kDropout);
+  EXPECT_EQ(plan.keys_per_step, 128);
+}
+
+// What the dropout variant does not take, each with the reason the plan gives.
+TEST(FlashPlanForward, DropoutOffTheHopperForwardSaysWhy) {
+  fusedattn_config bias = Config();
+  bias.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+  bias.dropout = 0.1;
+  ForwardPlan plan = Forward(bias);
+  ASSERT_TRUE(plan.status.ok()) << plan.status.message();
+  EXPECT_EQ(plan.path, KernelPath::kMmaSync);
+  EXPECT_EQ(plan.variant, KernelVariant::kFull);
+  EXPECT_EQ(plan.why, "hopper forward: no bias tensor with dropout (dropout runs there alone or "
+                      "with softcap and ALiBi, bias tensors without dropout)");
+  fusedattn_config c = Config();
+  c.dropout = 0.1;
+  plan = Forward(c, A100());
+  EXPECT_EQ(plan.path, KernelPath::kMmaSync);
+  EXPECT_EQ(plan.variant, KernelVariant::kFull);
+  EXPECT_EQ(plan.why, "hopper kernels: the device is not sm_90");
+  DeviceFacts no_wgmma = H100();
+  no_wgmma.wgmma_allowed = false;
+  EXPECT_EQ(Forward(c, no_wgmma).path, KernelPath::kMmaSync);
+  fusedattn_config negative = c;
+  negative.attn_scale = -0.1;
+  plan = Forward(negative);
+  EXPECT_EQ(plan.path, KernelPath::kMmaSync);
+  EXPECT_EQ(plan.why, "hopper forward: attn_scale > 0 only");
+  fusedattn_config float32 = c;
+  float32.qkv_dtype = float32.o_dtype = FUSEDATTN_DTYPE_FLOAT32;
+  EXPECT_EQ(Forward(float32).path, KernelPath::kSimple);
+  // Keys TMA cannot describe (cp.async reads them; TMA strides are unsigned).
+  Problem p = Make(c);
+  FwdTensors tensors = DenseFwdTensors(p);
+  tensors.k.stride_s = -tensors.k.stride_s;
+  plan = PlanForward(p, tensors, H100());
+  EXPECT_EQ(plan.path, KernelPath::kMmaSync);
+  EXPECT_TRUE(Contains(plan.why, "TMA cannot describe")) << plan.why;
+}
+
+// The rule both the planner and the launchers apply (sm90_tile.h): dropout is the forward's
+// dropout policy, with softcap and ALiBi or neither, never with a bias tensor, and no backward's.
+TEST(FlashPlanForward, Sm90ScoresForGivesDropoutItsOwnForwardPolicy) {
+  for (bool alibi : {false, true})
+    for (bool softcap : {false, true}) {
+      Sm90Scores scores = Sm90Scores::kPlain;
+      EXPECT_TRUE(Sm90ScoresFor(false, alibi, softcap, true, /*forward=*/true, &scores));
+      EXPECT_EQ(scores, Sm90Scores::kDropout);
+      EXPECT_FALSE(Sm90ScoresFor(false, alibi, softcap, true, /*forward=*/false, &scores));
+      EXPECT_TRUE(Sm90ScoresFor(false, alibi, softcap, false, /*forward=*/true, &scores));
+      EXPECT_EQ(scores, alibi || softcap ? Sm90Scores::kSoftcapAlibi : Sm90Scores::kPlain);
+    }
+  Sm90Scores scores = Sm90Scores::kPlain;
+  EXPECT_FALSE(Sm90ScoresFor(true, false, false, true, /*forward=*/true, &scores));
+  EXPECT_FALSE(Sm90ScoresFor(true, false, true, true, /*forward=*/true, &scores));
+  EXPECT_TRUE(Sm90ScoresFor(true, false, false, false, /*forward=*/true, &scores));
+  EXPECT_EQ(scores, Sm90Scores::kBias);
 }
 
 TEST(FlashPlanForward, BiasTensorsTakeTheBiasVariantOfTheHopperForward) {
@@ -268,20 +341,42 @@ TEST(FlashPlanBackward, SoftcapAlibiThdTakesTheHeavyFirstSchedule) {
 }
 
 TEST(FlashPlanBackward, BiasTensorsAndDropoutTakeTheFullVariantOnMmaSync) {
-  fusedattn_config pre = Config(), post = Config(), dropout = Config(), softcap_dropout = Config();
+  fusedattn_config pre = Config(), post = Config(), bias_dropout = Config();
   pre.bias_type = FUSEDATTN_BIAS_PRE_SCALE;
   post.bias_type = FUSEDATTN_BIAS_POST_SCALE;
   post.softcap = 30.0;
-  dropout.dropout = 0.1;
-  softcap_dropout.softcap = 30.0;
-  softcap_dropout.bias_type = FUSEDATTN_BIAS_ALIBI;
-  softcap_dropout.dropout = 0.1;
-  for (const fusedattn_config& c : {pre, post, dropout, softcap_dropout}) {
+  bias_dropout.bias_type = FUSEDATTN_BIAS_POST_SCALE;
+  bias_dropout.dropout = 0.1;
+  for (const fusedattn_config& c : {pre, post, bias_dropout}) {
     BackwardPlan plan = Backward(c);
     ASSERT_TRUE(plan.status.ok()) << plan.status.message();
     EXPECT_EQ(plan.variant, KernelVariant::kFull);
     EXPECT_EQ(plan.path, KernelPath::kMmaSync);
     EXPECT_EQ(plan.why, "hopper backward: no bias tensor or dropout (softcap and ALiBi run there)");
+  }
+}
+
+// Training with dropout on sm_90: the Hopper forward (dropout variant) and the mma.sync backward,
+// which draws the same mask; its reason says so, in both modes.
+TEST(FlashPlanBackward, DropoutRunsTheMmaSyncBackwardAfterTheHopperForward) {
+  for (int64_t d : {64, 128}) {
+    fusedattn_config dropout = Config(d), softcap_dropout = Config(d);
+    dropout.dropout = 0.1;
+    softcap_dropout.softcap = 30.0;
+    softcap_dropout.bias_type = FUSEDATTN_BIAS_ALIBI;
+    softcap_dropout.dropout = 0.1;
+    for (fusedattn_config c : {dropout, softcap_dropout})
+      for (int deterministic : {0, 1}) {
+        c.deterministic = deterministic;
+        EXPECT_EQ(Forward(c).variant, KernelVariant::kDropout);
+        BackwardPlan plan = Backward(c);
+        ASSERT_TRUE(plan.status.ok()) << plan.status.message();
+        EXPECT_EQ(plan.path, KernelPath::kMmaSync);
+        EXPECT_EQ(plan.variant, KernelVariant::kFull);
+        EXPECT_EQ(plan.dq, deterministic ? DqMode::kDeterministic : DqMode::kAtomicThenConvert);
+        EXPECT_EQ(plan.why, "hopper backward: no dropout (the Hopper forward runs it; this "
+                            "backward draws the same mask)");
+      }
   }
 }
 
@@ -1166,8 +1261,18 @@ TEST(FlashPlan, ExplainNamesPathInstanceVariantScheduleAndWorkspace) {
             "forward: hopper-wgmma d128 bias, 128 keys per step, workspace 0 B");
   bias.dropout = 0.1;
   EXPECT_EQ(DescribeForwardPlan(Forward(bias)),
-            "forward: mma.sync d128 full, workspace 0 B (hopper forward: no dropout (softcap, "
-            "ALiBi and bias tensors run there))");
+            "forward: mma.sync d128 full, workspace 0 B (hopper forward: no bias tensor with "
+            "dropout (dropout runs there alone or with softcap and ALiBi, bias tensors without "
+            "dropout))");
+  fusedattn_config dropout = Config(128);
+  dropout.dropout = 0.1;
+  EXPECT_EQ(DescribeForwardPlan(Forward(dropout)),
+            "forward: hopper-wgmma d128 dropout, 128 keys per step, workspace 0 B");
+  EXPECT_EQ(DescribeBackwardPlan(Backward(dropout)),
+            "backward: mma.sync d128 full, dQ atomic+convert, workspace " +
+                std::to_string(Backward(dropout).workspace.total) +
+                " B (hopper backward: no dropout (the Hopper forward runs it; this backward draws "
+                "the same mask))");
   if (jit::Available().ok()) {
     fusedattn_config flex = Config(128);
     flex.score_mod = WindowMask().get();

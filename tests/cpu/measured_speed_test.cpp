@@ -127,6 +127,18 @@ TEST(MeasuredSpeed, VariantsTheTableDoesNotMeasureKeepTheDefaultOrderAndSayWhy) 
   }
 }
 
+// Paged K/V is outside the measured classes, and flash (whose paged kernels came first) goes
+// before cuDNN's paged SDPA forward, the second backend, saying so.
+TEST(MeasuredSpeed, PagedKvPutsFlashFirstUntilMeasured) {
+  fusedattn_config c = Plain(1024);
+  c.max_seqlen_q = 1;
+  c.page_size = 16;
+  const SpeedOrder order = Order(c);
+  EXPECT_FALSE(order.measured);
+  EXPECT_TRUE(order.flash_first);
+  EXPECT_NE(order.basis.find("paged K/V"), std::string::npos) << order.basis;
+}
+
 TEST(MeasuredSpeed, TheCompiledInTableIsWellFormed) {
   EXPECT_NE(std::string(MeasuredSpeedSource()), "");
   for (const MeasuredSpeed& e : MeasuredSpeedTable()) {

@@ -460,8 +460,9 @@ TEST(PagedKvSelection, TheReferenceRunsPagedProblemsOnTheCpu) {
   EXPECT_EQ(backend, FUSEDATTN_BACKEND_REFERENCE);
 }
 
-// Every GPU backend compiled in refuses paged K/V until it has a kernel for it, and says so (the
-// reason of its check, asked as selection asks it, with a CUDA device taken to be present).
+// Every GPU backend compiled in refuses this paged problem (head dims of 8 with return_max_logit,
+// checked without a GPU's facts) and its reason says that the problem is a paged one (the reason
+// of its check, asked as selection asks it, with a CUDA device taken to be present).
 TEST(PagedKvSelection, EveryGpuBackendRefusesItNamingPagedKv) {
   fusedattn_config c = PagedConfig(DecodeShape());
   c.device = FUSEDATTN_DEVICE_CUDA;

@@ -11,8 +11,12 @@
 //    tolerances of shared/DESIGN.md, poisoned outputs, and on an sm_90 device the check that the
 //    call's plan (flash::PlanForwardCall, planner.h) is the wgmma kernel: the backend runs the
 //    plan, and a Hopper launcher that declines what the plan chose is an error, not a fall-back;
-//    the plan's variant is bias exactly when the problem has a bias tensor, else softcap-alibi
-//    exactly when it has softcap or ALiBi.
+//    the plan's variant is dropout exactly when the problem has dropout, else bias exactly when it
+//    has a bias tensor, else softcap-alibi exactly when it has softcap or ALiBi. Dropout cases
+//    (the dropout variant) compare O exactly like the others: the reference draws the same mask.
+//  * FlashWgmma.Dropout*: the Hopper forward's dropout mask against the reference's bit for bit,
+//    and a Hopper dropout forward followed by the mma.sync backward (no Hopper backward has
+//    dropout): gradients against the reference, and the backward's mask against the forward's.
 //  * FlashWgmma.*: a large case, the dispatch rule, and FlashWgmmaSanitize.* for
 //    compute-sanitizer:
 //      compute-sanitizer --tool memcheck build/tests/fusedattn_gpu_tests --gtest_filter='FlashWgmmaSanitize*'
@@ -78,9 +82,10 @@ bool ForwardPlanIsWgmma(const fusedattn_config& config, const fusedattn_fwd_args
   const bool bias = config.bias_type == FUSEDATTN_BIAS_PRE_SCALE ||
                     config.bias_type == FUSEDATTN_BIAS_POST_SCALE;
   const bool modifiers = config.softcap > 0.0 || config.bias_type == FUSEDATTN_BIAS_ALIBI;
-  EXPECT_EQ(plan.variant, bias        ? flash::KernelVariant::kBias
-                          : modifiers ? flash::KernelVariant::kSoftcapAlibi
-                                      : flash::KernelVariant::kPlain)
+  EXPECT_EQ(plan.variant, config.dropout > 0.0 ? flash::KernelVariant::kDropout
+                          : bias               ? flash::KernelVariant::kBias
+                          : modifiers          ? flash::KernelVariant::kSoftcapAlibi
+                                               : flash::KernelVariant::kPlain)
       << flash::DescribeForwardPlan(plan);
   return true;
 #else
@@ -617,6 +622,84 @@ void BiasCases(fusedattn_dtype dtype, int64_t d, Add& add) {
   }
 }
 
+// Dropout (the dropout variant of the Hopper forward): drop probabilities 0.1 to 0.9, causal and
+// not, windows, GQA and MQA, softcap and ALiBi, sinks, fully masked rows, padding with NaN, THD on
+// both grids, d64's long-key tile. O is compared with the reference's, which drops the same
+// elements (fusedattn.h's Philox numbering); FlashWgmma.DropoutMaskIsTheReferenceMaskBitForBit
+// checks the mask alone, element by element.
+template <typename Add>
+void DropoutCases(fusedattn_dtype dtype, int64_t d, Add& add) {
+  {
+    fusedattn_config c = Config(2, 4, 4, 200, 200, d, dtype);
+    for (int percent : {10, 50, 90}) {
+      c.dropout = percent / 100.0;
+      add("dropout_" + std::to_string(percent), c);
+    }
+  }
+  {
+    fusedattn_config c = Config(2, 4, 4, 300, 300, d, dtype);
+    c.mask = FUSEDATTN_MASK_CAUSAL;
+    c.dropout = 0.2;
+    add("dropout_causal", c);
+  }
+  {
+    fusedattn_config c = Config(2, 6, 2, 77, 300, d, dtype);
+    c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    c.dropout = 0.3;
+    add("dropout_gqa3_causal_bottom_right_sq_lt_skv", c);
+  }
+  {
+    fusedattn_config c = Config(2, 4, 2, 333, 280, d, dtype);
+    c.window_left = 100, c.window_right = 20;
+    c.bias_type = FUSEDATTN_BIAS_ALIBI;
+    c.softcap = 5.0;
+    c.dropout = 0.25;
+    add("dropout_softcap_alibi_window_100_20_gqa", c);
+    c.bias_type = FUSEDATTN_BIAS_NONE;
+    c.softcap = 0.8;
+    add("dropout_softcap_window_100_20_gqa", c);
+  }
+  {
+    fusedattn_config c = Config(2, 2, 2, 150, 40, d, dtype);  // first 110 rows see no key
+    c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK;
+    c.dropout = 0.5;
+    add("dropout_fully_masked_rows_with_sink", c);
+  }
+  {
+    fusedattn_config c = Config(3, 4, 4, 260, 250, d, dtype);
+    c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
+    c.dropout = 0.3;
+    TensorOptions o;
+    o.len_q = {1, 260, 129};
+    o.len_kv = {250, 3, 200};
+    add("dropout_padding_causal_nan_in_padding", c, o, true);
+  }
+  {
+    fusedattn_config c = Config(5, 4, 2, 150, 170, d, dtype);
+    SetFormats(&c, FUSEDATTN_FORMAT_THD);
+    c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
+    c.dropout = 0.4;
+    TensorOptions o;
+    o.len_q = {150, 0, 17, 1, 129};
+    o.len_kv = {170, 5, 0, 64, 129};
+    o.thd_gaps = true;
+    add("dropout_thd_uneven_with_empty_gaps", c, o);
+    o.thd_gaps = false;
+    o.lse_packed = true;  // the heavy-first schedule
+    c.mask = FUSEDATTN_MASK_PADDING;
+    c.bias_type = FUSEDATTN_BIAS_ALIBI;
+    add("dropout_alibi_thd_uneven_packed_lse", c, o);
+  }
+  {
+    // From 4096 keys d64 runs its long-key tile (Sm90ForwardKeysPerStep).
+    fusedattn_config c = Config(1, 2, 1, 130, 4200, d, dtype);
+    c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    c.dropout = 0.15;
+    add("dropout_long_keys_causal_bottom_right_mqa", c);
+  }
+}
+
 std::vector<Case> CasesFor(fusedattn_dtype dtype, int64_t d) {
   std::vector<Case> cases;
   auto add = [&](std::string name, fusedattn_config c, TensorOptions o = {},
@@ -703,6 +786,7 @@ std::vector<Case> CasesFor(fusedattn_dtype dtype, int64_t d) {
     add("long_keys_4096_softcap_alibi", c);
   }
   BiasCases(dtype, d, add);
+  DropoutCases(dtype, d, add);
   return cases;
 }
 
@@ -784,9 +868,10 @@ TEST(FlashWgmma, HeadDim256SequencesEndingMidTile) {
 }
 
 // The dispatch: plain problems of the 64, 128 and 256 instances take the wgmma kernel on sm_90,
-// and so do softcap and ALiBi (the softcap-alibi variant) and bias tensors (the bias variant;
-// variants checked by ExpectForwardMatches); dropout, float32 and unaligned rows do not (and
-// stay correct).
+// and so do softcap and ALiBi (the softcap-alibi variant), bias tensors (the bias variant) and
+// dropout with or without softcap and ALiBi (the dropout variant; variants checked by
+// ExpectForwardMatches); a bias tensor with dropout, float32 and unaligned rows do not (and stay
+// correct).
 TEST(FlashWgmma, PathIsTakenExactlyWhenItShouldBe) {
   SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
   if (!WgmmaExpected())
@@ -803,10 +888,14 @@ TEST(FlashWgmma, PathIsTakenExactlyWhenItShouldBe) {
   x.softcap = 20.0;
   ExpectForwardMatches({"softcap", x, {}, false, true});
   x.dropout = 0.1;
-  ExpectForwardMatches({"softcap with dropout falls back", x, {}, false, false});
+  ExpectForwardMatches({"softcap with dropout", x, {}, false, true});
   x = c;
   x.dropout = 0.1;
-  ExpectForwardMatches({"dropout falls back", x, {}, false, false});
+  ExpectForwardMatches({"dropout", x, {}, false, true});
+  x.head_dim_qk = x.head_dim_v = 64;
+  ExpectForwardMatches({"d64 dropout", x, {}, false, true});
+  x.head_dim_qk = x.head_dim_v = 256;
+  ExpectForwardMatches({"d256 dropout", x, {}, false, true});
   x = c;
   x.bias_type = FUSEDATTN_BIAS_POST_SCALE;
   ExpectForwardMatches({"post-scale bias", x, {}, false, true});
@@ -815,6 +904,10 @@ TEST(FlashWgmma, PathIsTakenExactlyWhenItShouldBe) {
   ExpectForwardMatches({"pre-scale bias with softcap", x, {}, false, true});
   x.dropout = 0.1;
   ExpectForwardMatches({"pre-scale bias with dropout falls back", x, {}, false, false});
+  x = c;
+  x.dropout = 0.1;
+  x.attn_scale = -0.1;
+  ExpectForwardMatches({"dropout with a negative scale falls back", x, {}, false, false});
   x = c;
   x.head_dim_qk = x.head_dim_v = 256;
   ExpectForwardMatches({"plain d256", x, {}, false, true});
@@ -913,10 +1006,11 @@ TEST(FlashWgmmaSanitize, SoftcapAlibiSmallCases) {
 // and LSE (as a training step runs them), and both on the reference backend on the host from the
 // same inputs: *host receives the device's outputs, *ref the reference's; *dev keeps the device
 // tensors (for the plan checks).
-void ForwardThenBackwardOnDeviceAndReference(const fusedattn_config& c, const TensorOptions& o,
-                                             ProblemTensors* host, ProblemTensors* ref,
-                                             DeviceProblem* dev) {
-  *host = MakeProblemTensors(c, o);
+// `inputs`: the tensors to run (MakeProblemTensors's, or inputs made from them).
+void ForwardThenBackwardOnDeviceAndReference(const ProblemTensors& inputs, ProblemTensors* host,
+                                             ProblemTensors* ref, DeviceProblem* dev) {
+  const fusedattn_config& c = inputs.config;
+  *host = inputs;
   *ref = *host;
   ref->config.backend = FUSEDATTN_BACKEND_REFERENCE;
   ref->config.device = FUSEDATTN_DEVICE_CPU;
@@ -932,6 +1026,11 @@ void ForwardThenBackwardOnDeviceAndReference(const fusedattn_config& c, const Te
   ASSERT_NO_THROW(Backward(c, dev->bwd_args(), bwd_workspace.ptr, bwd_bytes));
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   ASSERT_TRUE(dev->download_outputs(host, &error)) << error;
+}
+void ForwardThenBackwardOnDeviceAndReference(const fusedattn_config& c, const TensorOptions& o,
+                                             ProblemTensors* host, ProblemTensors* ref,
+                                             DeviceProblem* dev) {
+  ForwardThenBackwardOnDeviceAndReference(MakeProblemTensors(c, o), host, ref, dev);
 }
 
 // O, LSE and every gradient the reference computed (dbias where it has one), within the dtype's
@@ -1053,6 +1152,233 @@ TEST(FlashWgmma, BiasForwardThenMmaSyncBackward) {
 #else
   GTEST_SKIP() << "built without CUDA";
 #endif
+}
+
+// Dropout on the Hopper forward (the dropout instances), followed by the mma.sync backward (no
+// Hopper backward has dropout) in either mode, the backward from that forward's own O and LSE:
+// the two kernels drop the same elements (the backward recomputes P from the LSE and applies its
+// own mask), so O, the LSE and the gradients match the reference's.
+TEST(FlashWgmma, DropoutForwardThenMmaSyncBackward) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
+#ifdef FUSEDATTN_WITH_CUDA
+  for (int64_t d : {64, 128})
+    for (int variant : {0, 1})
+      for (int deterministic : {0, 1}) {
+        fusedattn_config c = Config(2, 4, 2, 200, 230, d, FUSEDATTN_DTYPE_BFLOAT16);
+        c.mask = variant == 0 ? FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT : FUSEDATTN_MASK_NONE;
+        c.dropout = variant == 0 ? 0.3 : 0.6;
+        if (variant == 1) {
+          c.softcap = 0.8;
+          c.bias_type = FUSEDATTN_BIAS_ALIBI;
+        }
+        c.deterministic = deterministic;
+        SCOPED_TRACE("d" + std::to_string(d) +
+                     (variant == 0 ? " dropout 0.3 causal" : " dropout 0.6 softcap alibi") +
+                     (deterministic ? " deterministic" : ""));
+        TensorOptions o;
+        o.seed = 1201 + d + 7 * variant;
+        ProblemTensors host, ref;
+        DeviceProblem dev;
+        ASSERT_NO_FATAL_FAILURE(ForwardThenBackwardOnDeviceAndReference(c, o, &host, &ref, &dev));
+        EXPECT_EQ(ForwardPlanIsWgmma(c, dev.fwd_args()), WgmmaExpected());
+        EXPECT_FALSE(BackwardPlanIsWgmma(c, dev.bwd_args()));
+        ExpectForwardAndGradientsClose(host, ref);
+      }
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
+}
+
+#ifdef FUSEDATTN_WITH_CUDA
+// Index of element x of token s of sequence b, head h in a q/k/v/o-like tensor of format f
+// (query side: q, o, dO, dQ; else k, v, dK, dV).
+std::vector<int64_t> TokenIndex(const ProblemTensors& t, fusedattn_format f, bool query_side,
+                                int64_t b, int64_t s, int64_t h, int64_t x) {
+  switch (f) {
+    case FUSEDATTN_FORMAT_SBHD: return {s, b, h, x};
+    case FUSEDATTN_FORMAT_BHSD: return {b, h, s, x};
+    case FUSEDATTN_FORMAT_THD: return {(query_side ? t.start_q[b] : t.start_kv[b]) + s, h, x};
+    default: return {b, s, h, x};
+  }
+}
+
+// Inputs whose outputs show the dropout mask (config: head_dim_qk == head_dim_v = dv, a
+// bottom-right causal mask with window_left = dv - 1): q = 0, so that each of the n_i keys row i
+// sees has probability 1 / n_i; v[j] = e_(j mod dv) in every kv head and dO[i] = e_(i mod dv) in
+// every query head. The window puts the keys a row sees in distinct columns, and the rows that
+// see a key too, so, for query head h,
+//   O[h][i][j mod dv] = keep(h, i, j) / ((1 - dropout) n_i):
+// nonzero exactly where the element (h, i, j) is kept by the forward's mask, whichever kv head h
+// reads (they all hold the same V). With heads_q == heads_kv, also
+//   dV[h][j][i mod dv] = the same, kept by the backward's mask;
+// with a GQA group dV sums the group's query heads, and so shows no single head's mask.
+void ShowDropoutMask(ProblemTensors* t) {
+  const auto& c = t->config;
+  const int64_t dv = c.head_dim_v;
+  t->q.fill(0.0);
+  for (int64_t b = 0; b < c.batch; ++b) {
+    for (int64_t h = 0; h < c.heads_kv; ++h)
+      for (int64_t j = 0; j < t->len_kv[b]; ++j)
+        for (int64_t x = 0; x < dv; ++x)
+          t->v.set(t->v.offset_of(TokenIndex(*t, c.kv_format, false, b, j, h, x)),
+                   x == j % dv ? 1.0 : 0.0);
+    for (int64_t h = 0; h < c.heads_q; ++h)
+      for (int64_t i = 0; i < t->len_q[b]; ++i)
+        for (int64_t x = 0; x < dv; ++x)
+          t->d_o.set(t->d_o.offset_of(TokenIndex(*t, c.do_format, true, b, i, h, x)),
+                     x == i % dv ? 1.0 : 0.0);
+  }
+}
+
+// Over every visible element (b, h, i, j) of a ShowDropoutMask problem: how many there are, how
+// many the reference keeps (O nonzero), and where the device's forward (O) and backward (dV)
+// decide otherwise. dV is read only where it shows the mask (heads_q == heads_kv; else
+// backward_differs stays 0 and backward_compared false).
+struct DropoutMaskCounts {
+  bool backward_compared = false;
+  int64_t visible = 0, kept = 0, forward_differs = 0, backward_differs = 0;
+};
+DropoutMaskCounts CompareDropoutMasks(const ProblemTensors& device, const ProblemTensors& ref) {
+  const auto& c = ref.config;
+  const int64_t dv = c.head_dim_v;
+  DropoutMaskCounts n;
+  n.backward_compared = c.heads_q == c.heads_kv;
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t h = 0; h < c.heads_q; ++h)
+      for (int64_t i = 0; i < ref.len_q[b]; ++i) {
+        const int64_t diagonal = i + ref.len_kv[b] - ref.len_q[b];  // bottom-right
+        const int64_t lo = std::max<int64_t>(0, diagonal - (dv - 1));
+        const int64_t hi = std::min<int64_t>(ref.len_kv[b] - 1, diagonal);
+        for (int64_t j = lo; j <= hi; ++j) {
+          const auto o_at = TokenIndex(ref, c.o_format, true, b, i, h, j % dv);
+          const bool kept = ref.o.at(o_at) != 0.0;
+          ++n.visible;
+          n.kept += kept;
+          n.forward_differs += (device.o.at(o_at) != 0.0) != kept;
+          if (n.backward_compared) {
+            const auto dv_at = TokenIndex(ref, c.dqkv_format, false, b, j, h, i % dv);
+            n.backward_differs += (device.dv.at(dv_at) != 0.0) != kept;
+          }
+        }
+      }
+  return n;
+}
+#endif
+
+// The Hopper forward's dropout mask is the reference's, element by element, and so is the
+// mma.sync backward's that follows it (ShowDropoutMask): every instance (d64 on both of its
+// tiles, d128, d256), dense and THD with gaps and empty sequences, bf16 and fp16, several drop
+// probabilities. A forward that ignored dropout, numbered rows, keys or sequences differently,
+// or exchanged the wrong halves between lanes would differ in about half the elements. Two cases
+// aim at the numbering of heads and sequences:
+//   - GQA (4 query heads, 2 kv heads): the mask is numbered by the query head; a forward that
+//     numbered it by the kv head would give query heads 1 and 3 the masks of heads 0 and 2.
+//     Only the forward's mask (O) is checked there: dV sums the group's query heads.
+//   - THD with packed LSE, which selects the heavy-first schedule (batch and head come from the
+//     scheduled tile), over sequences of 1 to 257 queries: a sequence or head numbered wrongly
+//     differs in about half of its elements, and the count is exact, so even the 3-token
+//     sequence (6 elements a head) cannot hide behind the long ones.
+TEST(FlashWgmma, DropoutMaskIsTheReferenceMaskBitForBit) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
+#ifdef FUSEDATTN_WITH_CUDA
+  struct MaskCase {
+    std::string name;
+    int64_t d, sq, skv;
+    bool thd;
+    double dropout;
+    fusedattn_dtype dtype;
+    int64_t heads_q = 2, heads_kv = 2;
+    // THD: LSE as [tokens, heads] (the heavy-first schedule), over the sequences below rather
+    // than the default ones (sq, 0, 17, 129 queries with gaps).
+    bool lse_packed = false;
+    std::vector<int32_t> len_q = {}, len_kv = {};
+  };
+  const std::vector<MaskCase> cases = {
+      {"d64 two-block tile", 64, 300, 300, false, 0.3, FUSEDATTN_DTYPE_BFLOAT16},
+      {"d64 long-key tile", 64, 130, 4200, false, 0.5, FUSEDATTN_DTYPE_FLOAT16},
+      {"d128", 128, 300, 300, false, 0.3, FUSEDATTN_DTYPE_BFLOAT16},
+      {"d128 fp16 sq < skv", 128, 200, 333, false, 0.8, FUSEDATTN_DTYPE_FLOAT16},
+      {"d256", 256, 300, 300, false, 0.3, FUSEDATTN_DTYPE_BFLOAT16},
+      {"d128 THD", 128, 300, 300, true, 0.4, FUSEDATTN_DTYPE_BFLOAT16},
+      {"d64 THD", 64, 300, 300, true, 0.1, FUSEDATTN_DTYPE_BFLOAT16},
+      // Query heads 1 and 3 share kv heads with 0 and 2 but not their masks.
+      {"d128 GQA 4/2 (forward only)", 128, 300, 300, false, 0.3, FUSEDATTN_DTYPE_BFLOAT16, 4, 2},
+      // The schedule takes sequences 1 (257 queries, 3 tiles) and 4 (2 tiles) first: its block
+      // order is not the batch order. sq, skv: the longest lengths (257, 300).
+      {"d64 THD packed LSE (heavy-first), sequences of 1 to 257 queries", 64, 0, 0, true, 0.3,
+       FUSEDATTN_DTYPE_BFLOAT16, 2, 2, true, {3, 257, 17, 1, 130, 64}, {3, 300, 40, 1, 130, 9}},
+  };
+  for (const MaskCase& k : cases) {
+    SCOPED_TRACE(k.name);
+    const int64_t batch = !k.thd ? 2 : k.lse_packed ? static_cast<int64_t>(k.len_q.size()) : 4;
+    int64_t sq = k.sq, skv = k.skv;
+    if (k.lse_packed) {  // THD's padded sq, skv: the longest sequence
+      sq = *std::max_element(k.len_q.begin(), k.len_q.end());
+      skv = *std::max_element(k.len_kv.begin(), k.len_kv.end());
+    }
+    fusedattn_config c = Config(batch, k.heads_q, k.heads_kv, sq, skv, k.d, k.dtype);
+    c.return_max_logit = 0;
+    c.dropout = k.dropout;
+    c.window_left = k.d - 1;
+    c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+    TensorOptions o;
+    o.seed = 3301 + k.d + k.sq;
+    if (k.thd) {
+      SetFormats(&c, FUSEDATTN_FORMAT_THD);
+      c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
+      if (k.lse_packed) {
+        o.lse_packed = true;
+        o.len_q = k.len_q;
+        o.len_kv = k.len_kv;
+      } else {
+        o.len_q = {static_cast<int32_t>(k.sq), 0, 17, 129};
+        o.len_kv = {static_cast<int32_t>(k.skv), 5, 40, 129};
+        o.thd_gaps = true;
+      }
+    }
+    ProblemTensors inputs = MakeProblemTensors(c, o);
+    ShowDropoutMask(&inputs);
+    ProblemTensors host, ref;
+    DeviceProblem dev;
+    ASSERT_NO_FATAL_FAILURE(ForwardThenBackwardOnDeviceAndReference(inputs, &host, &ref, &dev));
+    EXPECT_EQ(ForwardPlanIsWgmma(c, dev.fwd_args()), WgmmaExpected());
+    const DropoutMaskCounts n = CompareDropoutMasks(host, ref);
+    EXPECT_EQ(n.forward_differs, 0) << "of " << n.visible << " visible elements";
+    // With GQA dV sums the group's query heads (each under its own mask), so it shows no single
+    // head's mask: the backward's is checked by the cases with one query head per kv head.
+    if (n.backward_compared)
+      EXPECT_EQ(n.backward_differs, 0) << "of " << n.visible << " visible elements";
+    // The test itself: the reference kept about 1 - dropout of the elements.
+    ASSERT_GT(n.visible, 10000);
+    const double kept = static_cast<double>(n.kept) / static_cast<double>(n.visible);
+    EXPECT_NEAR(kept, 1.0 - k.dropout, 0.05) << n.kept << " of " << n.visible;
+    const double tol = Tolerance(c.qkv_dtype);
+    ExpectClose("O", host.o, ref.o, tol);
+    ExpectClose("LSE", host.lse, ref.lse, tol);
+    ExpectClose("dV", host.dv, ref.dv, tol);
+  }
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
+}
+
+// Dropout on the Hopper forward (the dropout instances) at every head dim, for compute-sanitizer.
+TEST(FlashWgmmaSanitize, DropoutSmallCases) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_FLASH);
+  for (const Case& k : SanitizeCases("dropout ", [](fusedattn_config& c) { c.dropout = 0.3; }))
+    ExpectForwardMatches(k);
+  for (const Case& k : SanitizeCases("dropout softcap alibi ", [](fusedattn_config& c) {
+         SoftcapAndAlibi(c);
+         c.dropout = 0.6;
+       }))
+    ExpectForwardMatches(k);
+  fusedattn_config c = Config(2, 2, 1, 100, 180, 256, FUSEDATTN_DTYPE_BFLOAT16);
+  c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+  c.dropout = 0.2;
+  ExpectForwardMatches({"sanitize dropout causal d256 bf16", c, {}, false, true});
+  c = Config(1, 2, 1, 70, 4100, 64, FUSEDATTN_DTYPE_BFLOAT16);  // d64's long-key tile
+  c.dropout = 0.2;
+  ExpectForwardMatches({"sanitize dropout long-key tile d64 bf16", c, {}, false, true});
 }
 
 // The same for the 256 instance alone (80-key tiles, four boxes per row, no ping-pong):

@@ -196,9 +196,10 @@ TEST(ReferenceOnCudaValidation, ABadPageIndexInDeviceMemoryWritesNothing) {
   EXPECT_TRUE(AllPoison(after.max_logit)) << "max_logit was written";
 }
 
-// Paged K/V on CUDA tensors that no GPU backend runs (head dim 512: flash's paged kernels, the
-// only paged ones, take head dims up to 256; small head dims they pad): selection finds none and
-// says why for each (the reference runs it only when forced).
+// Paged K/V on CUDA tensors that no GPU backend runs (head dim 512: flash's paged kernels take
+// head dims up to 256, small ones they pad; return_max_logit (Base): cuDNN's paged SDPA returns no
+// max logit): selection finds none and says why for each, every reason naming paged K/V (the
+// reference runs it only when forced).
 TEST(ReferenceOnCudaSelection, PagedKvNamesEveryGpuBackendsReason) {
   if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
   fusedattn_config c = Base();

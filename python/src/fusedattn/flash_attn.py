@@ -25,6 +25,7 @@ problem with per-sequence key lengths (_kvcache.py says which and why): on CPU t
 reference backend; on CUDA tensors cuDNN or flash (paged K/V: flash's decode kernel for up to
 16 query rows per sequence, float16/bfloat16, head dims 64 or 128; on sm_90 its Hopper forward
 for the rest, chunked prefill included, with page sizes that are powers of two of at least 16;
+then cuDNN's paged SDPA forward, float16/bfloat16 with page sizes that are powers of two;
 fusedattn.explain says why a problem runs nowhere).
 
 Not taken, with an error that says so: return_attn_probs=True (fusedattn never materializes

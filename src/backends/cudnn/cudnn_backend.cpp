@@ -8,6 +8,13 @@
 // the tensors of a call cannot be read by cuDNN at all, forward()/backward() answer NotSupported
 // and selection gives the call to the next backend (select.h, RunForward).
 //
+// Paged K/V (forward only; plan_spec.h SdpaGraphSpec::paged): the pools are cuDNN's containers
+// with the caller's strides, and the prepare kernel writes the page table cuDNN reads from the
+// caller's, every entry a page of the pool, with the key lengths from seqlens_kv (kernels.h).
+// The API layer checks only the table's shape and strides (its entries live on the device), so
+// this copy is what keeps cuDNN inside the pool. The pool's number of pages is part of the graph:
+// check() plans for CanonicalNumPages, and a call with another pool builds its plan once.
+//
 // Score modifiers: every entry point plans from EffectiveProblem (plan_spec.h): a band mask_mod
 // is a plain problem with that band, every other graph reaches cuDNN's score-modifier callbacks
 // through the spec (sdpa_graph.cpp lowers it).
@@ -1002,6 +1009,7 @@ class CudnnBackendImpl final : public Backend {
     FUSEDATTN_RETURN_IF_ERROR(PreCheck(p));
     DeviceInfo device;
     FUSEDATTN_RETURN_IF_ERROR(CurrentDevice(&device));
+    FUSEDATTN_RETURN_IF_ERROR(PagedVersionRefusal(p, device.cudnn_version));
     const FwdTensors fwd = CanonicalFwdTensors(p);
     const SeqlenRoute fwd_route{&p, [&fwd](const Problem& r) { return ForwardSpec(r, fwd); }};
     std::shared_ptr<PlanEntry> entry;
@@ -1179,21 +1187,28 @@ Status CudnnBackendImpl::forward(const Problem& problem, const FwdTensors& t, vo
   Problem storage;
   const Problem& p = EffectiveProblem(problem, &storage);
   const auto& c = p.config;
+  // Paged pools are checked as tensors of num_pages "sequences" of page_size tokens (never
+  // ragged: their pages are found through the page table).
+  const int64_t kv_batch = p.paged ? t.num_pages : c.batch;
+  const int64_t kv_rows = p.paged ? c.page_size : c.max_seqlen_kv;
+  const bool kv_ragged = p.thd && !p.paged;
   const struct {
     const char* name;
     const TensorView& view;
-    int64_t heads, seqlen, dim;
-  } operands[] = {{"args.q", t.q, c.heads_q, c.max_seqlen_q, c.head_dim_qk},
-                  {"args.k", t.k, c.heads_kv, c.max_seqlen_kv, c.head_dim_qk},
-                  {"args.v", t.v, c.heads_kv, c.max_seqlen_kv, c.head_dim_v},
-                  {"args.o", t.o, c.heads_q, c.max_seqlen_q, c.head_dim_v}};
+    int64_t batch, heads, seqlen, dim;
+    bool ragged;
+  } operands[] = {{"args.q", t.q, c.batch, c.heads_q, c.max_seqlen_q, c.head_dim_qk, p.thd},
+                  {"args.k", t.k, kv_batch, c.heads_kv, kv_rows, c.head_dim_qk, kv_ragged},
+                  {"args.v", t.v, kv_batch, c.heads_kv, kv_rows, c.head_dim_v, kv_ragged},
+                  {"args.o", t.o, c.batch, c.heads_q, c.max_seqlen_q, c.head_dim_v, p.thd}};
   for (const auto& op : operands) {
-    FUSEDATTN_RETURN_IF_ERROR(
-        CheckRuntimeLayout(op.name, op.view, c.batch, op.heads, op.seqlen, op.dim, p.thd));
+    FUSEDATTN_RETURN_IF_ERROR(CheckRuntimeLayout(op.name, op.view, op.batch, op.heads, op.seqlen,
+                                                 op.dim, op.ragged));
   }
 
   DeviceInfo device;
   FUSEDATTN_RETURN_IF_ERROR(CurrentDevice(&device));
+  FUSEDATTN_RETURN_IF_ERROR(PagedVersionRefusal(p, device.cudnn_version));
   const SdpaGraphSpec spec = ForwardSpec(p, t);
   std::shared_ptr<PlanEntry> entry;
   const SeqlenRoute route{&p, [&t](const Problem& routed) { return ForwardSpec(routed, t); }};
@@ -1211,7 +1226,8 @@ Status CudnnBackendImpl::forward(const Problem& problem, const FwdTensors& t, vo
   WorkspaceLayout ws;
   FUSEDATTN_RETURN_IF_ERROR(LayOut(workspace, workspace_bytes, scratch, plan.workspace, &ws));
 
-  const Sequences seq = SequencesOf(problem, run, t, call.const_lengths);
+  Sequences seq = SequencesOf(problem, run, t, call.const_lengths);
+  if (p.paged) seq.seqlens_kv = t.seqlens_kv;  // the key lengths (clamped where they are read)
   const cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
   if (call.prep) {
     PrepareParams prep;
@@ -1220,6 +1236,14 @@ Status CudnnBackendImpl::forward(const Problem& problem, const FwdTensors& t, vo
     prep.seq_len_q = At<int32_t>(ws, scratch.seq_len_q);
     prep.seq_len_kv = At<int32_t>(ws, scratch.seq_len_kv);
     prep.chunks = entry->chunks;
+    if (call.page_table) {  // the caller's table as cuDNN reads it (kernels.h)
+      prep.page_table = At<int32_t>(ws, scratch.page_table);
+      prep.page_table_src = t.page_table;
+      prep.page_table_stride = t.page_table_stride;
+      prep.table_pages = spec.table_pages;
+      prep.page_size = c.page_size;
+      prep.num_pages = t.num_pages;
+    }
     const TensorView* ragged_views[kRaggedSlots] = {&t.q, &t.k, &t.v, &t.o};
     for (int slot : {kRaggedQ, kRaggedK, kRaggedV, kRaggedO}) {
       prep.ragged[slot] = At<int32_t>(ws, scratch.ragged[slot]);
@@ -1253,6 +1277,8 @@ Status CudnnBackendImpl::forward(const Problem& problem, const FwdTensors& t, vo
   ptrs.at[kUidRaggedK] = At<int32_t>(ws, scratch.ragged[kRaggedK]);
   ptrs.at[kUidRaggedV] = At<int32_t>(ws, scratch.ragged[kRaggedV]);
   ptrs.at[kUidRaggedO] = At<int32_t>(ws, scratch.ragged[kRaggedO]);
+  ptrs.at[kUidPageTableK] = At<int32_t>(ws, scratch.page_table);
+  ptrs.at[kUidPageTableV] = At<int32_t>(ws, scratch.page_table);
   SetScoreModPointers(t, scratch, ws, &ptrs);
   if (p.fp8) SetFp8Pointers(t.fp8, &ptrs);
   FUSEDATTN_RETURN_IF_ERROR(Execute(plan, spec, device.ordinal, stream, ptrs, ws.cudnn));

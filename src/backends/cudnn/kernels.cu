@@ -37,13 +37,17 @@ __device__ Seq SequenceOf(const Sequences& s, int64_t b) {
     q.len_q = Clamp(int64_t{s.cu_seqlens_q[b + 1]} - s.cu_seqlens_q[b], 0, s.rows_q);
   if (s.cu_seqlens_kv != nullptr)
     q.len_kv = Clamp(int64_t{s.cu_seqlens_kv[b + 1]} - s.cu_seqlens_kv[b], 0, s.rows_kv);
+  const bool paged = s.seqlens_kv != nullptr;
+  if (paged) q.len_kv = Clamp(s.seqlens_kv[b], 0, s.rows_kv);
   if (s.thd) {
     const int32_t* starts_q = s.seq_offsets_q != nullptr ? s.seq_offsets_q : s.cu_seqlens_q;
-    const int32_t* starts_kv = s.seq_offsets_kv != nullptr ? s.seq_offsets_kv : s.cu_seqlens_kv;
     q.start_q = starts_q != nullptr ? Clamp(starts_q[b], 0, s.tokens_q) : 0;
-    q.start_kv = starts_kv != nullptr ? Clamp(starts_kv[b], 0, s.tokens_kv) : 0;
     q.len_q = Clamp(q.len_q, 0, s.tokens_q - q.start_q);
-    q.len_kv = Clamp(q.len_kv, 0, s.tokens_kv - q.start_kv);
+    if (!paged) {  // paged keys are in pages, not in a THD tensor
+      const int32_t* starts_kv = s.seq_offsets_kv != nullptr ? s.seq_offsets_kv : s.cu_seqlens_kv;
+      q.start_kv = starts_kv != nullptr ? Clamp(starts_kv[b], 0, s.tokens_kv) : 0;
+      q.len_kv = Clamp(q.len_kv, 0, s.tokens_kv - q.start_kv);
+    }
   }
   return q;
 }
@@ -117,6 +121,18 @@ __global__ void PrepareKernel(PrepareParams p) {
   if (p.sink != nullptr)
     for (int64_t h = start; h < p.heads_q; h += stride)
       p.sink[h] = p.sink_src != nullptr ? p.sink_src[h * p.sink_stride] : 0.0f;
+  if (p.page_table != nullptr) {  // kernels.h PrepareParams says which page each entry gets
+    const int64_t entries = p.graph_batch * p.table_pages;
+    for (int64_t e = start; e < entries; e += stride) {
+      const int64_t b = e / p.table_pages, k = e % p.table_pages;
+      // s.len_kv <= rows_kv: the entries TablePage reads are in the caller's row. Past the
+      // problem's batch there is no row and no key (TablePage reads nothing then).
+      const Seq s = SequenceOf(p.seq, b);
+      const int32_t* row =
+          b < p.seq.batch ? p.page_table_src + b * p.page_table_stride : nullptr;
+      p.page_table[e] = TablePage(row, k, s.len_kv, p.page_size, p.num_pages);
+    }
+  }
   if (p.zero_counter != nullptr && start == 0) *p.zero_counter = 0;
   if (p.stats != nullptr) {
     const int64_t sq = p.seq.max_seqlen_q;
@@ -295,6 +311,8 @@ cudaError_t LaunchPrepare(const PrepareParams& p, cudaStream_t stream) {
   if (p.heads_q > work) work = p.heads_q;
   if (p.stats != nullptr && p.graph_batch * p.heads_q * p.seq.max_seqlen_q > work)
     work = p.graph_batch * p.heads_q * p.seq.max_seqlen_q;
+  if (p.page_table != nullptr && p.graph_batch * p.table_pages > work)
+    work = p.graph_batch * p.table_pages;
   PrepareKernel<<<Blocks(work), kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }

@@ -1,5 +1,6 @@
 // Small kernels around the cuDNN graphs: they prepare what cuDNN reads (sequence lengths and
-// ragged offsets from cu_seqlens, LSE staging, a zero sink) and write what our semantics say where
+// ragged offsets from cu_seqlens, LSE staging, a zero sink, the page table of paged K/V) and
+// write what our semantics say where
 // cuDNN's differ or are unspecified (rows that see no key: O = 0, LSE = -inf, dQ = 0; keys no row
 // sees: dK = dV = 0; dbias outside every sequence's band = 0), and compute dsink. A call launches
 // at most one kernel before its graph (LaunchPrepare) and one after it (the forward's fix-up, or
@@ -35,6 +36,9 @@ struct Sequences {
   const int32_t* seq_offsets_kv = nullptr;
   bool thd = false;
   int64_t tokens_q = 0, tokens_kv = 0;     // THD: token rows of the q-side / kv-side tensors
+  // Paged K/V: sequence b has seqlens_kv[b] keys (clamped to [0, rows_kv]), read through the
+  // page table; cu_seqlens_kv, seq_offsets_kv and tokens_kv do not apply (THD queries or not).
+  const int32_t* seqlens_kv = nullptr;
 };
 
 // A [batch, heads, seq, dim] view; THD adds the sequence's token start to seq (stride_b = 0).
@@ -70,6 +74,16 @@ struct PrepareParams {
   bool lse_packed = false;        // THD [tokens, heads]
   Band band;
   unsigned int* zero_counter = nullptr;  // set to 0 (the backward epilogue's dsink count), or null
+  // Paged K/V: the table cuDNN reads, int32 [graph_batch, table_pages] (packed), written from
+  // the caller's (row b at page_table_src + b * page_table_stride), entry by entry as
+  // plan_spec.h TablePage says, so that cuDNN never follows an index outside the pool whatever
+  // the caller's entries hold (fusedattn.h: only a sequence's used entries are read, and a bad
+  // one is never followed). Graph entries past the problem's batch (THD capacity) have no keys:
+  // page 0 throughout.
+  int32_t* page_table = nullptr;
+  const int32_t* page_table_src = nullptr;
+  int64_t page_table_stride = 0;
+  int64_t table_pages = 0, page_size = 0, num_pages = 0;
 };
 // cudaSuccess when this build has an image of these kernels for the current device.
 cudaError_t ProbeKernels();

@@ -32,9 +32,17 @@ int64_t EffectiveWindow(int64_t window, const fusedattn_config& c) {
 CudnnMask CudnnMaskOf(const Problem& p) {
   const auto& c = p.config;
   CudnnMask m;
-  m.padding = p.padding;
+  // Paged K/V always has per-sequence key lengths, and cuDNN reads paged caches only with its
+  // padding mask on (cudnn-frontend: "Paged caches can only be used in combination with padding
+  // mask and variable sequence lengths for both Q and KV").
+  const bool lengths = p.padding || p.paged;
+  m.padding = lengths;
   const int64_t left = EffectiveWindow(p.window_left, c);
-  const int64_t right = EffectiveWindow(p.window_right, c);
+  int64_t right = EffectiveWindow(p.window_right, c);
+  // Paged decode (one query per sequence against its keys, bottom-right): the diagonal is the
+  // last key, so a right bound of 0 or more hides nothing. Dropped, because cuDNN up to 9.9
+  // refuses a right bound in decode and 9.15-9.20 keep the unified node from any band.
+  if (p.paged && p.bottom_right && c.max_seqlen_q == 1 && right >= 0) right = -1;
   if (left < 0 && right < 0) return m;
   // cuDNN keeps key j when j > d - left_bound (so window_left + 1) and j <= d + right_bound.
   m.has_left = left >= 0;
@@ -44,10 +52,10 @@ CudnnMask CudnnMaskOf(const Problem& p) {
   m.bottom_right = p.bottom_right;
   // With fixed lengths and sq == skv both alignments are the same diagonal; top-left is the one
   // cuDNN combines with bias and dropout.
-  if (!p.padding && c.max_seqlen_q == c.max_seqlen_kv) m.bottom_right = false;
+  if (!lengths && c.max_seqlen_q == c.max_seqlen_kv) m.bottom_right = false;
   // cuDNN runs a band with max_seqlen_q > max_seqlen_kv only in its padded kernels; give it
   // lengths that are all the maximum.
-  if (!p.padding && c.max_seqlen_q > c.max_seqlen_kv &&
+  if (!lengths && c.max_seqlen_q > c.max_seqlen_kv &&
       (m.has_left || (m.has_right && m.bottom_right))) {
     m.padding = true;
     m.const_lengths = true;
@@ -178,8 +186,9 @@ bool CombineBands(const Problem& p, const flex::MaskBand& mod, Problem* out) {
   int64_t left = mod.left, right = mod.right;
   bool bottom_right = mod.bottom_right;
   if (p.has_band()) {
-    const bool same_diagonal = p.bottom_right == mod.bottom_right ||
-                               (!p.padding && !p.thd && c.max_seqlen_q == c.max_seqlen_kv);
+    const bool same_diagonal =
+        p.bottom_right == mod.bottom_right ||
+        (!p.padding && !p.paged && !p.thd && c.max_seqlen_q == c.max_seqlen_kv);
     if (!same_diagonal) return false;
     auto tighter = [](int64_t a, int64_t b) { return a < 0 ? b : (b < 0 ? a : (a < b ? a : b)); };
     left = tighter(p.window_left, mod.left);
@@ -346,14 +355,18 @@ namespace {
 // THD problems whose sequence extent can grow to its bucket: nothing of the graph but the
 // sequences' own rows depends on it (a bias or score_mod tensor has the extent as a dimension;
 // a score_mod's callbacks bake it in; cuDNN's dropout numbers elements over it), and the ragged
-// offsets still fit int32.
+// offsets still fit int32. Paged K/V the same on the key side: its keys are read through the page
+// table up to each sequence's length, whatever the graph's max_seq_len_kv; the queries of a dense
+// paged problem keep their extent (it is their tensors' rows).
 bool WidensToBucket(const Problem& p) {
   const auto& c = p.config;
-  if (!p.thd || p.has_score_mod() || p.has_tensor_bias() || c.dropout > 0.0) return false;
+  if (!(p.thd || p.paged) || p.has_score_mod() || p.has_tensor_bias() || c.dropout > 0.0)
+    return false;
   const int64_t dim = c.head_dim_qk > c.head_dim_v ? c.head_dim_qk : c.head_dim_v;
   const int64_t batch = GraphBatch(p);
-  return batch * ThdSeqlenBucket(c.max_seqlen_q) * c.heads_q * dim <= kInt32Max &&
-         batch * ThdSeqlenBucket(c.max_seqlen_kv) * c.heads_kv * dim <= kInt32Max;
+  const bool ragged_q = p.thd, ragged_kv = p.thd && !p.paged;
+  return (!ragged_q || batch * ThdSeqlenBucket(c.max_seqlen_q) * c.heads_q * dim <= kInt32Max) &&
+         (!ragged_kv || batch * ThdSeqlenBucket(c.max_seqlen_kv) * c.heads_kv * dim <= kInt32Max);
 }
 }  // namespace
 
@@ -367,7 +380,7 @@ const Problem& EffectiveProblem(const Problem& p, Problem* storage) {
   }
   if (WidensToBucket(*effective)) {
     if (effective != storage) *storage = *effective;
-    storage->config.max_seqlen_q = ThdSeqlenBucket(storage->config.max_seqlen_q);
+    if (storage->thd) storage->config.max_seqlen_q = ThdSeqlenBucket(storage->config.max_seqlen_q);
     storage->config.max_seqlen_kv = ThdSeqlenBucket(storage->config.max_seqlen_kv);
     effective = storage;
   }
@@ -453,15 +466,77 @@ static Status Fp8PreCheck(const Problem& p) {
   return Status::Ok();
 }
 
+// Paged K/V (cudnn-frontend's SDPA_attributes::set_paged_attention_k_table / _v_table /
+// _max_seq_len_kv; plan_spec.h): what cuDNN cannot take next to paged caches and what this
+// backend does not map for them. Each reason starts with the page size, so that a paged problem's
+// refusal says that it is one, and names the backends that run it: flash's paged kernels within
+// their limits (fusedattn.h "Paged K/V": e.g. softcap, ALiBi and max_logit), the reference always.
+static Status PagedPreCheck(const Problem& p) {
+  const auto& c = p.config;
+  const long long page = static_cast<long long>(c.page_size);
+  const char* other =
+      "flash's paged kernels run it within their limits (fusedattn.h \"Paged K/V\"), the "
+      "reference always";
+  if ((c.page_size & (c.page_size - 1)) != 0)
+    return NotSupported(
+        "paged K/V (page_size = %lld): cuDNN takes pages of a power-of-two number of tokens only "
+        "(cudnn-frontend's Attention.md: the block size of a K or V container is a power of 2) "
+        "(the reference runs any page size)",
+        page);
+  if (p.fp8)
+    return NotSupported(
+        "paged K/V (page_size = %lld) with FP8: the per-sequence key lengths need this backend's "
+        "prepare and fix-up kernels, which have no FP8 version yet (%s)",
+        page, other);
+  if (p.has_score_mod())  // on the callback path: a plain band became the problem's own mask
+    return NotSupported(
+        "paged K/V (page_size = %lld) with a score_mod that is not a plain band: cuDNN reads paged "
+        "caches only with its padding mask (the key lengths), which it disables next to a score "
+        "modifier (%s)",
+        page, other);
+  if (c.qkv_dtype != FUSEDATTN_DTYPE_FLOAT16 && c.qkv_dtype != FUSEDATTN_DTYPE_BFLOAT16)
+    return NotSupported(
+        "paged K/V (page_size = %lld) with qkv_dtype = %s: cuDNN SDPA takes float16 or bfloat16 "
+        "only (%s)",
+        page, DtypeName(c.qkv_dtype), other);
+  if (c.o_dtype != c.qkv_dtype)
+    return NotSupported(
+        "paged K/V (page_size = %lld) with o_dtype = %s differing from qkv_dtype = %s: cuDNN SDPA "
+        "writes O in the input dtype (%s)",
+        page, DtypeName(c.o_dtype), DtypeName(c.qkv_dtype), other);
+  if (c.bias_type == FUSEDATTN_BIAS_PRE_SCALE)
+    return NotSupported(
+        "paged K/V (page_size = %lld) with bias_type = pre_scale: cuDNN SDPA adds the bias after "
+        "attn_scale only (%s)",
+        page, other);
+  if (c.bias_type == FUSEDATTN_BIAS_ALIBI)
+    return NotSupported(
+        "paged K/V (page_size = %lld) with bias_type = alibi: cuDNN's ALiBi has fixed slopes "
+        "2^(-8(h+1)/heads), not the caller's (%s)",
+        page, other);
+  if (c.softcap > 0.0)
+    return NotSupported(
+        "paged K/V (page_size = %lld) with softcap = %g: cuDNN applies a soft-cap only through a "
+        "score modifier, which disables the padding mask paged caches need (%s)",
+        page, c.softcap, other);
+  if (c.return_max_logit)
+    return NotSupported(
+        "paged K/V (page_size = %lld) with return_max_logit = 1: cuDNN SDPA has no per-head max "
+        "logit (%s)",
+        page, other);
+  if (c.head_dim_qk % 8 != 0 || c.head_dim_v % 8 != 0)
+    return NotSupported(
+        "paged K/V (page_size = %lld) with head_dim_qk = %lld, head_dim_v = %lld: cuDNN SDPA "
+        "needs head dims that are multiples of 8 (%s)",
+        page, (long long)c.head_dim_qk, (long long)c.head_dim_v, other);
+  return Status::Ok();
+}
+
 Status PreCheck(const Problem& p) {
   const auto& c = p.config;
   if (p.device != Device::kCuda)
     return NotSupported("runs on CUDA tensors only (config.device is CPU)");
-  if (p.paged)
-    return NotSupported(
-        "paged K/V (page_size = %lld): this backend builds no paged SDPA graph (cuDNN's "
-        "page-table tensors) yet",
-        (long long)c.page_size);
+  if (p.paged) FUSEDATTN_RETURN_IF_ERROR(PagedPreCheck(p));
   if (p.has_score_mod()) FUSEDATTN_RETURN_IF_ERROR(ScoreModPreCheck(p));
   if (p.fp8) return Fp8PreCheck(p);
   if (c.qkv_dtype != FUSEDATTN_DTYPE_FLOAT16 && c.qkv_dtype != FUSEDATTN_DTYPE_BFLOAT16)
@@ -502,10 +577,10 @@ Status PreCheck(const Problem& p) {
                         (long long)p.window_left, (long long)p.window_right);
   if (p.thd) {
     // Ragged offsets are int32 element offsets; plan for batch * max_seqlen packed tokens.
-    // (MakeProblem checked that these products fit int64.)
+    // (MakeProblem checked that these products fit int64.) Paged pools have no ragged offsets.
     int64_t dim = c.head_dim_qk > c.head_dim_v ? c.head_dim_qk : c.head_dim_v;
     int64_t q_elems = c.batch * c.max_seqlen_q * c.heads_q * dim;
-    int64_t kv_elems = c.batch * c.max_seqlen_kv * c.heads_kv * dim;
+    int64_t kv_elems = p.paged ? 0 : c.batch * c.max_seqlen_kv * c.heads_kv * dim;
     if (q_elems > kInt32Max || kv_elems > kInt32Max)
       return NotSupported(
           "THD with batch * max_seqlen * heads * head_dim above 2^31-1 elements: cuDNN's ragged "
@@ -597,6 +672,9 @@ Status BatchChunkRefusal(const SdpaGraphSpec& s) {
     return NotSupported("a score_mod on cuDNN's callbacks may read the batch index");
   if (s.dbias && s.dbias_desc.dim[0] == 1 && s.batch > 1)
     return NotSupported("the bias gradient is summed over the batch");
+  if (s.paged)
+    return NotSupported("paged K/V: a chunk's keys are found through its rows of the page table, "
+                        "which a chunk's pointers do not move");
   return Status::Ok();
 }
 
@@ -620,8 +698,10 @@ Status BatchChunkAlignment(const SdpaGraphSpec& s, const BatchChunks& chunks) {
 SdpaGraphSpec WithBatch(const SdpaGraphSpec& spec, int64_t batch) {
   SdpaGraphSpec s = spec;
   s.batch = batch;
-  for (TensorDesc* d : {&s.q, &s.k, &s.v, &s.o, &s.d_o, &s.dq, &s.dk, &s.dv})
+  for (TensorDesc* d : {&s.q, &s.k, &s.v, &s.o, &s.d_o, &s.dq, &s.dk, &s.dv}) {
+    if (s.paged && (d == &s.k || d == &s.v)) continue;  // pools count pages, not sequences
     if (d->dim[0] == spec.batch) d->dim[0] = batch;
+  }
   if (s.bias && s.bias_desc.dim[0] > 1) s.bias_desc.dim[0] = batch;
   if (s.dbias && s.dbias_desc.dim[0] > 1) s.dbias_desc.dim[0] = batch;
   return s;
@@ -644,12 +724,30 @@ int ParseMaxBatchChunks(const char* value, std::string* off_reason) {
   return n > kMaxBatchChunks ? kMaxBatchChunks : static_cast<int>(n);
 }
 
+int64_t TablePages(int64_t seqlen_kv, int64_t page_size) {
+  return page_size > 0 ? (seqlen_kv + page_size - 1) / page_size : 0;
+}
+
+int64_t CanonicalNumPages(const Problem& p) {
+  const int64_t pages = p.config.batch * TablePages(p.config.max_seqlen_kv, p.config.page_size);
+  return pages > 0 ? pages : 1;
+}
+
 FwdTensors CanonicalFwdTensors(const Problem& p) {
   const auto& c = p.config;
   FwdTensors t;
   t.q = Canonical(c.q_format, c.batch, c.max_seqlen_q, c.heads_q, c.head_dim_qk, c.qkv_dtype);
-  t.k = Canonical(c.kv_format, c.batch, c.max_seqlen_kv, c.heads_kv, c.head_dim_qk, c.qkv_dtype);
-  t.v = Canonical(c.kv_format, c.batch, c.max_seqlen_kv, c.heads_kv, c.head_dim_v, c.qkv_dtype);
+  if (p.paged) {  // contiguous pools: a page is a "sequence" of page_size tokens
+    t.num_pages = CanonicalNumPages(p);
+    t.k = Canonical(c.kv_format, t.num_pages, c.page_size, c.heads_kv, c.head_dim_qk,
+                    c.qkv_dtype);
+    t.v = Canonical(c.kv_format, t.num_pages, c.page_size, c.heads_kv, c.head_dim_v, c.qkv_dtype);
+  } else {
+    t.k = Canonical(c.kv_format, c.batch, c.max_seqlen_kv, c.heads_kv, c.head_dim_qk,
+                    c.qkv_dtype);
+    t.v = Canonical(c.kv_format, c.batch, c.max_seqlen_kv, c.heads_kv, c.head_dim_v,
+                    c.qkv_dtype);
+  }
   t.o = Canonical(c.o_format, c.batch, c.max_seqlen_q, c.heads_q, c.head_dim_v, c.o_dtype);
   if (p.needs_lse()) t.lse = CanonicalLse(p);
   if (p.has_tensor_bias()) t.bias = CanonicalBias(p);
@@ -682,15 +780,16 @@ CallPlan ForwardCallPlan(const Problem& p, const FwdTensors& t) {
   CallPlan call;
   CudnnMask mask = CudnnMaskOf(p);
   Band band = BandOf(p);
-  bool empty_rows = !p.padding && band.any_row_empty(c.max_seqlen_q, c.max_seqlen_kv);
-  call.padding = p.padding;
+  const bool lengths = p.padding || p.paged;  // per-sequence lengths (paged: the key lengths)
+  bool empty_rows = !lengths && band.any_row_empty(c.max_seqlen_q, c.max_seqlen_kv);
+  call.padding = lengths;
   call.const_lengths = mask.const_lengths;
   // Rows that see no key need O = 0 and LSE = -inf written; an LSE laid out otherwise than
   // packed [batch, heads, seqlen_q] is written by the same kernel from staged stats, so that the
   // graph (and the plan check() built) stays the same for every LSE layout.
-  call.stage_stats = p.needs_lse() && (p.padding || empty_rows ||
+  call.stage_stats = p.needs_lse() && (lengths || empty_rows ||
                                        !LsePackedBhsd(p, t.lse, t.lse_packed));
-  call.fixup = p.padding || empty_rows || call.stage_stats;
+  call.fixup = lengths || empty_rows || call.stage_stats;
   // cuDNN reads a learnable sink straight from the caller when it is contiguous float32 [heads]
   // and 16-byte aligned; another one is copied, and the off-by-one softmax's zero logits are
   // written (fwd_workspace_size reserves the copy's scratch whatever the tensor).
@@ -707,7 +806,10 @@ CallPlan ForwardCallPlan(const Problem& p, const FwdTensors& t) {
     call.fixup = true;
     call.empty_by_stats = true;
   }
-  call.prep = call.padding || call.const_lengths || call.stage_sink;
+  // cuDNN reads the page table as [batch, 1, table_pages, 1]: the prepare kernel writes it from
+  // the caller's, every entry a page of the pool (kernels.h PrepareParams).
+  call.page_table = p.paged;
+  call.prep = call.padding || call.const_lengths || call.stage_sink || call.page_table;
   return call;
 }
 
@@ -785,6 +887,16 @@ SdpaGraphSpec ForwardSpec(const Problem& p, const FwdTensors& t) {
     SetScoreMod(p, t.score_mod_tensors, &s);
     s.stats = true;  // the fix-up finds the rows a score_mod hid from the stats (CallPlan)
     PackedStatsStrides(p, s.stats_stride);
+  }
+  if (p.paged) {
+    // The pools as cuDNN's containers, with the strides the caller's page layout has (a page is
+    // a "sequence" of page_size tokens of the view: problem.h).
+    s.paged = true;
+    s.page_size = c.page_size;
+    s.num_pages = t.num_pages;
+    s.table_pages = TablePages(c.max_seqlen_kv, c.page_size);
+    s.k = DescOf(t.k, t.num_pages, c.heads_kv, c.page_size, c.head_dim_qk, false);
+    s.v = DescOf(t.v, t.num_pages, c.heads_kv, c.page_size, c.head_dim_v, false);
   }
   SetFp8(p, &s);
   return s;
@@ -908,6 +1020,8 @@ void WriteStructure(const SdpaGraphSpec& s, KeyWriter* w) {
   w->add(s.deterministic);
   w->add(s.fp8);
   if (s.fp8) w->add(s.o_dtype), w->add(s.do_dtype), w->add(s.dqkv_dtype);
+  w->add(s.paged);
+  if (s.paged) w->add(s.page_size);  // the pool's extent and the table's width are shape
   w->add(s.score_mod != nullptr);
   if (s.score_mod) {
     w->add(s.mod_band.left), w->add(s.mod_band.right), w->add(s.mod_band.bottom_right);
@@ -950,6 +1064,8 @@ PlanKey MakePlanKey(const SdpaGraphSpec& s, const DeviceInfo& device) {
   w.add(s.deterministic);
   w.add(s.fp8);
   if (s.fp8) w.add(s.o_dtype), w.add(s.do_dtype), w.add(s.dqkv_dtype);
+  w.add(s.paged);
+  if (s.paged) w.add(s.page_size), w.add(s.num_pages), w.add(s.table_pages);
   w.add(s.score_mod != nullptr);
   if (s.score_mod) {
     w.add(s.mod_band.left), w.add(s.mod_band.right), w.add(s.mod_band.bottom_right);
@@ -977,6 +1093,9 @@ PlanKey MakeStructureKey(const SdpaGraphSpec& s, const DeviceInfo& device) {
 
 Status DynamicShapeRefusal(const SdpaGraphSpec& s) {
   if (s.fp8) return NotSupported("FP8 graphs are built per shape");
+  if (s.paged)
+    return NotSupported("paged K/V graphs are built per shape (their page-table width and "
+                        "max_seq_len_kv are graph attributes no execute-time shape carries)");
   if (s.score_mod)
     return NotSupported("a score_mod's callbacks hold the sequence lengths as graph constants, so "
                         "its graphs are built per shape");
@@ -1006,6 +1125,32 @@ bool IsOneOf(const char* value, std::initializer_list<const char*> words) {
 }
 
 }  // namespace
+
+Status PagedVersionRefusal(const Problem& p, int64_t cudnn_version) {
+  if (!p.paged) return Status::Ok();
+  const auto& c = p.config;
+  const long long page = static_cast<long long>(c.page_size);
+  if (cudnn_version < kMinPagedCudnn)
+    return NotSupported("paged K/V (page_size = %lld): cuDNN %s is loaded; cuDNN reads paged "
+                        "caches from %s on (the reference runs it)",
+                        page, VersionText(cudnn_version).c_str(),
+                        VersionText(kMinPagedCudnn).c_str());
+  if (p.thd && cudnn_version < kMinPagedRaggedCudnn)
+    return NotSupported("paged K/V (page_size = %lld) with THD queries: cuDNN %s is loaded; "
+                        "ragged queries next to paged caches need %s (cudnn-frontend's paged "
+                        "prefill sample; the reference runs it)",
+                        page, VersionText(cudnn_version).c_str(),
+                        VersionText(kMinPagedRaggedCudnn).c_str());
+  // cudnn-frontend sdpa_support_surface.h: "Paged attention only supported with d_qk and d_v <=
+  // 128 for backend version 9.9 or below" (its test: version <= 9.9.0).
+  if (cudnn_version <= 90900 && (c.head_dim_qk > 128 || c.head_dim_v > 128))
+    return NotSupported("paged K/V (page_size = %lld) with head_dim_qk = %lld, head_dim_v = "
+                        "%lld: cuDNN %s reads paged caches for head dims up to 128 only (the "
+                        "reference runs it)",
+                        page, (long long)c.head_dim_qk, (long long)c.head_dim_v,
+                        VersionText(cudnn_version).c_str());
+  return Status::Ok();
+}
 
 DynamicShapesSetting ParseDynamicShapes(const char* value, int64_t cudnn_version) {
   DynamicShapesSetting s;
@@ -1089,6 +1234,10 @@ std::vector<RouteExtents> RouteCandidates(const Problem& p) {
 Status SeqlenRouteRefusal(const Problem& p, const SdpaGraphSpec& s) {
   const auto& c = p.config;
   if (p.thd) return NotSupported("THD plans already serve every longest sequence of a bucket");
+  if (p.paged || s.paged)
+    return NotSupported("paged K/V: its keys are read through the page table, not ragged "
+                        "offsets (its plans already serve the longest caches of a bucket where "
+                        "no tensor has the key extent)");
   if (p.fp8 || s.fp8) return NotSupported("FP8 graphs take no ragged offsets in this backend");
   const struct {
     const char* name;
@@ -1272,10 +1421,14 @@ Scratch ForwardScratch(const Problem& p, const CallPlan& call) {
     s.seq_len_kv = take(sizeof(int32_t) * SeqLenInts(batch));
   }
   if (p.thd)
-    for (int slot : {kRaggedQ, kRaggedK, kRaggedV, kRaggedO})
+    for (int slot : {kRaggedQ, kRaggedK, kRaggedV, kRaggedO}) {
+      if (p.paged && (slot == kRaggedK || slot == kRaggedV)) continue;  // pools are not ragged
       s.ragged[slot] = take(sizeof(int32_t) * (batch + 1));
+    }
   if (call.stage_stats) s.stats = take(sizeof(float) * batch * c.heads_q * c.max_seqlen_q);
   if (call.stage_sink) s.sink = take(sizeof(float) * c.heads_q);
+  if (call.page_table)
+    s.page_table = take(sizeof(int32_t) * batch * TablePages(c.max_seqlen_kv, c.page_size));
   s.bytes = at;
   return s;
 }

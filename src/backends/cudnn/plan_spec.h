@@ -43,6 +43,48 @@ namespace fusedattn::cudnn {
 // Each reason names the field and value, and the backend that runs it instead.
 Status PreCheck(const Problem& problem);
 
+// Paged K/V (problem.paged; fusedattn.h "Paged K/V") runs through cuDNN's paged SDPA forward:
+// K and V are cuDNN's "containers" (the caller's pools, dims [num_pages, heads_kv, page_size, d]
+// with the pools' strides), read through int32 page tables [batch, 1, table_pages, 1] with
+// cuDNN's padding mask on (per-sequence lengths for Q and KV are required next to paged caches;
+// cudnn-frontend sdpa_support_surface.h). PreCheck refuses what cuDNN cannot take with paged
+// caches; these are the limits that depend on the cuDNN loaded: paged caches from 9.5.0
+// (cudnn-frontend's own check), ragged (THD) queries next to them from 9.8.0 (the frontend lets
+// 9.7 through; its paged prefill sample runs from 9.8.0).
+constexpr int64_t kMinPagedCudnn = 90500;
+constexpr int64_t kMinPagedRaggedCudnn = 90800;
+// Why the loaded cuDNN (cudnnGetVersion()) cannot run this paged problem, or OK (also for a
+// problem that is not paged).
+Status PagedVersionRefusal(const Problem& problem, int64_t cudnn_version);
+
+// The page-table width a paged graph reads: ceil(seqlen_kv / page_size) entries per sequence,
+// exactly (cudnn-frontend's paged cache load refuses another width unless the table is packed
+// with ragged offsets).
+int64_t TablePages(int64_t seqlen_kv, int64_t page_size);
+
+// Entry k of a sequence's row of the page table cuDNN reads, which the prepare kernel writes
+// (kernels.h PrepareParams) from `row`, the caller's row of that sequence; len_kv is its key
+// count (clamped to max_seqlen_kv, so that the entries read are in the caller's row). Only the
+// used entries (ceil(len_kv / page_size) of them) are read:
+//   k < used: the caller's entry when it is a page of the pool [0, num_pages), else page 0 (an
+//     index outside the pool is never followed; that sequence's results are undefined);
+//   k >= used: the sequence's last used page (page 0 when it has none, and then nothing is
+//     read), since cuDNN's engine may read every page the table names and mask the keys past
+//     the length (cudnn-frontend's paged tests say so of its backend engine): it reads only pages
+//     this sequence is on, never what the caller's unused entries hold (-1, anything).
+FUSEDATTN_BAND_HD int32_t TablePage(const int32_t* row, int64_t k, int64_t len_kv,
+                                    int64_t page_size, int64_t num_pages) {
+  const int64_t used = (len_kv + page_size - 1) / page_size;
+  if (used <= 0) return 0;
+  const int32_t given = row[k < used ? k : used - 1];
+  return given >= 0 && int64_t{given} < num_pages ? given : 0;
+}
+
+// The pool check() plans a paged problem for: every sequence its own pages, batch * table_pages
+// of them (a call whose pool has another number of pages builds its own plan at its first call:
+// the pool's extent is part of the graph).
+int64_t CanonicalNumPages(const Problem& problem);
+
 // Score modifiers (issue 6). cudnn-frontend applies its score-modifier callback right after
 // attn_scale, before its bias, ALiBi, padding and band masks, and refuses those masks next to
 // a callback ("Attention score mod enabled and hence other subgraphs are disabled"). Its
@@ -64,9 +106,11 @@ ScoreModPath ScoreModPathOf(const Problem& problem);
 
 // The problem cuDNN runs: the problem itself; on the native-band path the problem without its
 // score_mod and with the combined band; and for THD (without a bias or score_mod tensor,
-// dropout or callbacks) max_seqlen_q / max_seqlen_kv rounded up to ThdSeqlenBucket. check(), the
-// workspace sizes, forward and backward all plan from it, so a band mask_mod and the equal
-// config mask share one plan, and so do THD batches whose longest sequences fall in one bucket.
+// dropout or callbacks) max_seqlen_q / max_seqlen_kv rounded up to ThdSeqlenBucket, for paged
+// K/V (the same conditions) max_seqlen_kv so rounded (and max_seqlen_q too for THD queries).
+// check(), the workspace sizes, forward and backward all plan from it, so a band mask_mod and the
+// equal config mask share one plan, and so do THD batches whose longest sequences fall in one
+// bucket and decode steps whose longest cache does.
 Problem EffectiveProblem(const Problem& problem);
 // The same without a copy when the problem is its own effective problem (the per-call path):
 // the problem itself, or the changed one written into *storage.
@@ -142,6 +186,15 @@ struct SdpaGraphSpec {
     TensorDesc desc;  // dims (batch | 1, heads_q | 1, seqlen_q | 1, seqlen_kv | 1)
   };
   std::vector<Aux> aux;  // the score_mod tensors, in declaration order
+  // Paged K/V (forward only): k and v are the pools, dims (num_pages, heads_kv, page_size, d)
+  // with the caller's strides (never ragged, also under THD queries); key j of sequence b is
+  // token j % page_size of page table[b][j / page_size], the table int32 [batch, 1, table_pages,
+  // 1] (packed) that the prepare kernel writes for K and V alike; padding is always on (the key
+  // lengths), and seqlen_kv is cuDNN's max_seq_len_kv.
+  bool paged = false;
+  int64_t page_size = 0;
+  int64_t num_pages = 0;    // the pools' extent
+  int64_t table_pages = 0;  // TablePages(seqlen_kv, page_size)
 };
 
 // The device and library a plan is built for.
@@ -185,7 +238,8 @@ PlanKey MakeStructureKey(const SdpaGraphSpec& spec, const DeviceInfo& device);
 
 // Why a spec is built per shape even when dynamic shapes are on, or OK. (A score_mod's callbacks
 // write the sequence lengths into the graph as constants, which a kernel compiled for another
-// shape would keep.)
+// shape would keep; a paged graph's page-table width and max_seq_len_kv are graph attributes
+// that no execute-time shape carries.)
 Status DynamicShapeRefusal(const SdpaGraphSpec& spec);
 
 // FUSEDATTN_CUDNN_DYNAMIC_SHAPES. Plans are per shape unless it asks for dynamic shapes, which
@@ -267,14 +321,15 @@ BatchChunks ChooseBatchChunks(int64_t batch, const std::vector<int64_t>& plan_ba
 // Why calls of spec cannot run in batch chunks at all, or OK: THD (its plans already serve every
 // batch size up to a power of two, and sequences are placed by ragged offsets), dropout (cuDNN
 // numbers its random stream over the whole batch), a score_mod on cuDNN's callbacks (it may read
-// the batch index), a bias gradient summed over the batch.
+// the batch index), a bias gradient summed over the batch, paged K/V (a chunk's keys are found
+// through its rows of the page table, which the chunks' pointers do not move).
 Status BatchChunkRefusal(const SdpaGraphSpec& spec);
 // Why these chunks cannot run: a chunk's slice of a tensor would start off cuDNN's 16-byte
 // alignment (LSE rows of heads * seqlen_q floats not a multiple of 4, say); or OK.
 Status BatchChunkAlignment(const SdpaGraphSpec& spec, const BatchChunks& chunks);
 
-// spec with its batch (and every batch extent but a broadcast bias's) set to batch; strides stay:
-// the spec a plan for `batch` sequences of the same tensors has.
+// spec with its batch (and every batch extent but a broadcast bias's and a page pool's) set to
+// batch; strides stay: the spec a plan for `batch` sequences of the same tensors has.
 SdpaGraphSpec WithBatch(const SdpaGraphSpec& spec, int64_t batch);
 
 // Bytes from one sequence to the next in each tensor a graph reads or writes (0 for a tensor
@@ -326,7 +381,8 @@ std::vector<RouteExtents> RouteCandidates(const Problem& problem);
 // than BSHD (SBHD's sequence stride holds the batch, BHSD's head stride the sequence length),
 // FP8, a score_mod on cuDNN's callbacks (they hold the lengths as graph constants), a bias tensor
 // (the lengths are its dims), dropout (cuDNN numbers its random stream over the graph's extents:
-// a routed forward and an exact backward would draw different masks), tensors whose sequences
+// a routed forward and an exact backward would draw different masks), paged K/V (its keys are
+// no ragged tensor; its plans already serve a bucket of longest caches), tensors whose sequences
 // overlap, or ragged offsets beyond int32.
 Status SeqlenRouteRefusal(const Problem& problem, const SdpaGraphSpec& spec);
 
@@ -372,7 +428,8 @@ BwdTensors CanonicalBwdTensors(const Problem& problem);
 
 // What a call does besides running the graph. All decided from the problem and the LSE view.
 struct CallPlan {
-  bool padding = false;        // seq lens from cu_seqlens (padding masks, THD)
+  bool padding = false;        // per-sequence lengths (padding masks, THD: cu_seqlens; paged
+                               // K/V: seqlens_kv, and cu_seqlens_q or max_seqlen_q)
   bool const_lengths = false;  // seq lens all max_seqlen (to reach cuDNN's padded kernels)
   bool prep = false;           // a prepare kernel writes seq lens / ragged offsets / staging
   bool stage_stats = false;    // LSE goes through our scratch (forward: out, backward: in), so
@@ -384,6 +441,7 @@ struct CallPlan {
   bool dsink = false;          // learnable sink: our kernel computes dsink
   bool empty_by_stats = false; // forward: rows whose staged stats show no visible key (a
                                // score_mod hid them all) are written as empty rows
+  bool page_table = false;     // paged K/V: the prepare kernel writes the table cuDNN reads
 };
 CallPlan ForwardCallPlan(const Problem& problem, const FwdTensors& tensors);
 CallPlan BackwardCallPlan(const Problem& problem, const BwdTensors& tensors);
@@ -405,6 +463,7 @@ struct Scratch {
   size_t sink = kNone;            // float32 [heads_q]
   size_t dsink_partials = kNone;  // float32 [kDsinkChunks, heads_q]
   size_t dsink_done = kNone;      // uint32: dsink blocks finished (zeroed by the prepare kernel)
+  size_t page_table = kNone;      // int32 [graph batch, table_pages] (paged K/V)
   size_t bytes = 0;
 };
 constexpr int kDsinkChunks = 64;

@@ -6,7 +6,9 @@
 // Kernel caches go to and from cuDNN's own JSON form (a backend attribute, so the frontend's JSON
 // library stays compiled out).
 // A score_mod becomes the pointwise nodes of cudnn-frontend's score-modifier callbacks
-// (ScoreModLowering below).
+// (ScoreModLowering below). Paged K/V: the pools are the graph's K and V "containers" and the
+// page tables and max_seq_len_kv are SDPA attributes (cudnn-frontend's SDPA_attributes::
+// set_paged_attention_k_table / _v_table / _max_seq_len_kv), next to the padding mask's lengths.
 #include "backends/cudnn/sdpa_graph.h"
 
 #include <cudnn_frontend.h>
@@ -570,6 +572,13 @@ class GraphMaker {
         return lowering->Forward(graph, s);
       });
     }
+    if (s_.paged) {
+      // One table for K and V (the same pages hold both), under two uids; cuDNN reads the keys
+      // of sequence b up to seq_len_kv[b] (padding is on: SdpaGraphSpec::paged).
+      options.set_paged_attention_k_table(page_table("page_table_k", kUidPageTableK))
+          .set_paged_attention_v_table(page_table("page_table_v", kUidPageTableV))
+          .set_paged_attention_max_seq_len_kv(static_cast<int>(s_.seqlen_kv));
+    }
     if (s_.sink) {
       options.set_sink_token(graph_->tensor(fe::graph::Tensor_attributes()
                                                 .set_name("sink")
@@ -775,11 +784,27 @@ class GraphMaker {
                               .set_stride(stats_stride())
                               .set_data_type(fe::DataType_t::FLOAT));
   }
-  // A q/k/v-like input, with its ragged offsets for THD.
+  // A q/k/v-like input, with its ragged offsets for THD (not a paged pool: its pages are found
+  // through the page table).
   TensorPtr data(const char* name, Uid uid, const TensorDesc& d, Uid ragged_uid) {
     TensorPtr t = plain(name, uid, d, s_.io_dtype);
-    if (s_.ragged) t->set_ragged_offset(ragged((std::string("ragged_") + name).c_str(), ragged_uid));
+    const bool pool = s_.paged && (uid == kUidK || uid == kUidV);
+    if (s_.ragged && !pool)
+      t->set_ragged_offset(ragged((std::string("ragged_") + name).c_str(), ragged_uid));
     return t;
+  }
+  // A paged graph's page table, int32 [batch, 1, table_pages, 1], packed as the prepare kernel
+  // writes it (cudnn-frontend's paged cache load asks for exactly ceil(max_seq_len_kv /
+  // page_size) entries per sequence).
+  TensorPtr page_table(const char* name, Uid uid) {
+    const int64_t n = s_.table_pages;
+    record(uid, {s_.batch, 1, n, 1}, {n, n, 1, 1});
+    return graph_->tensor(fe::graph::Tensor_attributes()
+                              .set_name(name)
+                              .set_uid(uid)
+                              .set_dim({s_.batch, 1, n, 1})
+                              .set_stride({n, n, 1, 1})
+                              .set_data_type(fe::DataType_t::INT32));
   }
   // Element offsets of each sequence's first token, int32 [batch + 1].
   TensorPtr ragged(const char* name, Uid uid) {

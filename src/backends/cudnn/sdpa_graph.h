@@ -34,6 +34,9 @@ enum Uid : int {
   kUidDescaleK, kUidDescaleV, kUidDescaleO, kUidDescaleDO, kUidDescaleS, kUidDescaleDP,
   kUidScaleS, kUidScaleO, kUidScaleDP, kUidScaleDQ, kUidScaleDK, kUidScaleDV,
   kUidAmaxS, kUidAmaxO, kUidAmaxDP, kUidAmaxDQ, kUidAmaxDK, kUidAmaxDV,
+  // Paged K/V (SdpaGraphSpec::paged): the page tables of K and V, int32 [batch, 1, table_pages,
+  // 1] (both the one table the prepare kernel writes). Last, as FP8's, for stored plans' uids.
+  kUidPageTableK, kUidPageTableV,
   kUidCount
 };
 

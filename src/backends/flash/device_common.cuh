@@ -423,13 +423,21 @@ __device__ __forceinline__ void WriteDbias(const FlashParams& p, int b, int h, i
     atomicAdd(static_cast<float*>(p.dbias.data) + at, value);
 }
 
+// Whether keys j and j + 1 (j even) of a dropout row are kept, given the four words of their
+// group, words = row.Words(j >> 2) (fusedattn.h: key j takes word j % 4). Every tensor-core kernel
+// decides a pair through this, whichever thread computed the words (the Hopper forward shares a
+// group's words between two threads: sm90_scores.cuh's DropoutKeepBits).
+__device__ __forceinline__ void DropoutKeepPair(const DropoutRow& row, const Philox4& words,
+                                                int64_t j, bool* keep0, bool* keep1) {
+  const bool high = (j & 2) != 0;
+  *keep0 = (high ? words.z : words.x) >= row.threshold;
+  *keep1 = (high ? words.w : words.y) >= row.threshold;
+}
+
 // Whether keys j and j + 1 (j even) of a dropout row are kept: both come from one Philox call.
 __device__ __forceinline__ void DropoutKeep2(const DropoutRow& row, int64_t j, bool* keep0,
                                              bool* keep1) {
-  const Philox4 r = row.Words(static_cast<uint32_t>(j >> 2));
-  const bool high = (j & 2) != 0;
-  *keep0 = (high ? r.z : r.x) >= row.threshold;
-  *keep1 = (high ? r.w : r.y) >= row.threshold;
+  DropoutKeepPair(row, row.Words(static_cast<uint32_t>(j >> 2)), j, keep0, keep1);
 }
 
 // Whether key j of a dropout row is kept.

@@ -176,7 +176,8 @@ template <typename Element, flash::Sm90Scores kScores>
 Status HopperForwardOf(int dim, bool paged, const FlashParams& p, cudaStream_t s,
                        bool* launched) {
   if (paged) {  // the paged instances: plain and softcap-alibi, d64 and d128 (generate_kernels.py)
-    if constexpr (kScores != flash::Sm90Scores::kBias) {
+    if constexpr (kScores == flash::Sm90Scores::kPlain ||
+                  kScores == flash::Sm90Scores::kSoftcapAlibi) {
       switch (dim) {
         case 64: return flash::LaunchWgmmaForward<Element, 64, kScores, true>(p, s, launched);
         case 128: return flash::LaunchWgmmaForward<Element, 128, kScores, true>(p, s, launched);
@@ -211,6 +212,9 @@ Status HopperForward(int dim, flash::KernelVariant variant, bool paged, const Fl
       break;
     case flash::KernelVariant::kBias:
       status = HopperForwardOf<Element, flash::Sm90Scores::kBias>(dim, paged, p, s, &launched);
+      break;
+    case flash::KernelVariant::kDropout:
+      status = HopperForwardOf<Element, flash::Sm90Scores::kDropout>(dim, paged, p, s, &launched);
       break;
     default:
       return InternalError("flash: no Hopper forward of the %s variant",

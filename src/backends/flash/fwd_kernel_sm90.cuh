@@ -44,6 +44,13 @@
 // tiles that cross a boundary, as in the plain instances. The bias instances read each thread's elements of the bias tensor
 // straight from global memory into registers at the top of the step (transform_scores,
 // bias_words), and walk the heads fastest when the bias is shared by the heads.
+// The dropout instances (Sm90Scores::kDropout) transform S as softcap-alibi does (the plain score
+// where the call has neither) and drop elements of P by fusedattn.h's Philox mask after the
+// softmax has added them to the row sums (the LSE is the undropped one, as the mma.sync kernel
+// and the reference have it; O takes the kept elements, and 1 / (1 - dropout) in the epilogue).
+// A tile's mask bits (two words per thread, sm90_scores.cuh's DropoutKeepBits) are computed at the
+// top of its step, before the consumer waits for K and its turn, or on d64's two-block tile after
+// the softmax (step 0: while S(0) runs).
 #pragma once
 
 #include <climits>
@@ -90,6 +97,8 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
   constexpr bool kTransformScores = kScores != Sm90Scores::kPlain;
   constexpr bool kBiasTensor = kScores == Sm90Scores::kBias;
   constexpr bool kScoreMod = kScores == Sm90Scores::kScoreMod;
+  constexpr bool kDropout = kScores == Sm90Scores::kDropout;  // (scores as softcap-alibi's)
+  static_assert(!kDropout || !kPaged, "no paged K/V with dropout");
   static_assert(kScoreMod == Mod::kActive, "a score_mod graph runs in the kScoreMod policy");
   static_assert(!kScoreMod || !kPaged, "no paged K/V with a score_mod graph");
   // The tile's schedule, unless the score_mod policy turns the intra-warpgroup overlap off
@@ -773,6 +782,34 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
     }
   };
 
+  // Dropout (kDropout): keep[r] bit 2 nt + c for element (nt, r, c) of the tile at n0
+  // (sm90_scores.cuh's DropoutKeepBits, one Philox call per four elements, one shuffle); the
+  // lane's Philox stream is of row row0 for even t, row0 + 8 for odd t. Applied to P after the
+  // softmax: the row sums keep the dropped probabilities, O += P V does not. The mask depends on
+  // the positions only, so it is computed where the consumer holds the fewest registers: with
+  // the overlap, at the top of a step (O and P(it - 1) live, S not yet); without it (d64's
+  // two-block tile), after the softmax, when O += P(it - 1) V is complete and P's registers are
+  // free; step 0 while S(0) runs. Computed between the issue of the products and the wait for S
+  // (S's registers live, and the mask's two words through the softmax) it spilled 12 bytes
+  // reloaded every step at d128 and 124 bytes at d64's two-block tile; at the top of the step,
+  // 8 bytes per step at d64's two-block tile (ptxas -v, nvcc 13.0).
+  DropoutRow dropout_stream{};
+  if constexpr (kDropout) dropout_stream = DropoutRowOf(p, b, h, row0 + 8 * (t & 1));
+  auto dropout_keep = [&](int n0, uint32_t (&keep)[2]) {
+    if constexpr (kDropout) sm90::DropoutKeepBits<kSTiles>(dropout_stream, n0, t, keep);
+  };
+  auto drop_scores = [&](auto& s, const uint32_t (&keep)[2]) {
+    if constexpr (kDropout) {
+#pragma unroll
+      for (int nt = 0; nt < kSTiles; ++nt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int c = 0; c < 2; ++c)
+            if (((keep[r] >> (2 * nt + c)) & 1u) == 0) s[4 * nt + 2 * r + c] = 0.f;
+    }
+  };
+
   // Ping-pong between the two consumers: consumer c waits on named barrier kTurnBarrier + c before
   // it issues a step's two products and, right after issuing them, lets the other consumer issue
   // its own (bar.arrive on the other's barrier; 256 threads = one warpgroup syncing plus one
@@ -802,6 +839,8 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
       // below): an m64n64 product here, into s or into registers of its own, made ptxas
       // serialize every wgmma of the kernel (C7511, "insufficient register resources").
       score_product(s, 0, sm90::Static<kBlockN>());
+      uint32_t keep[2];
+      dropout_keep(n0, keep);  // (kDropout) while S(0) runs
       sm90::WgmmaWait<0>();
       sm90::FenceOperands(s);
       release(k_empty);  // this warp is done with K(0)
@@ -810,6 +849,7 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
       // O is still zero: nothing to rescale now (with kRescaleOBeforeValueProduct, step 1
       // multiplies the zeros by this correction, which is 0).
       softmax(s, correction);
+      drop_scores(s, keep);
       pack_p(s);
     }
 
@@ -823,10 +863,12 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
       const bool pass_turn = ping_pong && !(wg == 1 && it == loop_count - 1);
       float s[kBlockN / 2];
       load_bias(n0);  // bias instances: this step's bias, in flight through the waits below
+      uint32_t keep[2];  // (kDropout) the tile's mask
       if constexpr (kOverlapSoftmax) {
         // Both products issued back to back; the softmax of S(it) runs while the tensor cores
         // still compute O += P V; then O is rescaled (d256: before O += P V, while S runs) and
         // P(it) packed.
+        dropout_keep(n0, keep);  // before the waits: O and P(it - 1) live, S not yet
         sm90::MbarWait(k_full + stage, (it / kStages) & 1);
         if (wait_turn) wait_for_turn(wg);
         score_product(s, stage, sm90::Static<kBlockN>());
@@ -843,6 +885,7 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
         transform_scores(s, n0);
         mask_scores(s, n0);
         softmax(s, correction);
+        drop_scores(s, keep);
         sm90::WgmmaWait<0>();  // O += P(it - 1) V(it - 1) is complete: pa and acc_o are free
         sm90::FenceOperands(acc_o);
         release(v_empty + prev);  // this warp is done with V(it - 1)
@@ -863,6 +906,8 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
         transform_scores(s, n0);
         mask_scores(s, n0);
         softmax(s, correction);
+        dropout_keep(n0, keep);  // P(it - 1) is consumed: its registers are free
+        drop_scores(s, keep);
       }
       if constexpr (!kRescaleOBeforeValueProduct) rescale_o(correction);
       pack_p(s);
@@ -898,6 +943,7 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
       const float z = sum * a + FastExp2(extra - top);
       lse = (top + log2f(z)) * kLn2;
       norm = a / z;
+      if constexpr (kDropout) norm *= p.keep_scale;  // the kept probabilities, / (1 - dropout)
       thread_max = fmaxf(thread_max, m);
     }
     if (i < rows_out) {

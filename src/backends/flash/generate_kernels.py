@@ -12,7 +12,7 @@ The Hopper kernels (wgmma + TMA: fwd_kernel_sm90.cuh, bwd_kernel_sm90.cuh) have 
 instances, flash_fwd_sm90_*.cu and flash_bwd_sm90_*.cu, for the head dims of SM90_DIRECTIONS
 (the backward has no d256 tile yet); each direction has one set per score policy (sm90.h's
 Sm90Scores: plain, and flash_{fwd,bwd}_sm90_softcap_alibi_*.cu; the forward also
-flash_fwd_sm90_bias_*.cu), and the backward one more per
+flash_fwd_sm90_bias_*.cu and flash_fwd_sm90_dropout_*.cu), and the backward one more per
 policy for deterministic mode (flash_bwd_sm90_[softcap_alibi_]deterministic_*.cu), and the forward,
 at d64 and d128, one per policy for paged K/V (flash_fwd_sm90_paged_*.cu); CMake compiles them
 only when CMAKE_CUDA_ARCHITECTURES contains 90a, and for 90a alone (the other instances are
@@ -49,6 +49,9 @@ SM90_DIRECTIONS = {
     "fwd": ("fwd_kernel_sm90.cuh", "LaunchWgmmaForward", [64, 128, 256],
             {"": ", Sm90Scores::kPlain", "softcap_alibi_": ", Sm90Scores::kSoftcapAlibi",
              "bias_": ", Sm90Scores::kBias",
+             # Dropout, with the plain score or softcap and/or ALiBi (no Hopper backward: the
+             # mma.sync backward applies the same mask).
+             "dropout_": ", Sm90Scores::kDropout",
              # Paged K/V (chunked prefill against a paged cache): key tiles of 64 and 128 keys.
              "paged_": (", Sm90Scores::kPlain, /*kPaged=*/true", [64, 128]),
              "paged_softcap_alibi_": (", Sm90Scores::kSoftcapAlibi, /*kPaged=*/true",

@@ -19,7 +19,9 @@
 //     a. the Hopper kernels: a build with sm_90a kernels, an sm_90 device, FUSEDATTN_FLASH_WGMMA
 //        not 0, instance 64, 128 (or 256, forward), tensors TMA can describe, the plain variant
 //        or softcap/ALiBi (variant softcap-alibi; no bias tensor or dropout), and in the forward
-//        also a bias tensor with or without softcap (variant bias; no dropout); the forward also
+//        also a bias tensor with or without softcap (variant bias; no dropout) and dropout with
+//        or without softcap/ALiBi (variant dropout; no bias tensor: the backward of a dropout
+//        problem is the mma.sync one, which draws the same mask); the forward also
 //        needs scale > 0; THD problems take the heavy-first schedule where the workspace holds
 //        one (and, forward, the LSE is absent or packed). config.deterministic runs there too:
 //        the backward's deterministic instances add dQ in a fixed key order (dQ fixed-order+
@@ -63,6 +65,7 @@ const char* KernelVariantName(KernelVariant variant) {
     case KernelVariant::kSoftcapAlibi: return "softcap-alibi";
     case KernelVariant::kBias: return "bias";
     case KernelVariant::kScoreMod: return "score_mod";
+    case KernelVariant::kDropout: return "dropout";
   }
   return "?";
 }
@@ -130,6 +133,7 @@ KernelVariant HopperVariantOf(const Problem& p, bool forward) {
   switch (scores) {
     case Sm90Scores::kSoftcapAlibi: return KernelVariant::kSoftcapAlibi;
     case Sm90Scores::kBias: return KernelVariant::kBias;
+    case Sm90Scores::kDropout: return KernelVariant::kDropout;
     default: return KernelVariant::kPlain;
   }
 }
@@ -622,8 +626,9 @@ ForwardPlan PlanForward(const Problem& p, const FwdTensors& t, const DeviceFacts
     plan.why = Format("hopper kernels: %s", device);
   } else if (!HopperInstance(dim, /*backward=*/false)) {
     plan.why = Format("hopper forward: instances 64, 128 and 256 only (this is %d)", dim);
-  } else if (HopperForwardVariantOf(p) == KernelVariant::kFull) {
-    plan.why = "hopper forward: no dropout (softcap, ALiBi and bias tensors run there)";
+  } else if (HopperForwardVariantOf(p) == KernelVariant::kFull) {  // a bias tensor with dropout
+    plan.why = "hopper forward: no bias tensor with dropout (dropout runs there alone or with "
+               "softcap and ALiBi, bias tensors without dropout)";
   } else if (!(p.scale() > 0.0)) {
     plan.why = "hopper forward: attn_scale > 0 only";
   } else if (!TmaDescribes(t.q, true, p) || !TmaDescribes(t.k, false, p) ||
@@ -691,7 +696,12 @@ BackwardPlan PlanBackward(const Problem& p, const BwdTensors& t, const DeviceFac
   } else if (!HopperInstance(dim, /*backward=*/true)) {
     plan.why = Format("hopper backward: instances 64 and 128 only (this is %d)", dim);
   } else if (HopperVariantOf(p) == KernelVariant::kFull) {
-    plan.why = "hopper backward: no bias tensor or dropout (softcap and ALiBi run there)";
+    // Training with dropout: the Hopper forward (its dropout variant) and this mma.sync backward,
+    // which applies the same mask (fusedattn.h's Philox numbering, in both kernels).
+    plan.why = HopperForwardVariantOf(p) == KernelVariant::kDropout
+                   ? "hopper backward: no dropout (the Hopper forward runs it; this backward "
+                     "draws the same mask)"
+                   : "hopper backward: no bias tensor or dropout (softcap and ALiBi run there)";
   } else if (c.deterministic && plan.workspace.dq_order_bytes == 0) {
     plan.why = "hopper backward: deterministic mode needs the dQ accumulator and order flags "
                "in the workspace, which this problem's plan has not";

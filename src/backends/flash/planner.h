@@ -38,14 +38,16 @@ const char* KernelPathName(KernelPath path);
 // The plain kernel keeps the registers that bias, ALiBi, softcap and dropout need in the full one
 // (mma.sync, score_mod-jit). The Hopper forward and backward have the plain variant and
 // softcap-alibi (softcap and/or ALiBi, sm90.h's Sm90Scores); the Hopper forward also bias (a
-// pre- or post-scale bias tensor, softcap or not). kScoreMod: the Hopper forward's score_mod
-// policy (Sm90Scores::kScoreMod, path kHopperScoreModJit).
+// pre- or post-scale bias tensor, softcap or not) and dropout (with softcap and/or ALiBi or
+// neither; no bias tensor). kScoreMod: the Hopper forward's score_mod policy
+// (Sm90Scores::kScoreMod, path kHopperScoreModJit).
 enum class KernelVariant : int {
   kPlain = 0,
   kFull = 1,
   kSoftcapAlibi = 2,
   kBias = 3,
   kScoreMod = 4,
+  kDropout = 5,
 };
 const char* KernelVariantName(KernelVariant variant);
 

@@ -17,20 +17,34 @@ namespace fusedattn::flash {
 //    global memory (fwd_kernel_sm90.cuh);
 //  kScoreMod (forward only, never an ahead-of-time instance): a score_mod graph compiled at run
 //    time by NVRTC (jit.h), its policy struct the kernel's Mod argument: s = Mod(scale * q.k) per
-//    element with the mask_mod and the block mask of its module.
-// Dropout has no Hopper kernels, nor bias tensors a Hopper backward: the mma.sync full variant
-// runs them.
-enum class Sm90Scores : int { kPlain = 0, kSoftcapAlibi = 1, kBias = 2, kScoreMod = 3 };
+//    element with the mask_mod and the block mask of its module;
+//  kDropout (forward only): dropout, with the plain score or with softcap and/or ALiBi (the
+//    softcap-alibi arithmetic, chosen per call as there): fusedattn.h's Philox mask, the same
+//    elements the mma.sync kernels and the reference drop (sm90_scores.cuh's DropoutKeepBits),
+//    applied to P after the row sums, so that the LSE is the undropped one.
+// No Hopper kernel runs dropout with a bias tensor, nor dropout or bias tensors in the backward:
+// the mma.sync full variant runs them (a Hopper dropout forward is followed by the mma.sync
+// backward, which draws the same mask).
+enum class Sm90Scores : int {
+  kPlain = 0,
+  kSoftcapAlibi = 1,
+  kBias = 2,
+  kScoreMod = 3,
+  kDropout = 4
+};
 
 // The one rule for which ahead-of-time score policy runs a problem without a score_mod graph:
-// *scores, or false where none does (dropout; a bias tensor in the backward). The planner asks
-// it of the config (planner.cpp's HopperVariantOf), the launchers of FlashParams, so that the
-// plan explain prints and the instance that runs cannot disagree. bias_tensor: a pre- or
-// post-scale bias tensor; alibi: ALiBi slopes; softcap: softcap > 0.
+// *scores, or false where none does (dropout in the backward or with a bias tensor; a bias
+// tensor in the backward). The planner asks it of the config (planner.cpp's HopperVariantOf),
+// the launchers of FlashParams, so that the plan explain prints and the instance that runs
+// cannot disagree. bias_tensor: a pre- or post-scale bias tensor; alibi: ALiBi slopes; softcap:
+// softcap > 0; dropout: dropout > 0.
 inline bool Sm90ScoresFor(bool bias_tensor, bool alibi, bool softcap, bool dropout, bool forward,
                           Sm90Scores* scores) {
-  if (dropout || (bias_tensor && !forward)) return false;
-  *scores = bias_tensor            ? Sm90Scores::kBias
+  if (!forward && (dropout || bias_tensor)) return false;
+  if (dropout && bias_tensor) return false;
+  *scores = dropout                ? Sm90Scores::kDropout
+            : bias_tensor          ? Sm90Scores::kBias
             : (softcap || alibi) ? Sm90Scores::kSoftcapAlibi
                                  : Sm90Scores::kPlain;
   return true;
