@@ -265,7 +265,7 @@ def distributed(args):
                     record["rel_err"] = {n: float("%.3g" % rel(cp.unshard(g), reference[n]))
                                          for n, g in gathered.items()}
             if args.profile and device.type == "cuda":
-                record["overlap"] = _profile(step, args.profile, rank, mode, s)
+                record["overlap"] = _profile(step, args.profile, rank, mode, s, world)
             if rank == 0:
                 record["single_ms"] = round(single_ms, 3)
                 record["ratio"] = round(record["step_ms"] / (single_ms / world), 3)
@@ -283,28 +283,35 @@ def _gather(x, world):
     return parts
 
 
-def _profile(step, folder, rank, mode, s):
-    """One step under torch.profiler: how much of the NCCL kernels' time overlapped other
-    (attention, merge) kernels on this rank, and rank 0's trace (gzip'd chrome trace)."""
+def _profile(step, folder, rank, mode, s, world):
+    """One step under torch.profiler on every rank: the step's span on the GPU (first kernel start
+    to last kernel end), the union of its compute (non-NCCL) kernels, and idle = span - compute,
+    the time the GPU waited for a transfer or the host: what communication cost. NCCL's kernels
+    are reported too, but a receive is posted before the block it overlaps and spins until the
+    peer's data is there, so their length counts waiting as well as transfer. Rank 0's trace
+    goes to folder (gzip'd chrome trace; bench/cp_timeline.py plots it)."""
     from torch.profiler import ProfilerActivity, profile
     dist.barrier()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    comm = [(e.time_range.start, e.time_range.end) for e in kernels if "nccl" in e.name.lower()]
+    spans = [(e.time_range.start, e.time_range.end) for e in kernels]
+    comm = _union([(e.time_range.start, e.time_range.end) for e in kernels
+                   if "nccl" in e.name.lower()])
     compute = _union([(e.time_range.start, e.time_range.end) for e in kernels
                       if "nccl" not in e.name.lower()])
-    comm_us = sum(b - a for a, b in comm)
-    overlapped = sum(_intersection(c, compute) for c in comm)
+    span = max(b for _, b in spans) - min(a for a, _ in spans)
     busy = sum(b - a for a, b in compute)
-    summary = dict(rank=rank, compute_busy_ms=round(busy / 1e3, 3),
-                   nccl_kernel_ms=round(comm_us / 1e3, 3),
-                   nccl_overlapped=round(overlapped / comm_us, 3) if comm_us else None)
+    summary = dict(rank=rank, gpu_span_ms=round(span / 1e3, 3),
+                   compute_busy_ms=round(busy / 1e3, 3),
+                   gpu_idle_ms=round((span - busy) / 1e3, 3),
+                   gpu_idle_fraction=round((span - busy) / span, 4) if span else None,
+                   nccl_in_flight_ms=round(sum(b - a for a, b in comm) / 1e3, 3))
     print("profile", json.dumps(summary), flush=True)
     if rank == 0:
         os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, "cp_%s_s%d_rank0.json" % (mode, s))
+        path = os.path.join(folder, "cp_%s_n%d_s%d_rank0.json" % (mode, world, s))
         prof.export_chrome_trace(path)
         with open(path, "rb") as f, gzip.open(path + ".gz", "wb") as g:
             g.write(f.read())
@@ -320,11 +327,6 @@ def _union(intervals):
         else:
             out.append((a, b))
     return out
-
-
-def _intersection(interval, union):
-    a, b = interval
-    return sum(max(0, min(b, d) - max(a, c)) for c, d in union)
 
 
 def main():
