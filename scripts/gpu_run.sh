@@ -476,8 +476,10 @@ step_kernel_profile() {
 # when 2 or 4 GPUs are visible (else skipped, saying so). cp_bench: bench/cp_bench.py on one GPU
 # (simulated ranks, s = 128k/256k/512k, N = 2 and 4: rel_err < 1e-2, ratio = slowest rank /
 # (single / N), the target <= 1.1), then, per N in 2 4 that this machine has GPUs for, torchrun
-# over NCCL with a profile of one step (rank 0's trace in $OUT/cp_profile). About 3 minutes on
-# one H100 (the 512k single-GPU step takes ~9 s): give it TIMEOUT_cp_bench=540. CP_BENCH_ARGS
+# over NCCL with a profile of one step (rank 0's trace in $OUT/cp_profile; plot it with
+# bench/cp_timeline.py). On 4 H200s (2026-11-28) cp_tests took 99 s (157 passed, the 12 NCCL
+# cases among them) and cp_bench 305 s (the 512k single-GPU step takes 7.6 s there, ~9 s on an
+# H100): give it TIMEOUT_cp_bench=540. CP_BENCH_ARGS
 # replaces the defaults of both (e.g. "--seqlens 131072 --modes ring all_to_all all_gather").
 step_cp_tests() {
   step_python_build || return 1
