@@ -528,7 +528,7 @@ step_fp8() {
 # cuDNN lines too) or build_flash (cuDNN lines n/a). About 3-5 minutes: TIMEOUT_hopper_fp8=580.
 step_hopper_fp8() {
   local rc=0
-  GTEST_FILTER='FlashFp8*:CudnnFp8*' step_tests_parallel || rc=1
+  GTEST_FILTER='*FlashFp8*:*CudnnFp8*' step_tests_parallel || rc=1
   compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/fusedattn_gpu_tests" \
     --gtest_filter='FlashFp8Sanitize.*' || rc=1
   compute-sanitizer --tool racecheck --error-exitcode 9 "$BUILD/tests/fusedattn_gpu_tests" \

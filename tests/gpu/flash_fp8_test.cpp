@@ -5,7 +5,7 @@
 // a CUDA device, the flash backend, or where flash refuses the problem (not an sm_90 device, a
 // build without sm_90a kernels): the refusal is printed.
 //
-// GPU run: GTEST_FILTER='FlashFp8*' (scripts/gpu_run.sh, step hopper_fp8: also compute-sanitizer
+// GPU run: GTEST_FILTER='*FlashFp8*' (scripts/gpu_run.sh, step hopper_fp8: also compute-sanitizer
 // memcheck and racecheck on FlashFp8Sanitize.*).
 #ifdef FUSEDATTN_WITH_FLASH
 
