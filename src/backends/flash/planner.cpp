@@ -1,5 +1,8 @@
 // The flash planner (planner.h): every decision of which kernel runs, in one place and in order.
 // The rules, fastest path first:
+//  0. FP8 problems (qkv e4m3): the Hopper forward's FP8 instance (variant fp8, d128) where
+//     Fp8ForwardRefusal takes them (forward only, dense, no mask / causal / windows, head dims up
+//     to 128), q, k, v described by TMA; every other FP8 problem is refused, naming why.
 //  1. Refusals (check()): CPU tensors, paged K/V neither the decode kernel nor the Hopper
 //     forward runs, score_mod graphs the tensor-core kernels cannot compile, head dims whose
 //     simple-path shared memory does not fit, grids too large.
