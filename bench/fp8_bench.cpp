@@ -12,6 +12,13 @@
 // training loop runs them, and says so in its first line.
 //
 // Usage: fp8_bench [--d 128] [--seqlen 4096|8192|16384|all] [--causal 0|1|all] [--iters 10]
+//                  [--fp8]
+// --fp8: the forward alone (is_training 0, the LSE returned) on the same inputs, four lines per
+// shape: flash's FP8 forward (the Hopper FP8 instance), cuDNN's FP8, and BF16 on flash and on
+// cuDNN, each forced; then issue 22's ratios: FP8 / BF16 forward (target >= 1.5, flash's and
+// cuDNN's each against its own BF16, and flash FP8 against the faster BF16) and flash FP8 /
+// cuDNN FP8 (target >= 1.0). FP8: q, k, v, O e4m3, scales 1 except scale_s = 256 (P's range).
+// A backend that does not run a line (cuDNN not built, not an sm_90 device) prints n/a and why.
 // Exits 0 without a GPU.
 #include <cuda_runtime_api.h>
 
@@ -87,6 +94,96 @@ Timing Time(const fusedattn_config& c, int iters, fusedattn::testing::Fp8Factors
   return t;
 }
 
+// --fp8: one forward (is_training 0, LSE returned) on the backend c forces; ms < 0 and *why set
+// where it does not run.
+double TimeForward(const fusedattn_config& c, int iters, fusedattn::testing::Fp8Factors* factors,
+                   std::string* why) {
+  const bool fp8 = c.qkv_dtype == FUSEDATTN_DTYPE_FP8_E4M3;
+  char msg[4096];
+  fusedattn_backend chosen;
+  if (fusedattn_get_backend(&c, &chosen, msg, sizeof msg) != FUSEDATTN_SUCCESS) {
+    *why = msg;
+    return -1;
+  }
+  std::mt19937 rng(1);  // the same inputs for every line (per dtype)
+  const std::vector<int64_t> shape = {c.batch, c.max_seqlen_q, c.heads_q, c.head_dim_qk};
+  DeviceTensor q(c.qkv_dtype, shape, rng, true), k(c.qkv_dtype, shape, rng, true),
+      v(c.qkv_dtype, shape, rng, true), out(c.o_dtype, shape, rng, false);
+  DeviceTensor lse(FUSEDATTN_DTYPE_FLOAT32, {c.batch, c.heads_q, c.max_seqlen_q}, rng, false);
+  if (!q.data || !k.data || !v.data || !out.data || !lse.data) {
+    *why = "out of device memory";
+    return -1;
+  }
+  fusedattn_fwd_args fa = fusedattn_fwd_args_init();
+  fa.q = q.desc, fa.k = k.desc, fa.v = v.desc, fa.o = out.desc, fa.lse = lse.desc;
+  if (fp8) fusedattn::testing::PointFwdArgsAt(c, factors, &fa);
+  size_t bytes = 0;
+  if (!ApiOk(fusedattn_fwd_workspace_size(&c, &bytes, msg, sizeof msg), "workspace", msg))
+    return -1;
+  void* workspace = nullptr;
+  if (bytes && !CudaOk(cudaMalloc(&workspace, bytes), "cudaMalloc workspace")) return -1;
+  const double ms = TimeMs(iters, [&] {
+    return ApiOk(fusedattn_fwd(&c, &fa, workspace, bytes, nullptr, msg, sizeof msg), "fwd", msg);
+  });
+  if (workspace) cudaFree(workspace);
+  return ms;
+}
+
+// --fp8: flash FP8, cuDNN FP8, flash BF16, cuDNN BF16 forwards of one shape, and the ratios.
+void CompareForwards(int64_t d, int64_t s, int causal, int iters,
+                     fusedattn::testing::Fp8Factors* factors) {
+  fusedattn_config c = FUSEDATTN_CONFIG_INIT;
+  c.batch = 16384 / s > 0 ? 16384 / s : 1;
+  c.heads_q = c.heads_kv = 2048 / d;
+  c.max_seqlen_q = c.max_seqlen_kv = s;
+  c.head_dim_qk = c.head_dim_v = d;
+  c.mask = causal ? FUSEDATTN_MASK_CAUSAL : FUSEDATTN_MASK_NONE;
+  c.return_lse = 1;
+  c.device = FUSEDATTN_DEVICE_CUDA;
+  const double flops = 4.0 * c.batch * c.heads_q * s * s * d * (causal ? 0.5 : 1.0);
+  struct Line {
+    const char* name;
+    fusedattn_dtype dtype;
+    fusedattn_backend backend;
+    double ms = -1;
+    std::string why;
+  } lines[] = {{"fp8 flash", FUSEDATTN_DTYPE_FP8_E4M3, FUSEDATTN_BACKEND_FLASH},
+               {"fp8 cudnn", FUSEDATTN_DTYPE_FP8_E4M3, FUSEDATTN_BACKEND_CUDNN},
+               {"bf16 flash", FUSEDATTN_DTYPE_BFLOAT16, FUSEDATTN_BACKEND_FLASH},
+               {"bf16 cudnn", FUSEDATTN_DTYPE_BFLOAT16, FUSEDATTN_BACKEND_CUDNN}};
+  for (Line& l : lines) {
+    fusedattn_config x = c;
+    x.qkv_dtype = x.o_dtype = l.dtype;
+    x.backend = l.backend;
+    l.ms = TimeForward(x, iters, factors, &l.why);
+  }
+  auto tflops = [&](double ms) { return ms > 0 ? flops / ms / 1e9 : 0.0; };
+  for (const Line& l : lines) {
+    if (l.ms > 0)
+      std::printf("d=%lld s=%-5lld b=%-2lld h=%-2lld %-6s fwd | %-10s %8.3f ms %6.1f TFLOP/s\n",
+                  (long long)d, (long long)s, (long long)c.batch, (long long)c.heads_q,
+                  causal ? "causal" : "full", l.name, l.ms, tflops(l.ms));
+    else
+      std::printf("d=%lld s=%-5lld b=%-2lld h=%-2lld %-6s fwd | %-10s n/a (%.200s)\n",
+                  (long long)d, (long long)s, (long long)c.batch, (long long)c.heads_q,
+                  causal ? "causal" : "full", l.name, l.why.c_str());
+  }
+  auto ratio = [](double slow_ms, double fast_ms) {
+    return slow_ms > 0 && fast_ms > 0 ? slow_ms / fast_ms : 0.0;
+  };
+  const double best_bf16 = lines[2].ms > 0 && (lines[3].ms <= 0 || lines[2].ms < lines[3].ms)
+                               ? lines[2].ms
+                               : lines[3].ms;
+  std::printf(
+      "d=%lld s=%-5lld %-6s ratios | flash fp8/bf16 %.2fx, cudnn fp8/bf16 %.2fx, flash fp8 / "
+      "best bf16 %.2fx (target >= 1.5) | flash fp8 / cudnn fp8 %.2fx (target >= 1.0); 0.00x: "
+      "n/a\n",
+      (long long)d, (long long)s, causal ? "causal" : "full", ratio(lines[2].ms, lines[0].ms),
+      ratio(lines[3].ms, lines[1].ms), ratio(best_bf16, lines[0].ms),
+      ratio(lines[1].ms, lines[0].ms));
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -94,8 +191,13 @@ int main(int argc, char** argv) {
   std::vector<int> causals = {0, 1};
   int64_t d = 128;
   int iters = 10;
+  bool forwards = false;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
+    if (flag == "--fp8") {
+      forwards = true;
+      continue;
+    }
     const char* value = i + 1 < argc ? argv[++i] : "";
     if (flag == "--d") {
       d = atoll(value);
@@ -126,6 +228,15 @@ int main(int argc, char** argv) {
       !CudaOk(cudaMemcpy(block, &ones, sizeof ones, cudaMemcpyHostToDevice), "factors"))
     return 1;
   auto* factors = static_cast<fusedattn::testing::Fp8Factors*>(block);
+  if (forwards) {
+    fusedattn::testing::Fp8Factors f = ones;
+    f.scale_s = 256, f.descale_s = 1.0f / 256;
+    if (!CudaOk(cudaMemcpy(block, &f, sizeof f, cudaMemcpyHostToDevice), "factors")) return 1;
+    for (int causal : causals)
+      for (int64_t s : seqlens) CompareForwards(d, s, causal, iters, factors);
+    cudaFree(factors);
+    return 0;
+  }
   for (int causal : causals)
     for (int64_t s : seqlens) {
       fusedattn_config c = FUSEDATTN_CONFIG_INIT;

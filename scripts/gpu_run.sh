@@ -91,7 +91,7 @@ step_build_flash() {
   cmake -G Ninja -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DFUSEDATTN_CUDNN=OFF \
     -DCMAKE_CUDA_ARCHITECTURES=90a -DFUSEDATTN_BUILD_TOOLS=OFF &&
     cmake --build "$BUILD" -j "$JOBS" --target fusedattn fusedattn_gpu_tests fusedattn_tests \
-      flash_bench
+      flash_bench fp8_bench
   local rc=$?
   echo "build time: $((SECONDS - t0)) s"
   return $rc
@@ -519,6 +519,24 @@ step_fp8() {
     --gtest_filter='Shapes/CudnnFp8.ForwardAndBackwardMatchTheReferenceEmulation/d128_causal_e5m2' ||
     rc=1
   "$BUILD/bench/fp8_bench" || rc=1
+  return $rc
+}
+
+# flash's FP8 forward (issue 22 item 4; flash README "Hopper forward: FP8"): its GPU tests against
+# the reference's emulation, the cuDNN FP8 tests again (they share tests/gpu/fp8_check.h),
+# memcheck and racecheck of the small cases, the CPU planner / FP8 tests, then fp8_bench --fp8:
+# flash FP8, cuDNN FP8 and both BF16 forwards of d128 s 4096 / 8192 / 16384, causal and not, with
+# the ratios (FP8 / BF16 >= 1.5, flash FP8 / cuDNN FP8 >= 1.0). With step build (full build:
+# cuDNN lines too) or build_flash (cuDNN lines n/a). About 3-5 minutes: TIMEOUT_hopper_fp8=580.
+step_hopper_fp8() {
+  local rc=0
+  GTEST_FILTER='*FlashFp8*:*CudnnFp8*' step_tests_parallel || rc=1
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/fusedattn_gpu_tests" \
+    --gtest_filter='FlashFp8Sanitize.*' || rc=1
+  compute-sanitizer --tool racecheck --error-exitcode 9 "$BUILD/tests/fusedattn_gpu_tests" \
+    --gtest_filter='FlashFp8Sanitize.*' || rc=1
+  "$BUILD/tests/fusedattn_tests" --gtest_brief=1 --gtest_filter='FlashPlan*:*Fp8*' || rc=1
+  "$BUILD/bench/fp8_bench" --fp8 --iters 10 || rc=1
   return $rc
 }
 

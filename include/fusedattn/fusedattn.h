@@ -148,10 +148,22 @@
  *               the factors anyway).
  *
  * Backends: the reference emulates every point above exactly and runs FP8 with every feature;
- * cuDNN runs FP8 problems through its FP8 SDPA graphs and names what it refuses; flash and
- * small_seq refuse FP8 problems. GPU results differ from the reference's by float32
- * accumulation and, where a product lands near a rounding boundary of Q8, by one FP8 step of
- * that element (tests/gpu/cudnn_fp8_test.cpp derives the bounds).
+ * cuDNN runs FP8 problems through its FP8 SDPA graphs and names what it refuses; flash runs the
+ * FP8 forward on its Hopper kernel (sm_90; head dims up to 128, multiples of 16; dense
+ * BSHD/SBHD/BHSD; no mask, causal top-left or bottom-right, windows; GQA/MQA; o_dtype e4m3,
+ * bfloat16, float16 or float32; the LSE) and refuses the FP8 backward and the other features,
+ * naming them; small_seq refuses FP8 problems. AUTO asks cuDNN first for FP8 problems (no
+ * measured order yet), then flash. GPU results differ from the reference's by float32 (and the
+ * FP8 tensor cores') accumulation and, where a product lands near a rounding boundary of Q8, by
+ * one FP8 step of that element (tests/gpu/fp8_check.h derives the bounds). flash quantizes S
+ * during its online softmax, before the row's final maximum and sum are known: its element is
+ * Q8_e4m3(exp(s - m') * c) / c * exp(m' - m) / l (m' the running maximum, m and l the row's final
+ * maximum and sum of exponentials, c = scale_s), which is within the same u p + a / scale_s of p
+ * as the specification's Q8_e4m3(p * scale_s) / scale_s: the two differ by at most one FP8 step,
+ * within the bound above. Where scale_s > 448 (p * scale_s may then saturate), flash quantizes
+ * with c = 448 and does not saturate: it differs from the specification exactly where
+ * p * scale_s > 448, whose saturation it does not reproduce (scale_s <= 448 / amax_s of the
+ * call's own S never gets there).
  *
  * ---------------------------------------------------------------------------------------------
  * Tensors

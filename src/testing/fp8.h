@@ -83,8 +83,10 @@ inline float PowerOfTwoScale(double amax, double max_finite) {
 //   O[i,x]  : sum_j (u_s p_ij + a_s / scale_s) |v_jx|
 //   dV[j,x] : sum_i (u_s p_ij + a_s / scale_s) |dO_ix|
 //   dQ[i,x] : sum_j (u_dp |dP_ij| + a_dp / scale_dp) |k_jx|;  dK[j,x] likewise with |q_ix|
-// (tests/cpu/fp8_test.cpp holds the reference to it; tests/gpu/cudnn_fp8_test.cpp derives the
-// GPU's tolerance from it). BSHD tensors, masks none or causal (top-left), no dropout.
+// (tests/cpu/fp8_test.cpp holds the reference to it; tests/gpu/fp8_check.h derives the GPU's
+// tolerance from it). Masks none or causal (top-left; the forward also bottom-right), no dropout;
+// the forward in any dense format (q, k, v read in theirs; its outputs in BSHD order, see
+// InFormatOrder), the backward BSHD.
 struct Fp8Type {
   double u, a;
 };
@@ -137,6 +139,29 @@ inline int64_t Idx(int64_t b, int64_t s, int64_t h, int64_t x, int64_t S, int64_
   return ((b * S + s) * H + h) * D + x;
 }
 
+// Index of element (b, s, h, x) in a tensor of `format` read with to_vector() (its shape's
+// row-major order: SBHD [S, B, H, D], BHSD [B, H, S, D], else BSHD).
+inline int64_t FormatIdx(fusedattn_format format, int64_t b, int64_t s, int64_t h, int64_t x,
+                         int64_t B, int64_t S, int64_t H, int64_t D) {
+  switch (format) {
+    case FUSEDATTN_FORMAT_SBHD: return ((s * B + b) * H + h) * D + x;
+    case FUSEDATTN_FORMAT_BHSD: return ((b * H + h) * S + s) * D + x;
+    default: return Idx(b, s, h, x, S, H, D);
+  }
+}
+
+// A [b][s][h][x] (BSHD-ordered) vector in the to_vector() order of a tensor of `format`.
+inline std::vector<double> InFormatOrder(const std::vector<double>& bshd, fusedattn_format format,
+                                         int64_t B, int64_t S, int64_t H, int64_t D) {
+  std::vector<double> out(bshd.size());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t x = 0; x < D; ++x)
+          out[FormatIdx(format, b, s, h, x, B, S, H, D)] = bshd[Idx(b, s, h, x, S, H, D)];
+  return out;
+}
+
 // backward = false: O and its bound (and amax_s). backward = true: dQ, dK, dV and their bounds
 // (and amax_dp), from the O and LSE in t (the ones the backward reads).
 inline Exact ExactAttention(const fusedattn_config& c, const ProblemTensors& t, const Fp8Factors& f,
@@ -153,20 +178,28 @@ inline Exact ExactAttention(const fusedattn_config& c, const ProblemTensors& t, 
   // q, k, v decoded once ([b, s, h, d] order, as at() reads them): reading them element by
   // element through at() in the loops below made one s512 case take minutes on the host.
   const std::vector<double> qv = t.q.to_vector(), kv = t.k.to_vector(), vv = t.v.to_vector();
+  // (The forward reads q, k, v in any dense format; the backward's dO and O are read BSHD.)
   auto q = [&](int64_t b, int64_t i, int64_t h, int64_t x) {
-    return qv[Idx(b, i, h, x, SQ, HQ, D)] * f.descale_q;
+    return qv[FormatIdx(c.q_format, b, i, h, x, B, SQ, HQ, D)] * f.descale_q;
   };
   auto k = [&](int64_t b, int64_t j, int64_t h, int64_t x) {
-    return kv[Idx(b, j, h, x, SKV, HKV, D)] * f.descale_k;
+    return kv[FormatIdx(c.kv_format, b, j, h, x, B, SKV, HKV, D)] * f.descale_k;
   };
   auto v = [&](int64_t b, int64_t j, int64_t h, int64_t x) {
-    return vv[Idx(b, j, h, x, SKV, HKV, D)] * f.descale_v;
+    return vv[FormatIdx(c.kv_format, b, j, h, x, B, SKV, HKV, D)] * f.descale_v;
   };
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < HQ; ++h)
       for (int64_t i = 0; i < SQ; ++i) {
         const int64_t hk = h / G;
-        const int64_t hi = c.mask == FUSEDATTN_MASK_CAUSAL ? std::min(i + 1, SKV) : SKV;
+        // Keys [0, hi): causal top-left or bottom-right (the diagonal at the last key); a row
+        // with none keeps o = 0 and no bound.
+        const int64_t hi =
+            c.mask == FUSEDATTN_MASK_CAUSAL ? std::min(i + 1, SKV)
+            : c.mask == FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT
+                ? std::max<int64_t>(0, std::min(i + 1 + SKV - SQ, SKV))
+                : SKV;
+        if (hi == 0) continue;
         std::vector<double> s(hi), es(hi);
         double es_max = 0;
         for (int64_t j = 0; j < hi; ++j) {

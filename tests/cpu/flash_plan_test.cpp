@@ -1290,6 +1290,183 @@ TEST(FlashPlan, ExplainNamesPathInstanceVariantScheduleAndWorkspace) {
   EXPECT_TRUE(Contains(DescribeForwardPlan(Forward(big)), "forward: refused: head_dim_qk = 1024"));
 }
 
+// ---- FP8 (e4m3) forward: the Hopper forward's FP8 instance (README "Hopper forward: FP8") ----
+
+fusedattn_config Fp8(fusedattn_config c = Config()) {
+  c.qkv_dtype = FUSEDATTN_DTYPE_FP8_E4M3;
+  c.o_dtype = FUSEDATTN_DTYPE_BFLOAT16;
+  c.do_dtype = c.dqkv_dtype = FUSEDATTN_DTYPE_FP8_E4M3;  // (read when there is a backward)
+  return c;
+}
+
+TEST(FlashPlanFp8, DenseForwardsRunTheHopperFp8InstanceWithVTransposedInTheWorkspace) {
+  for (fusedattn_mask mask : {FUSEDATTN_MASK_NONE, FUSEDATTN_MASK_CAUSAL,
+                              FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT})
+    for (fusedattn_format format :
+         {FUSEDATTN_FORMAT_BSHD, FUSEDATTN_FORMAT_SBHD, FUSEDATTN_FORMAT_BHSD})
+      for (fusedattn_dtype o : {FUSEDATTN_DTYPE_BFLOAT16, FUSEDATTN_DTYPE_FLOAT16,
+                                FUSEDATTN_DTYPE_FLOAT32, FUSEDATTN_DTYPE_FP8_E4M3}) {
+        fusedattn_config c = Fp8();
+        c.mask = mask;
+        c.q_format = c.kv_format = c.o_format = format;
+        c.o_dtype = o;
+        c.max_seqlen_kv = 300;  // V^T rows padded to 384 keys
+        c.return_lse = 1;
+        const ForwardPlan plan = Forward(c);
+        ASSERT_TRUE(plan.status.ok()) << plan.status.message();
+        EXPECT_EQ(plan.path, KernelPath::kHopperWgmma);
+        EXPECT_EQ(plan.variant, KernelVariant::kFp8);
+        EXPECT_EQ(plan.instance, 128);
+        EXPECT_EQ(plan.keys_per_step, 128);
+        // [batch 2][heads_kv 2][128][384] bytes.
+        EXPECT_EQ(plan.workspace.fp8_values_bytes, size_t{2 * 2 * 128 * 384});
+        EXPECT_EQ(plan.workspace.total, Aligned(2 * 2 * 128 * 384));
+        EXPECT_TRUE(Contains(DescribeForwardPlan(plan), "hopper-wgmma d128 fp8"))
+            << DescribeForwardPlan(plan);
+        // The workspace size query (selection asks before it sees tensors) is the plan's.
+        EXPECT_EQ(PlanFwdWorkspace(Make(c), H100()).total, plan.workspace.total);
+      }
+}
+
+TEST(FlashPlanFp8, GqaMqaWindowsSmallerHeadDimsAndTailsRunThere) {
+  std::vector<std::pair<const char*, std::function<void(fusedattn_config&)>>> cases = {
+      {"gqa", [](fusedattn_config& c) { c.heads_q = 8, c.heads_kv = 2; }},
+      {"mqa", [](fusedattn_config& c) { c.heads_q = 8, c.heads_kv = 1; }},
+      {"window", [](fusedattn_config& c) { c.window_left = 64, c.window_right = 0; }},
+      {"d64", [](fusedattn_config& c) { c.head_dim_qk = c.head_dim_v = 64; }},
+      {"d96/64", [](fusedattn_config& c) { c.head_dim_qk = 96, c.head_dim_v = 64; }},
+      {"sq 1 skv 601", [](fusedattn_config& c) { c.max_seqlen_q = 1, c.max_seqlen_kv = 601; }},
+  };
+  for (auto& [name, change] : cases) {
+    fusedattn_config c = Fp8();
+    change(c);
+    const ForwardPlan plan = Forward(c);
+    ASSERT_TRUE(plan.status.ok()) << name << ": " << plan.status.message();
+    EXPECT_EQ(plan.variant, KernelVariant::kFp8) << name;
+    EXPECT_EQ(plan.workspace.fp8_values_bytes,
+              static_cast<size_t>(c.batch * c.heads_kv * 128 *
+                                  ((c.max_seqlen_kv + 127) / 128 * 128)))
+        << name;
+  }
+}
+
+TEST(FlashPlanFp8, RefusesWhatItsForwardHasNotNamingIt) {
+  struct Refusal {
+    const char* name;
+    std::function<void(fusedattn_config&)> change;
+    const char* mentions;
+    DeviceFacts device = H100();
+  };
+  std::vector<Refusal> refusals = {
+      {"training", [](fusedattn_config& c) { c.is_training = 1; }, "config.is_training = 1"},
+      {"dropout", [](fusedattn_config& c) { c.dropout = 0.1; }, "dropout = 0.1"},
+      {"bias", [](fusedattn_config& c) { c.bias_type = FUSEDATTN_BIAS_POST_SCALE; },
+       "bias_type = "},
+      {"alibi", [](fusedattn_config& c) { c.bias_type = FUSEDATTN_BIAS_ALIBI; }, "bias_type = "},
+      {"softcap", [](fusedattn_config& c) { c.softcap = 30; }, "softcap = 30"},
+      {"sinks", [](fusedattn_config& c) { c.softmax_type = FUSEDATTN_SOFTMAX_LEARNABLE_SINK; },
+       "softmax other than vanilla"},
+      {"off-by-one", [](fusedattn_config& c) { c.softmax_type = FUSEDATTN_SOFTMAX_OFF_BY_ONE; },
+       "softmax other than vanilla"},
+      {"padding", [](fusedattn_config& c) { c.mask = FUSEDATTN_MASK_PADDING_CAUSAL; },
+       "padding masks"},
+      {"thd", [](fusedattn_config& c) { c = Thd(c); }, "THD"},
+      {"d256", [](fusedattn_config& c) { c.head_dim_qk = c.head_dim_v = 256; },
+       "head_dim_qk = 256"},
+      {"d72", [](fusedattn_config& c) { c.head_dim_qk = c.head_dim_v = 72; }, "head_dim_qk = 72"},
+      {"negative scale", [](fusedattn_config& c) { c.attn_scale = -0.1; }, "attn_scale"},
+      {"A100", [](fusedattn_config&) {}, "the device is not sm_90", A100()},
+  };
+  DeviceFacts no_sm90a = H100();
+  no_sm90a.sm90a_kernels = false;
+  refusals.push_back({"no sm_90a", [](fusedattn_config&) {}, "no sm_90a kernels", no_sm90a});
+  DeviceFacts env_off = H100();
+  env_off.wgmma_allowed = false;
+  refusals.push_back({"FUSEDATTN_FLASH_WGMMA=0", [](fusedattn_config&) {}, "FUSEDATTN_FLASH_WGMMA=0",
+                      env_off});
+  for (const Refusal& r : refusals) {
+    fusedattn_config c = Fp8();
+    r.change(c);
+    Problem p = Make(c);
+    const Status check = PlanCheck(p, r.device);
+    ASSERT_FALSE(check.ok()) << r.name;
+    EXPECT_EQ(check.code(), FUSEDATTN_ERROR_NOT_SUPPORTED) << r.name;
+    EXPECT_TRUE(Contains(check.message(), r.mentions)) << r.name << ": " << check.message();
+    // Every refusal says what runs, and that the FP8 backward is not flash's.
+    EXPECT_TRUE(Contains(check.message(), "flash's FP8 forward runs on its Hopper kernel"))
+        << r.name << ": " << check.message();
+    EXPECT_TRUE(Contains(check.message(), "the FP8 backward: none in flash")) << r.name;
+    const ForwardPlan plan = PlanForward(p, DenseFwdTensors(p), r.device);
+    EXPECT_FALSE(plan.status.ok()) << r.name;
+    EXPECT_TRUE(Contains(DescribeForwardPlan(plan), "forward: refused: ")) << r.name;
+  }
+}
+
+TEST(FlashPlanFp8, TheBackwardIsRefused) {
+  const BackwardPlan plan = Backward(Fp8());
+  ASSERT_FALSE(plan.status.ok());
+  EXPECT_TRUE(Contains(plan.status.message(), "the FP8 backward: none in flash"))
+      << plan.status.message();
+}
+
+TEST(FlashPlanFp8, TensorsTmaCannotDescribeAreRefused) {
+  fusedattn_config c = Fp8();
+  Problem p = Make(c);
+  FwdTensors t = DenseFwdTensors(p);
+  t.k.data = reinterpret_cast<void*>(uintptr_t{4096 + 8});  // not 16-byte aligned
+  ForwardPlan plan = PlanForward(p, t, H100());
+  EXPECT_FALSE(plan.status.ok());
+  EXPECT_TRUE(Contains(plan.status.message(), "16-byte aligned")) << plan.status.message();
+  t = DenseFwdTensors(p);
+  t.v.stride_s += 8;  // rows 8 bytes apart from the next 16-byte boundary
+  plan = PlanForward(p, t, H100());
+  EXPECT_FALSE(plan.status.ok());
+  // 16-byte strides in bytes (e4m3 elements are bytes): d = 16 with 1 head is a 16-byte row.
+  c.head_dim_qk = c.head_dim_v = 16, c.heads_q = c.heads_kv = 1;
+  EXPECT_TRUE(Forward(c).status.ok()) << Forward(c).status.message();
+}
+
+TEST(FlashPlanFp8, ValueKeyPermutationIsTheRegisterOrderOfP) {
+  // A permutation of every 32-key block.
+  std::vector<int> seen(kSm90Fp8KeyBlock, 0);
+  for (int column = 0; column < kSm90Fp8KeyBlock; ++column) {
+    const int key = Sm90Fp8ValueKeyOfColumn(column);
+    ASSERT_GE(key, 0);
+    ASSERT_LT(key, kSm90Fp8KeyBlock);
+    ++seen[key];
+  }
+  for (int key = 0; key < kSm90Fp8KeyBlock; ++key) EXPECT_EQ(seen[key], 1) << key;
+  // Lane t (t = lane % 4) holds the S accumulator's keys 8 nt + 2 t + c of each 8-key slice nt
+  // (wgmma.cuh); the m64nNk32 A fragment's K positions 4 t + i (registers 0, 1) and 16 + 4 t + i
+  // (registers 2, 3), i < 4 (PTX ISA). pack_p puts slices (0, 1) of the chunk in the first and
+  // (2, 3) in the second: K position 4 t + i holds the key of slice i / 2, element i % 2.
+  for (int t = 0; t < 4; ++t)
+    for (int half = 0; half < 2; ++half)
+      for (int i = 0; i < 4; ++i) {
+        const int nt = 2 * half + i / 2, c = i % 2;
+        const int accumulator_key = 8 * nt + 2 * t + c;
+        EXPECT_EQ(Sm90Fp8ValueKeyOfColumn(16 * half + 4 * t + i), accumulator_key)
+            << "t " << t << " half " << half << " i " << i;
+      }
+  static_assert(Sm90Fp8ValueKeyOfColumn(0) == 0 && Sm90Fp8ValueKeyOfColumn(2) == 8 &&
+                    Sm90Fp8ValueKeyOfColumn(4) == 2 && Sm90Fp8ValueKeyOfColumn(16) == 16,
+                "usable at compile time");
+  EXPECT_EQ(Sm90Fp8ValueKeys(1), 128);
+  EXPECT_EQ(Sm90Fp8ValueKeys(128), 128);
+  EXPECT_EQ(Sm90Fp8ValueKeys(129), 256);
+  EXPECT_EQ(Sm90Fp8ValueBytes(2, 3, 300), 2 * 3 * 128 * 384);
+}
+
+TEST(FlashPlanFp8, TheFp8TileIsOneSwizzleBlockPerRow) {
+  using Tile = Sm90FwdTile<128, false, 1>;
+  static_assert(Tile::kColBlocks == 1 && Tile::kBoxCols == 128 && Tile::kKeysPerValueMma == 32,
+                "d128 e4m3: one 128-byte block, boxes of 128 columns, k32");
+  static_assert(Tile::kQBytes == 128 * 128 && Tile::kKvBytes == 128 * 128, "bytes");
+  static_assert(Sm90FwdTile<128>::kBoxCols == 64 && Sm90FwdTile<128>::kKeysPerValueMma == 16,
+                "16-bit tiles unchanged");
+  EXPECT_LE(Tile::kSmemBytes, 227 * 1024);
+}
+
 }  // namespace
 }  // namespace fusedattn::flash
 

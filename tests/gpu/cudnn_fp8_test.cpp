@@ -2,22 +2,9 @@
 // fusedattn.h's quantization points (each test skips, saying why, without a CUDA device or the
 // cuDNN backend, and where cuDNN refuses the configuration: the refusal is printed).
 //
-// Tolerances (derived, not guessed; src/testing/fp8.h computes the terms per output element).
-// B: the bound of the quantization points against float64 unquantized attention. F: how far a
-// float32 implementation's value x' before a quantization point (S or dP) may be from the exact
-// x, carried through the GEMM that reads it (float32 scores, LSE, exp, dP). The reference rounds
-// x, the GPU x'; each rounding is within u|x| + a of its input, so the two quantized values
-// differ by at most 2(u|x| + a) + (1 + u)|x' - x|: summed over the GEMM, 2B + (1 + u)F. The
-// GEMM itself accumulates on the FP8 tensor cores: g_n (fp8.h) times the sum of |terms|, at most g_n
-// (B / u + B + F) (the sum of |x y| is at most B / u), n its reduction length (keys for O and
-// dQ, queries times the GQA group for dK and dV); its descales multiply in float32 (4 2^-24
-// relative). An FP8 output rounds both sides once more: the limit L becomes (1 + u_out) L +
-// 2(u_out |ref| + a_out / scale_out). The amax outputs reduce the same values before any output
-// rounding: amax_o and amax_dq/dk/dv within the largest element's L, amax_s within its relative
-// error (p_relative_f32), amax_dp within dp_f32. LSE within the largest score error plus
-// the sum's (fp8.h el_i, below p_relative_f32). Errors against float64 unquantized attention
-// are reported per tensor for both cuDNN and the reference (test properties
-// cudnn_vs_exact_<tensor>, reference_vs_exact_<tensor>).
+// Tolerances: tests/gpu/fp8_check.h (derived from src/testing/fp8.h's bounds). Errors against
+// float64 unquantized attention are reported per tensor for both cuDNN and the reference (test
+// properties cudnn_vs_exact_<tensor>, reference_vs_exact_<tensor>).
 //
 // GPU run: GTEST_FILTER='CudnnFp8*' (see scripts/gpu_run.sh, step fp8).
 #ifdef FUSEDATTN_WITH_CUDNN
@@ -33,6 +20,7 @@
 
 #include "gpu/cudnn_run.h"
 #include "gpu/device_memory.h"
+#include "gpu/fp8_check.h"
 #include "gpu/skip.h"
 #include "testing/fp8.h"
 #include "testing/tensors.h"
@@ -69,121 +57,6 @@ fusedattn_config ConfigOf(const Fp8Case& k) {
   return c;
 }
 
-// The scaling block on the device, read back after a call.
-struct DeviceFactors {
-  DeviceBuffer buffer{sizeof(Fp8Factors)};
-  Fp8Factors* ptr() { return static_cast<Fp8Factors*>(buffer.ptr); }
-  void upload(const Fp8Factors& f) {
-    cudaMemcpy(buffer.ptr, &f, sizeof f, cudaMemcpyHostToDevice);
-  }
-  Fp8Factors download() {
-    Fp8Factors f;
-    cudaMemcpy(&f, buffer.ptr, sizeof f, cudaMemcpyDeviceToHost);
-    return f;
-  }
-};
-
-// One FP8 call, the forward or the backward, on the reference: on the host tensors *t with the
-// factors *f (its outputs and amax outputs written there).
-void RunOnReference(const fusedattn_config& ref_c, bool backward, ProblemTensors* t,
-                    Fp8Factors* f) {
-  char msg[2048];
-  if (backward) {
-    fusedattn_bwd_args a = t->bwd_args();
-    PointBwdArgsAt(ref_c, f, &a);
-    ASSERT_EQ(fusedattn_bwd(&ref_c, &a, nullptr, 0, nullptr, msg, sizeof msg), FUSEDATTN_SUCCESS)
-        << msg;
-  } else {
-    fusedattn_fwd_args a = t->fwd_args();
-    PointFwdArgsAt(ref_c, f, &a);
-    ASSERT_EQ(fusedattn_fwd(&ref_c, &a, nullptr, 0, nullptr, msg, sizeof msg), FUSEDATTN_SUCCESS)
-        << msg;
-  }
-}
-
-// The same call on cuDNN: `inputs` and the factors `f` uploaded, with a workspace of the size
-// the call asks for; its outputs read back into *got (a copy of `inputs`), the factors block
-// (with its amax outputs) into *got_f.
-void RunOnCudnn(const fusedattn_config& c, bool backward, const ProblemTensors& inputs,
-                const Fp8Factors& f, ProblemTensors* got, Fp8Factors* got_f) {
-  DeviceProblem dev;
-  std::string error;
-  ASSERT_TRUE(dev.upload(inputs, &error)) << error;
-  DeviceFactors df;
-  df.upload(f);
-  char why[4096];
-  size_t bytes = 0;
-  ASSERT_EQ(backward ? fusedattn_bwd_workspace_size(&c, &bytes, why, sizeof why)
-                     : fusedattn_fwd_workspace_size(&c, &bytes, why, sizeof why),
-            FUSEDATTN_SUCCESS)
-      << why;
-  DeviceBuffer workspace(std::max<size_t>(bytes, 16));
-  fusedattn_status status;
-  if (backward) {
-    fusedattn_bwd_args a = dev.bwd_args();
-    PointBwdArgsAt(c, df.ptr(), &a);
-    status = fusedattn_bwd(&c, &a, workspace.ptr, bytes, nullptr, why, sizeof why);
-  } else {
-    fusedattn_fwd_args a = dev.fwd_args();
-    PointFwdArgsAt(c, df.ptr(), &a);
-    status = fusedattn_fwd(&c, &a, workspace.ptr, bytes, nullptr, why, sizeof why);
-  }
-  ASSERT_EQ(status, FUSEDATTN_SUCCESS) << why;
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  *got = inputs;
-  ASSERT_TRUE(dev.download_outputs(got, &error)) << error;
-  *got_f = df.download();
-}
-
-double MaxAbsOf(const HostTensor& t) {
-  double m = 0;
-  for (double x : t.to_vector()) m = std::max(m, std::fabs(x));
-  return m;
-}
-
-// ||got - exact|| / ||exact|| over a BSHD tensor read back with its scale.
-double RelativeError(const HostTensor& got, const std::vector<double>& exact, double scale) {
-  const std::vector<double> g = got.to_vector();
-  double num = 0, den = 0;
-  for (size_t n = 0; n < g.size(); ++n) {
-    num += (g[n] / scale - exact[n]) * (g[n] / scale - exact[n]);
-    den += exact[n] * exact[n];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
-// The limit of |cuDNN - reference| for one element before the output's rounding (header).
-double LimitBeforeRounding(double bound, double f32, double ref, int64_t reduction,
-                           fusedattn_dtype quantized) {
-  const double u = RoundingOf(quantized).u, gamma = GammaFp8Mma(reduction);
-  return 2 * bound + (1 + u) * f32 + gamma * (bound / u + bound + f32) +
-         4 * std::ldexp(1.0, -24) * std::fabs(ref);
-}
-
-// Every element of got within the header's limit of ref. Returns the largest |got - ref| / limit.
-double ExpectCloseToReference(const char* name, const HostTensor& got, const HostTensor& ref,
-                              const std::vector<double>& bound, const std::vector<double>& f32,
-                              int64_t reduction, fusedattn_dtype quantized, double scale) {
-  const std::vector<double> g = got.to_vector(), r = ref.to_vector();
-  const Fp8Type out = RoundingOf(got.dtype());
-  double worst = 0;
-  int64_t failures = 0;
-  for (size_t n = 0; n < g.size(); ++n) {
-    const double gv = g[n] / scale, rv = r[n] / scale;
-    const double limit =
-        (1 + out.u) * LimitBeforeRounding(bound[n], f32[n], rv, reduction, quantized) +
-        2 * (out.u * std::fabs(rv) + out.a / scale) + 1e-12;
-    const double error = std::fabs(gv - rv);
-    worst = std::max(worst, error / limit);
-    if (!(error <= limit) && failures++ < 5)
-      ADD_FAILURE() << name << " element " << n << ": cuDNN " << gv << ", reference " << rv
-                    << ", |difference| " << error << " > " << limit;
-  }
-  EXPECT_EQ(failures, 0) << name;
-  ::testing::Test::RecordProperty(std::string(name) + "_worst_over_limit", std::to_string(worst));
-  return worst;
-}
-
 class CudnnFp8 : public ::testing::TestWithParam<Fp8Case> {};
 
 TEST_P(CudnnFp8, ForwardAndBackwardMatchTheReferenceEmulation) {
@@ -212,12 +85,12 @@ TEST_P(CudnnFp8, ForwardAndBackwardMatchTheReferenceEmulation) {
   ASSERT_NO_FATAL_FAILURE(RunOnReference(ref_c, /*backward=*/false, &ref, &ref_f));
   ProblemTensors got;
   Fp8Factors got_f;
-  ASSERT_NO_FATAL_FAILURE(RunOnCudnn(c, /*backward=*/false, host, f, &got, &got_f));
+  ASSERT_NO_FATAL_FAILURE(RunOnDevice(c, /*backward=*/false, host, f, &got, &got_f));
 
   // Forward: O against the reference (both e4m3), LSE, amax.
   const Exact fwd = ExactAttention(c, host, f, false);
   const int64_t keys = c.max_seqlen_kv, queries = c.max_seqlen_q * (c.heads_q / c.heads_kv);
-  ExpectCloseToReference("O", got.o, ref.o, fwd.o_bound, fwd.o_f32, keys, kE4M3, f.scale_o);
+  ExpectCloseToReference("cuDNN", "O", got.o, ref.o, fwd.o_bound, fwd.o_f32, keys, kE4M3, f.scale_o);
   {
     const std::vector<double> g = got.lse.to_vector(), r = ref.lse.to_vector();
     double worst = 0;
@@ -254,15 +127,15 @@ TEST_P(CudnnFp8, ForwardAndBackwardMatchTheReferenceEmulation) {
   ASSERT_NO_FATAL_FAILURE(RunOnReference(ref_c, /*backward=*/true, &ref_b, &ref_bf));
   ProblemTensors got_b;
   Fp8Factors got_bf;
-  ASSERT_NO_FATAL_FAILURE(RunOnCudnn(c, /*backward=*/true, bwd_host, f, &got_b, &got_bf));
+  ASSERT_NO_FATAL_FAILURE(RunOnDevice(c, /*backward=*/true, bwd_host, f, &got_b, &got_bf));
 
   const Exact bwd = ExactAttention(c, bwd_host, f, true);
   const fusedattn_dtype dp_type = c.do_dtype;
-  ExpectCloseToReference("dQ", got_b.dq, ref_b.dq, bwd.dq_bound, bwd.dq_f32, keys, dp_type,
+  ExpectCloseToReference("cuDNN", "dQ", got_b.dq, ref_b.dq, bwd.dq_bound, bwd.dq_f32, keys, dp_type,
                          f.scale_dq);
-  ExpectCloseToReference("dK", got_b.dk, ref_b.dk, bwd.dk_bound, bwd.dk_f32, queries, dp_type,
+  ExpectCloseToReference("cuDNN", "dK", got_b.dk, ref_b.dk, bwd.dk_bound, bwd.dk_f32, queries, dp_type,
                          f.scale_dk);
-  ExpectCloseToReference("dV", got_b.dv, ref_b.dv, bwd.dv_bound, bwd.dv_f32, queries, kE4M3,
+  ExpectCloseToReference("cuDNN", "dV", got_b.dv, ref_b.dv, bwd.dv_bound, bwd.dv_f32, queries, kE4M3,
                          f.scale_dv);
   EXPECT_NEAR(got_bf.amax_dp, ref_bf.amax_dp, bwd.dp_f32 + 1e-9) << "amax_dp";
   auto amax_limit = [&](const std::vector<double>& exact, const std::vector<double>& bound,

@@ -169,9 +169,25 @@ __device__ __forceinline__ float LoadElem(const void* base, fusedattn_dtype dtyp
   }
 }
 
+// x rounded to e4m3 (fusedattn.h's Q8_e4m3: nearest, ties to even, saturated, NaN kept). Only the
+// Hopper FP8 forward stores e4m3 (sm_90); on targets below sm_89, which have no cvt to FP8 and run
+// no FP8 kernel, any value but 0 becomes NaN (0x7f), so that a stray use shows.
+__device__ __forceinline__ unsigned char Fp8E4m3Byte(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  unsigned short bits;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(bits) : "f"(0.f), "f"(x));
+  return static_cast<unsigned char>(bits & 0xffu);
+#else
+  return x == 0.f ? 0 : 0x7f;
+#endif
+}
+
 __device__ __forceinline__ void StoreElem(void* base, fusedattn_dtype dtype, int64_t index,
                                           float value) {
   switch (dtype) {
+    case FUSEDATTN_DTYPE_FP8_E4M3:
+      static_cast<unsigned char*>(base)[index] = Fp8E4m3Byte(value);
+      break;
     case FUSEDATTN_DTYPE_FLOAT16: static_cast<__half*>(base)[index] = __float2half_rn(value); break;
     case FUSEDATTN_DTYPE_BFLOAT16:
       static_cast<__nv_bfloat16*>(base)[index] = __float2bfloat16_rn(value);

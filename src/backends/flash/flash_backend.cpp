@@ -195,6 +195,38 @@ Status HopperForwardOf(int dim, bool paged, const FlashParams& p, cudaStream_t s
 }
 #endif
 
+// The FP8 forward (variant kFp8): the scaling factors and amax outputs of the call, V^T in the
+// workspace (the plan's layout), the instance of the plan.
+Status HopperForwardFp8(const flash::ForwardPlan& plan, const FwdTensors& t, char* workspace,
+                        FlashParams p, cudaStream_t s) {
+#ifdef FUSEDATTN_FLASH_SM90
+  p.fp8.descale_q = t.fp8.descale_q;
+  p.fp8.descale_k = t.fp8.descale_k;
+  p.fp8.descale_v = t.fp8.descale_v;
+  p.fp8.descale_s = t.fp8.descale_s;
+  p.fp8.scale_s = t.fp8.scale_s;
+  p.fp8.scale_o = t.fp8.scale_o;
+  p.fp8.amax_s = t.fp8.amax_s;
+  p.fp8.amax_o = t.fp8.amax_o;
+  p.fp8.value_t = reinterpret_cast<unsigned char*>(workspace + plan.workspace.fp8_values);
+  p.fp8.value_keys = flash::Sm90Fp8ValueKeys(p.max_seqlen_kv);
+  bool launched = false;
+  Status status = plan.instance == 128 ? flash::LaunchWgmmaForwardFp8<128>(p, s, &launched)
+                                       : InternalError("flash: no FP8 forward instance for head "
+                                                       "dim %d",
+                                                       plan.instance);
+  if (status.ok() && !launched)
+    return InternalError("flash: the planner chose the FP8 forward (d%d) but its launcher "
+                         "declined the call (planner.cpp's Fp8ForwardRefusal and "
+                         "LaunchWgmmaForwardFp8 disagree)",
+                         plan.instance);
+  return status;
+#else
+  (void)plan, (void)t, (void)workspace, (void)p, (void)s;
+  return InternalError("flash: the planner chose the FP8 forward in a build without it");
+#endif
+}
+
 // paged: the plan's paged instances (p.paged set).
 template <typename Element>
 Status HopperForward(int dim, flash::KernelVariant variant, bool paged, const FlashParams& p,
@@ -383,6 +415,8 @@ class FlashBackendImpl final : public Backend {
                            JitVariant(problem, jit::Kernel::kForwardSm90, plan.instance, device),
                            p, base + plan.workspace.block_mask, s);
       case flash::KernelPath::kHopperWgmma:
+        if (plan.variant == flash::KernelVariant::kFp8)
+          return HopperForwardFp8(plan, t, base, p, s);
         return half ? HopperForward<flash::Half>(plan.instance, plan.variant, plan.paged, p, s)
                     : HopperForward<flash::Bfloat16>(plan.instance, plan.variant, plan.paged, p,
                                                      s);

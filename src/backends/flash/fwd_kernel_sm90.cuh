@@ -79,8 +79,35 @@ struct Sm90ModTraits {
 };
 
 struct Sm90Maps {
-  CUtensorMap q, k, v;
+  CUtensorMap q, k, v;  // FP8: v is over the V^T workspace
 };
+
+// The FP8 forward's O elements (x, x + 1) of a row at `at` (elements of p.o): o_dtype e4m3 as
+// Q8_e4m3(o * scale_o), else o rounded to o_dtype (fusedattn.h "FP8 attention").
+__device__ __forceinline__ void StoreFp8AttentionOutput(const FlashParams& p, int64_t at,
+                                                        float scale_o, float o0, float o1) {
+  const int64_t step = p.o.stride_d;
+  switch (p.o_dtype) {
+    case FUSEDATTN_DTYPE_FP8_E4M3: {
+      const uint32_t two = sm90::PackE4m3x2(o0 * scale_o, o1 * scale_o);
+      unsigned char* o = static_cast<unsigned char*>(p.o.data) + at;
+      if (step == 1 && (reinterpret_cast<uintptr_t>(o) & 1) == 0) {
+        *reinterpret_cast<unsigned short*>(o) = static_cast<unsigned short>(two);
+      } else {
+        o[0] = static_cast<unsigned char>(two & 0xffu);
+        o[step] = static_cast<unsigned char>(two >> 8);
+      }
+      break;
+    }
+    case FUSEDATTN_DTYPE_BFLOAT16: StorePair<Bfloat16>(p.o.data, at, step, o0, o1); break;
+    case FUSEDATTN_DTYPE_FLOAT16: StorePair<Half>(p.o.data, at, step, o0, o1); break;
+    default: {
+      float* o = static_cast<float*>(p.o.data) + at;
+      o[0] = o0;
+      o[step] = o1;
+    }
+  }
+}
 
 // Mod: the score_mod policy (device_common.cuh's NoScoreMod, or the struct jit.cpp generates from
 // a graph, with kScores = kScoreMod; never paged).
@@ -89,7 +116,15 @@ template <typename Element, int kHeadDim, Sm90Scores kScores, bool kLongKeys, bo
 __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlocks)
     WgmmaForwardKernel(const __grid_constant__ Sm90Maps maps, const FlashParams p, int m_tiles) {
 #if FUSEDATTN_SM90_DEVICE
-  using Tile = Sm90FwdTile<kHeadDim, kLongKeys>;
+  // The FP8 instance (Element Fp8E4m3, README "Hopper forward: FP8"): e4m3 Q, K and V^T (the
+  // pre-pass's, LaunchWgmmaForwardFp8), S = Q K^T and O += P V by m64n128k32 .e4m3 with both
+  // operands K-major, P quantized as Q8(exp(s - m_running) * p_scale) into the A registers, the
+  // scaling factors read from device memory, O stored in the call's o_dtype, amax_s and amax_o.
+  // The rest (roles, pipeline, ping-pong, overlap, masks, online softmax, LSE) is this kernel's.
+  constexpr bool kFp8 = std::is_same_v<Element, Fp8E4m3>;
+  using Tile = Sm90FwdTile<kHeadDim, kLongKeys, kFp8 ? 1 : 2>;
+  static_assert(!kFp8 || (kScores == Sm90Scores::kPlain && !kPaged),
+                "the FP8 forward: plain scores, contiguous K/V");
   // Paged K/V: the boxes of a key tile are whole pages or whole tiles of a page, which needs
   // kBlockN a power of two (Sm90PagedRefusal's page sizes then either divide it or are multiples).
   static_assert(!kPaged || (Tile::kBlockN & (Tile::kBlockN - 1)) == 0,
@@ -251,8 +286,8 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
         sm90::MbarArriveExpectTx(bar, kKvBytes);
 #pragma unroll
         for (int cb = 0; cb < kColBlocks; ++cb)
-          sm90::TmaLoad4d(dst + cb * kBlockN * 128, map, bar, cb * 64, kv_row0 + n0, hk,
-                          batch_coord);
+          sm90::TmaLoad4d(dst + cb * kBlockN * 128, map, bar, cb * Tile::kBoxCols, kv_row0 + n0,
+                          hk, batch_coord);
       } else {
         const int box_rows = min(p.paged.page_size, kBlockN);
         const int r = lane * box_rows;  // box `lane`'s first row in the tile
@@ -287,6 +322,16 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
       const int n0 = n_tile * kBlockN;
       const int stage = j % kStages;
       unsigned char* v_dst = v_s + stage * kKvBytes;
+      if constexpr (kFp8) {
+        // V^T's tile [kHeadDim rows of d][keys n0, n0 + kBlockN): one box (128 rows x 128 bytes,
+        // one swizzle block); the pre-pass wrote zeros past the keys, so nothing is patched.
+        if (lane == 0) {
+          sm90::MbarWait(v_empty + stage, ((j / kStages) & 1) ^ 1);
+          sm90::MbarArriveExpectTx(v_full + stage, kKvBytes);
+          sm90::TmaLoad4d(v_dst, &maps.v, v_full + stage, n0, 0, hk, b);
+        }
+        return;
+      }
       // Rows past the keys but inside the tensor exist only with per-sequence lengths (and
       // paged K/V: the rest of the last page, boxes not loaded); they are zeroed where O += P V
       // reads them (all kBlockN rows, or the lower 64 on a half tile).
@@ -332,7 +377,7 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
           sm90::MbarArriveExpectTx(q_full, Tile::kQBytes);
 #pragma unroll
           for (int cb = 0; cb < kColBlocks; ++cb)
-            sm90::TmaLoad4d(q_s + cb * kBlockM * 128, &maps.q, q_full, cb * 64,
+            sm90::TmaLoad4d(q_s + cb * kBlockM * 128, &maps.q, q_full, cb * Tile::kBoxCols,
                             static_cast<int>(seq.start_q) + m0, h, batch_coord);
         }
       }
@@ -491,8 +536,10 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
   // q.k, softcap * log2(e) where transform_scores leaves the softcap's tanh in S; the softmax's
   // FFMA applies it, so the transform spends no multiply of its own on it. log2(e) where S is
   // the score itself (a post-scale bias: added after the scale and the softcap).
+  // FP8: S = Q_fp8 K_fp8^T is q.k / (descale_q descale_k), folded into the factor.
   const float scale_log2 =
-      kScoreMod                                               ? kLog2e
+      kFp8 ? p.scale * (*p.fp8.descale_q) * (*p.fp8.descale_k) * kLog2e
+      : kScoreMod                                             ? kLog2e
       : kBiasTensor && p.bias_type == FUSEDATTN_BIAS_POST_SCALE ? kLog2e
       : kTransformScores && p.softcap > 0.f                   ? p.softcap * kLog2e
                                                               : p.scale * kLog2e;
@@ -503,14 +550,25 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
   // uniform registers).
   const int loop_count = __shfl_sync(0xffffffffu, wg == 1 && upper_rows_absent ? 0 : n_count, 0);
 
-  uint32_t pa[kBlockN / 16][4];  // P of the previous step, the A operand of O += P V
+  // P of the previous step, the A operand of O += P V (kKeysPerValueMma keys per register set:
+  // 16 16-bit elements, or 32 e4m3).
+  constexpr int kKeysPerValueMma = Tile::kKeysPerValueMma;
+  uint32_t pa[kBlockN / kKeysPerValueMma][4];
+  // FP8: P is quantized as Q8(e * p_scale), e = exp(s - running max) <= 1 (fusedattn.h's
+  // Q8(p * scale_s) up to the normalization, which the epilogue applies); p_scale = scale_s, or
+  // 448 where scale_s is larger (e * scale_s would saturate where p * scale_s need not), and the
+  // epilogue multiplies O by descale_s * scale_s / p_scale (1 * descale_s ... as the spec's
+  // S_fp8 * descale_s reads it).
+  float p_scale = 1.f;
+  if constexpr (kFp8) p_scale = fminf(*p.fp8.scale_s, 448.f);
 
-  // S = Q K^T into s: 16 columns of d per wgmma, 4 per 128-byte column block (issued, not waited).
+  // S = Q K^T into s: 32 bytes of d per wgmma (16 16-bit columns, or 32 e4m3: m64nNk32), 4 per
+  // 128-byte column block (issued, not waited).
   auto score_product = [&](auto& s, int stage, auto keys) {
     constexpr int kN = decltype(keys)::value;
     sm90::WgmmaFence();
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+    for (int kk = 0; kk < kHeadDim * (kFp8 ? 1 : 2) / 32; ++kk) {
       const uint64_t desc_q =
           sm90::MakeDesc(q_addr + (kk / 4) * (kBlockM * 128) + (kk % 4) * 32, 16, 1024);
       const uint64_t desc_k = sm90::MakeDesc(
@@ -526,9 +584,16 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
     sm90::WgmmaFence();  // orders the registers written since (acc_o, pa) before the wgmmas
 #pragma unroll
     for (int kk = 0; kk < decltype(key_chunks)::value; ++kk) {
-      const uint64_t desc_v =
-          sm90::MakeDesc(v_addr + stage * kKvBytes + kk * 2048, kBlockN * 128, 1024);
-      sm90::Wgmma<Element, kHeadDim>::template RS<1>(acc_o, pa[kk], desc_v, true);
+      if constexpr (kFp8) {
+        // V^T K-major (rows of d, keys contiguous): 32 keys = 32 bytes of every row per wgmma,
+        // the operand described as K is in score_product.
+        const uint64_t desc_v = sm90::MakeDesc(v_addr + stage * kKvBytes + kk * 32, 16, 1024);
+        sm90::Wgmma<Element, kHeadDim>::template RS<0>(acc_o, pa[kk], desc_v, true);
+      } else {
+        const uint64_t desc_v =
+            sm90::MakeDesc(v_addr + stage * kKvBytes + kk * 2048, kBlockN * 128, 1024);
+        sm90::Wgmma<Element, kHeadDim>::template RS<1>(acc_o, pa[kk], desc_v, true);
+      }
     }
     sm90::WgmmaCommit();
   };
@@ -538,9 +603,9 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
   auto value_product_of = [&](int step, int stage) {
     if constexpr (kBlockN == 128) {
       if (step == half_keys_step)
-        value_product(stage, sm90::Static<kBlockN / 32>());
+        value_product(stage, sm90::Static<kBlockN / 2 / kKeysPerValueMma>());
       else
-        value_product(stage, sm90::Static<kBlockN / 16>());
+        value_product(stage, sm90::Static<kBlockN / kKeysPerValueMma>());
     } else {
       value_product(stage, sm90::Static<kBlockN / 16>());  // no half tiles at 64 or 80 keys
     }
@@ -773,12 +838,30 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
   };
   // P as the A operand: keys 16 kk.. of S (slices 2 kk, 2 kk + 1) in the m16n8k16 A layout.
   auto pack_p = [&](auto& s) {
+    if constexpr (kFp8) {
+      // Keys 32 kk.. (slices 4 kk .. 4 kk + 3): register 0 = row r0's keys 2t, 2t + 1, 8 + 2t,
+      // 9 + 2t, register 1 the same of row r0 + 8, registers 2 and 3 those + 16 (sm90_tile.h's
+      // Sm90Fp8ValueKeyOfColumn: V^T holds its keys in this order).
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      pa[kk][0] = Pack<Element>(s[8 * kk + 0], s[8 * kk + 1]);
-      pa[kk][1] = Pack<Element>(s[8 * kk + 2], s[8 * kk + 3]);
-      pa[kk][2] = Pack<Element>(s[8 * kk + 4], s[8 * kk + 5]);
-      pa[kk][3] = Pack<Element>(s[8 * kk + 6], s[8 * kk + 7]);
+      for (int kk = 0; kk < kBlockN / 32; ++kk) {
+        const float* e = &s[16 * kk];
+        pa[kk][0] = sm90::PackE4m3x4(e[0] * p_scale, e[1] * p_scale, e[4] * p_scale,
+                                     e[5] * p_scale);
+        pa[kk][1] = sm90::PackE4m3x4(e[2] * p_scale, e[3] * p_scale, e[6] * p_scale,
+                                     e[7] * p_scale);
+        pa[kk][2] = sm90::PackE4m3x4(e[8] * p_scale, e[9] * p_scale, e[12] * p_scale,
+                                     e[13] * p_scale);
+        pa[kk][3] = sm90::PackE4m3x4(e[10] * p_scale, e[11] * p_scale, e[14] * p_scale,
+                                     e[15] * p_scale);
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        pa[kk][0] = Pack<Element>(s[8 * kk + 0], s[8 * kk + 1]);
+        pa[kk][1] = Pack<Element>(s[8 * kk + 2], s[8 * kk + 3]);
+        pa[kk][2] = Pack<Element>(s[8 * kk + 4], s[8 * kk + 5]);
+        pa[kk][3] = Pack<Element>(s[8 * kk + 6], s[8 * kk + 7]);
+      }
     }
   };
 
@@ -929,6 +1012,13 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
   const int64_t rows_out = p.thd ? seq.len_q : p.max_seqlen_q;
   const int dv = p.head_dim_v;
   float thread_max = -INFINITY;
+  // FP8: o = acc * descale_v * descale_s * scale_s / p_scale / l (pack_p's P is e * p_scale);
+  // this thread's largest probability and |o| (0 where nothing is visible or written).
+  float fp8_o_factor = 1.f, fp8_amax_s = 0.f, fp8_amax_o = 0.f, fp8_scale_o = 1.f;
+  if constexpr (kFp8) {
+    fp8_o_factor = (*p.fp8.descale_v) * (*p.fp8.descale_s) * (*p.fp8.scale_s) / p_scale;
+    if (p.o_dtype == FUSEDATTN_DTYPE_FP8_E4M3) fp8_scale_o = *p.fp8.scale_o;
+  }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float sum = row_sum[r];
@@ -946,14 +1036,26 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
       if constexpr (kDropout) norm *= p.keep_scale;  // the kept probabilities, / (1 - dropout)
       thread_max = fmaxf(thread_max, m);
     }
+    if constexpr (kFp8) {
+      // amax_s: the row's largest probability is its maximum's, exp(m - lse) = norm.
+      fp8_amax_s = fmaxf(fp8_amax_s, norm);
+      norm *= fp8_o_factor;
+    }
     if (i < rows_out) {
       const int64_t at = Offset(p.o, b, h, seq.start_q, i, 0);
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
         const int x = dt * 8 + 2 * t;
-        if (x < dv)
-          StorePair<Element>(p.o.data, at + x * p.o.stride_d, p.o.stride_d,
-                             acc_o[4 * dt + 2 * r] * norm, acc_o[4 * dt + 2 * r + 1] * norm);
+        if (x < dv) {
+          if constexpr (kFp8) {
+            const float o0 = acc_o[4 * dt + 2 * r] * norm, o1 = acc_o[4 * dt + 2 * r + 1] * norm;
+            fp8_amax_o = fmaxf(fp8_amax_o, fmaxf(fabsf(o0), fabsf(o1)));
+            StoreFp8AttentionOutput(p, at + x * p.o.stride_d, fp8_scale_o, o0, o1);
+          } else {
+            StorePair<Element>(p.o.data, at + x * p.o.stride_d, p.o.stride_d,
+                               acc_o[4 * dt + 2 * r] * norm, acc_o[4 * dt + 2 * r + 1] * norm);
+          }
+        }
       }
     }
     if (t == 0 && p.lse.data && (p.lse.packed ? i < seq.len_q : i < p.max_seqlen_q))
@@ -963,6 +1065,17 @@ __global__ void __launch_bounds__(384, Sm90FwdTile<kHeadDim, kLongKeys>::kMinBlo
     thread_max = WarpMax(thread_max);
     if (lane == 0 && thread_max != -INFINITY)
       AtomicMaxFloat(&p.max_logit[h * p.max_logit_stride], thread_max * kLn2);
+  }
+  if constexpr (kFp8) {
+    // One atomic per warp and amax (16 per block of 128 rows x d128, next to ~10^6 FLOPs per
+    // row: negligible; a block-wide reduction first would need a barrier of both consumers).
+    // The launcher zeroed both; values >= 0 order like their bits (AtomicMaxFloat).
+    fp8_amax_s = WarpMax(fp8_amax_s);
+    fp8_amax_o = WarpMax(fp8_amax_o);
+    if (lane == 0) {
+      AtomicMaxFloat(p.fp8.amax_s, fp8_amax_s);
+      AtomicMaxFloat(p.fp8.amax_o, fp8_amax_o);
+    }
   }
 #endif  // FUSEDATTN_SM90_DEVICE
 }
@@ -1041,6 +1154,113 @@ Status LaunchWgmmaForward(const FlashParams& p, cudaStream_t stream, bool* launc
                                                                                launched);
   }
   return LaunchWgmmaForwardTile<Element, kHeadDim, kScores, false, kPaged>(p, stream, launched);
+}
+
+// The FP8 forward's pre-pass (README "Hopper forward: FP8"): V^T of every (sequence, kv head)
+// into p.fp8.value_t, [batch][heads_kv][kHeadDim rows of d][value_keys] e4m3, the keys of every
+// 32-key block in Sm90Fp8ValueKeyOfColumn's order (the order pack_p leaves P in), zeros past the
+// keys and past head_dim_v. One block per (sequence and kv head, 128 keys): V's 128 rows through
+// shared memory with 16-byte loads (the planner sends only v of 16-byte aligned rows and strides,
+// head_dim_v a multiple of 16), written as 16-byte pieces of V^T's rows.
+template <int kHeadDim>
+__global__ void __launch_bounds__(256) Fp8TransposeValuesKernel(const FlashParams p) {
+  constexpr int kKeys = 128, kRowBytes = kHeadDim + 16;  // + 16: rows in different banks
+  __shared__ __align__(16) unsigned char tile[kKeys * kRowBytes];
+  const int bh = static_cast<int>(blockIdx.x);  // b * heads_kv + hk
+  const int b = bh / p.heads_kv, hk = bh % p.heads_kv;
+  const int n0 = static_cast<int>(blockIdx.y) * kKeys;
+  const unsigned char* v = static_cast<const unsigned char*>(p.v.data);
+  for (int e = threadIdx.x; e < kKeys * kHeadDim / 16; e += 256) {
+    const int r = e / (kHeadDim / 16), c = e % (kHeadDim / 16);
+    const int64_t j = n0 + r;
+    uint4 chunk = make_uint4(0u, 0u, 0u, 0u);
+    if (j < p.max_seqlen_kv && c * 16 < p.head_dim_v)
+      chunk = __ldg(reinterpret_cast<const uint4*>(v + b * p.v.stride_b + j * p.v.stride_s +
+                                                   hk * p.v.stride_h + c * 16));
+    *reinterpret_cast<uint4*>(tile + r * kRowBytes + c * 16) = chunk;
+  }
+  __syncthreads();
+  unsigned char* out = p.fp8.value_t + int64_t{bh} * kHeadDim * p.fp8.value_keys + n0;
+  for (int e = threadIdx.x; e < kHeadDim * kKeys / 16; e += 256) {
+    const int d = e / (kKeys / 16), c = e % (kKeys / 16);  // row d, columns [16 c, 16 c + 16)
+    uint32_t w[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      uint32_t word = 0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int column = 16 * c + 4 * q + k;
+        const int key = (column & ~(kSm90Fp8KeyBlock - 1)) +
+                        Sm90Fp8ValueKeyOfColumn(column & (kSm90Fp8KeyBlock - 1));
+        word |= uint32_t{tile[key * kRowBytes + d]} << (8 * k);
+      }
+      w[q] = word;
+    }
+    *reinterpret_cast<uint4*>(out + int64_t{d} * p.fp8.value_keys + 16 * c) =
+        make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+// Whether the FP8 instance runs these params (planner.cpp's Fp8ForwardRefusal decides first;
+// this is the launcher's own guard).
+inline bool Fp8ForwardRuns(const FlashParams& p, int head_dim) {
+  const Fp8Arg& f = p.fp8;
+  return p.qkv_dtype == FUSEDATTN_DTYPE_FP8_E4M3 && p.paged.page_table == nullptr && !p.thd &&
+         !p.padding && p.bias_type == FUSEDATTN_BIAS_NONE && !(p.softcap > 0.f) && !p.dropout &&
+         p.softmax_type == FUSEDATTN_SOFTMAX_VANILLA && p.scale > 0.f &&
+         p.head_dim_qk <= head_dim && p.head_dim_v <= head_dim && p.head_dim_v % 16 == 0 &&
+         f.descale_q && f.descale_k && f.descale_v && f.descale_s && f.scale_s && f.amax_s &&
+         f.amax_o && (p.o_dtype != FUSEDATTN_DTYPE_FP8_E4M3 || f.scale_o) &&
+         p.o_dtype != FUSEDATTN_DTYPE_FP8_E5M2 && f.value_t != nullptr &&
+         f.value_keys == Sm90Fp8ValueKeys(p.max_seqlen_kv);
+}
+
+template <int kHeadDim>
+Status LaunchWgmmaForwardFp8(const FlashParams& p, cudaStream_t stream, bool* launched) {
+  using Tile = Sm90FwdTile<kHeadDim, false, 1>;
+  static_assert(Tile::kBlockM == kSm90ScheduleRowsForward, "schedule.h: the planner's rows");
+  static_assert(Tile::kBlockN == 128, "V^T's rows are padded to 128-key tiles");
+  *launched = false;
+  if (!Fp8ForwardRuns(p, kHeadDim)) return Status::Ok();
+  Sm90Maps maps;
+  if (p.max_seqlen_q + Tile::kBlockM >= INT_MAX || p.max_seqlen_kv + Tile::kBlockN >= INT_MAX)
+    return Status::Ok();
+  TensorArg value_t;
+  value_t.data = p.fp8.value_t;
+  value_t.stride_d = 1;
+  value_t.stride_s = p.fp8.value_keys;  // V^T's rows: d
+  value_t.stride_h = int64_t{kHeadDim} * p.fp8.value_keys;
+  value_t.stride_b = value_t.stride_h * p.heads_kv;
+  if (!EncodeFp8TensorMap(&maps.q, p.q, p.max_seqlen_q, p.head_dim_qk, p.heads_q, p.batch,
+                          Tile::kBlockM) ||
+      !EncodeFp8TensorMap(&maps.k, p.k, p.max_seqlen_kv, p.head_dim_qk, p.heads_kv, p.batch,
+                          Tile::kBlockN) ||
+      !EncodeFp8TensorMap(&maps.v, value_t, kHeadDim, static_cast<int>(p.fp8.value_keys),
+                          p.heads_kv, p.batch, kHeadDim))
+    return Status::Ok();
+  const int m_tiles = (p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM;
+  const int64_t blocks = int64_t{m_tiles} * p.heads_q * p.batch;
+  const int64_t value_blocks = int64_t{p.batch} * p.heads_kv;
+  const int64_t key_tiles = p.fp8.value_keys / 128;
+  if (blocks > INT_MAX || value_blocks > INT_MAX || key_tiles > 65535) return Status::Ok();
+  // amax_s and amax_o start at 0 (fusedattn.h: 0 where nothing is visible or written); the
+  // kernel's warps raise them with atomicMax.
+  FUSEDATTN_CUDA_CHECK(cudaMemsetAsync(p.fp8.amax_s, 0, sizeof(float), stream));
+  FUSEDATTN_CUDA_CHECK(cudaMemsetAsync(p.fp8.amax_o, 0, sizeof(float), stream));
+  *launched = true;
+  Fp8TransposeValuesKernel<kHeadDim><<<dim3(static_cast<unsigned>(value_blocks),
+                                            static_cast<unsigned>(key_tiles)),
+                                       256, 0, stream>>>(p);
+  FUSEDATTN_CUDA_CHECK(cudaGetLastError());
+  auto kernel = WgmmaForwardKernel<Fp8E4m3, kHeadDim, Sm90Scores::kPlain, false, false>;
+  FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            Tile::kSmemBytes));
+  FlashParams run = p;
+  run.schedule = nullptr;
+  kernel<<<static_cast<unsigned>(blocks), Tile::kThreads, Tile::kSmemBytes, stream>>>(maps, run,
+                                                                                    m_tiles);
+  FUSEDATTN_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
 }
 
 #endif  // __CUDACC_RTC__

@@ -14,6 +14,8 @@ namespace fusedattn::flash {
 // Element types of the instances.
 struct Half {};
 struct Bfloat16 {};
+// FP8 e4m3 q/k/v (the Hopper forward's FP8 instance; o of the call's o_dtype).
+struct Fp8E4m3 {};
 
 #ifndef __CUDACC_RTC__  // host entry points (NVRTC sees only the element types)
 

@@ -70,6 +70,23 @@ struct PagedKvArg {
   int num_pages = 0;
 };
 
+// FP8 attention (fusedattn.h "FP8 attention"; the Hopper forward's FP8 instance): the call's
+// scaling factors and amax outputs (float32 scalars in device memory, read / written by the
+// kernels), and the V^T workspace the pre-pass writes: [batch][heads_kv][128][value_keys] e4m3,
+// the keys of each 32-key block in sm90_tile.h's Sm90Fp8ValueKeyOfColumn order, 0 past the keys.
+struct Fp8Arg {
+  const float* descale_q = nullptr;
+  const float* descale_k = nullptr;
+  const float* descale_v = nullptr;
+  const float* descale_s = nullptr;
+  const float* scale_s = nullptr;
+  const float* scale_o = nullptr;  // o_dtype FP8 only
+  float* amax_s = nullptr;
+  float* amax_o = nullptr;
+  unsigned char* value_t = nullptr;
+  int64_t value_keys = 0;
+};
+
 struct FlashParams {
   // Shapes.
   int batch = 0, heads_q = 0, heads_kv = 0, group = 1;  // group = heads_q / heads_kv
@@ -153,6 +170,9 @@ struct FlashParams {
   // stride_s from token to token inside a page). Last in the struct, so that the other kernels'
   // fields keep their offsets.
   PagedKvArg paged;
+
+  // FP8 problems only (qkv_dtype FP8_E4M3): after paged, for the same reason.
+  Fp8Arg fp8;
 };
 
 enum DbiasMode { kDbiasNone = 0, kDbiasStore = 1, kDbiasAtomic = 2 };

@@ -1,5 +1,8 @@
 // The flash planner (planner.h): every decision of which kernel runs, in one place and in order.
 // The rules, fastest path first:
+//  0. FP8 problems (qkv e4m3): the Hopper forward's FP8 instance (variant fp8, d128) where
+//     Fp8ForwardRefusal takes them (forward only, dense, no mask / causal / windows, head dims up
+//     to 128), q, k, v described by TMA; every other FP8 problem is refused, naming why.
 //  1. Refusals (check()): CPU tensors, paged K/V neither the decode kernel nor the Hopper
 //     forward runs, score_mod graphs the tensor-core kernels cannot compile, head dims whose
 //     simple-path shared memory does not fit, grids too large.
@@ -66,6 +69,7 @@ const char* KernelVariantName(KernelVariant variant) {
     case KernelVariant::kBias: return "bias";
     case KernelVariant::kScoreMod: return "score_mod";
     case KernelVariant::kDropout: return "dropout";
+    case KernelVariant::kFp8: return "fp8";
   }
   return "?";
 }
@@ -385,8 +389,9 @@ bool PlanSimpleWithoutTensorCores(const Problem& p, int dim, bool fits, bool ali
 }  // namespace
 
 bool TmaDescribesTensor(uintptr_t address, int64_t stride_b, int64_t stride_h, int64_t stride_s,
-                        int64_t stride_d, int64_t rows, int64_t heads, int64_t batch) {
-  constexpr int64_t kElement = 2;
+                        int64_t stride_d, int64_t rows, int64_t heads, int64_t batch,
+                        int element_bytes) {
+  const int64_t kElement = element_bytes;
   constexpr int64_t kStrideLimit = int64_t{1} << 40;
   if (address % 16 != 0 || stride_d != 1) return false;
   if (rows < 1 || rows > (int64_t{1} << 31) - 1 || heads < 1 || batch < 1) return false;
@@ -406,15 +411,53 @@ int TensorCoreInstance(const Problem& p) {
   return FastHeadDimFor(static_cast<int>(c.head_dim_qk), static_cast<int>(c.head_dim_v));
 }
 
+// The instance of the FP8 forward (generate_kernels.py's SM90_FP8_HEAD_DIMS).
+constexpr int kFp8Instance = 128;
+
+std::string Fp8ForwardRefusal(const Problem& p, const DeviceFacts& d) {
+  const auto& c = p.config;
+  // What runs, then why not this problem.
+  const char* what =
+      "flash's FP8 forward runs on its Hopper kernel (sm_90): qkv e4m3, head dims up to 128 "
+      "(multiples of 16), dense BSHD/SBHD/BHSD, no mask, causal (top-left or bottom-right) and "
+      "windows, GQA/MQA, the LSE; the FP8 backward: none in flash (cuDNN and the reference run "
+      "it)";
+  auto refuse = [&](const std::string& why) { return Format("%s; %s", what, why.c_str()); };
+  if (c.is_training) return refuse("config.is_training = 1 (the backward is needed)");
+  if (const char* device = HopperDeviceRefusal(d)) return refuse(Format("hopper kernels: %s", device));
+  if (p.paged) return refuse(Format("paged K/V (page_size = %lld)", (long long)c.page_size));
+  if (p.thd) return refuse("THD (packed sequences)");
+  if (p.padding) return refuse(Format("padding masks (mask = %s)", MaskName(c.mask)));
+  if (p.has_score_mod()) return refuse("a score_mod graph");
+  if (c.dropout > 0.0) return refuse(Format("dropout = %g", c.dropout));
+  if (c.bias_type != FUSEDATTN_BIAS_NONE)
+    return refuse(Format("bias_type = %s", BiasName(c.bias_type)));
+  if (c.softcap > 0.0) return refuse(Format("softcap = %g", c.softcap));
+  if (c.softmax_type != FUSEDATTN_SOFTMAX_VANILLA)
+    return refuse("a softmax other than vanilla (off-by-one, sinks)");
+  if (c.head_dim_qk > kFp8Instance || c.head_dim_v > kFp8Instance || c.head_dim_qk % 16 != 0 ||
+      c.head_dim_v % 16 != 0)
+    return refuse(Format("head_dim_qk = %lld, head_dim_v = %lld", (long long)c.head_dim_qk,
+                         (long long)c.head_dim_v));
+  if (c.o_dtype != FUSEDATTN_DTYPE_FP8_E4M3 && c.o_dtype != FUSEDATTN_DTYPE_BFLOAT16 &&
+      c.o_dtype != FUSEDATTN_DTYPE_FLOAT16 && c.o_dtype != FUSEDATTN_DTYPE_FLOAT32)
+    return refuse(Format("o_dtype = %s", DtypeName(c.o_dtype)));
+  if (!(p.scale() > 0.0)) return refuse(Format("attn_scale = %g (> 0 only)", p.scale()));
+  if (!HopperForwardGridFits(p)) return refuse("more blocks than a CUDA grid holds");
+  if (Sm90Fp8ValueKeys(c.max_seqlen_kv) / 128 > 65535 || c.batch * c.heads_kv > INT_MAX)
+    return refuse("more V^T pre-pass blocks than a CUDA grid holds");
+  return std::string();
+}
+
 Status PlanCheck(const Problem& p, const DeviceFacts& d) {
   const auto& c = p.config;
   if (p.device != Device::kCuda)
     return NotSupported("runs on CUDA tensors only, and config.device is CPU");
-  if (p.fp8)
-    return NotSupported(
-        "FP8 attention (qkv_dtype %s): flash has no FP8 kernels yet (cuDNN and the reference "
-        "run it)",
-        DtypeName(c.qkv_dtype));
+  if (p.fp8) {
+    const std::string refusal = Fp8ForwardRefusal(p, d);
+    if (!refusal.empty()) return NotSupported("%s", refusal.c_str());
+    return Status::Ok();
+  }
   if (p.paged) {  // the decode kernel (decode.h) and the Hopper forward's paged instances
     if (PagedTakesDecode(p, d)) return Status::Ok();
     const std::string hopper = HopperPagedRefusal(p, d);
@@ -461,6 +504,14 @@ static bool ReservesHopperDeterministic(const Problem& p, const DeviceFacts& d, 
 
 FwdWorkspaceLayout PlanFwdWorkspace(const Problem& p, const DeviceFacts& d) {
   FwdWorkspaceLayout w;
+  if (p.fp8) {  // V^T for the FP8 forward (the only flash kernel of FP8 problems)
+    const auto& c = p.config;
+    w.fp8_values = 0;
+    w.fp8_values_bytes =
+        static_cast<size_t>(Sm90Fp8ValueBytes(c.batch, c.heads_kv, c.max_seqlen_kv));
+    w.total = AlignUp(w.fp8_values_bytes);
+    return w;
+  }
   const int dim = TensorCoreInstance(p);
   if (p.score_mod && dim > 0) {
     // The block mask of either score_mod forward (the tensors decide between them): the mma.sync
@@ -553,6 +604,27 @@ ForwardPlan PlanForward(const Problem& p, const FwdTensors& t, const DeviceFacts
   if (!plan.status.ok()) return plan;
   plan.workspace = PlanFwdWorkspace(p, d);
   plan.variant = VariantOf(p);
+  if (p.fp8) {  // PlanCheck: Fp8ForwardRefusal accepted it
+    // q and k by TMA (1-byte elements), v by the pre-pass's 16-byte loads (the same conditions).
+    auto tma = [&](const TensorView& v, bool query_side) {
+      const int64_t rows = query_side ? c.max_seqlen_q : c.max_seqlen_kv;
+      return rows + 256 < INT_MAX &&
+             TmaDescribesTensor(reinterpret_cast<uintptr_t>(v.data), v.stride_b, v.stride_h,
+                                v.stride_s, v.stride_d, rows,
+                                query_side ? c.heads_q : c.heads_kv, c.batch, 1);
+    };
+    if (!tma(t.q, true) || !tma(t.k, false) || !tma(t.v, false)) {
+      plan.status = NotSupported(
+          "flash's FP8 forward reads q and k by TMA and v with 16-byte loads: the head dim "
+          "contiguous (stride 1), base pointers and strides 16-byte aligned");
+      return plan;
+    }
+    plan.path = KernelPath::kHopperWgmma;
+    plan.instance = kFp8Instance;
+    plan.variant = KernelVariant::kFp8;
+    plan.keys_per_step = 128;
+    return plan;
+  }
   const int dim = TensorCoreInstance(p);
   const bool fits = dim > 0 && FastForwardSmem(dim) <= d.smem_per_block;
   const bool aligned = RowsAligned16(t.q) && RowsAligned16(t.k) && RowsAligned16(t.v);

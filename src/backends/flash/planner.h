@@ -48,6 +48,7 @@ enum class KernelVariant : int {
   kBias = 3,
   kScoreMod = 4,
   kDropout = 5,
+  kFp8 = 6,  // the Hopper forward's FP8 (e4m3) instance (fusedattn.h "FP8 attention")
 };
 const char* KernelVariantName(KernelVariant variant);
 
@@ -98,6 +99,8 @@ struct FwdWorkspaceLayout {
   size_t block_mask = 0, block_mask_bytes = 0;  // score_mod: the forward's block mask
   size_t schedule = 0;                          // THD on the Hopper kernel: its schedule
   bool has_schedule = false;
+  // FP8 (variant kFp8): V^T written by the pre-pass, sm90_tile.h's Sm90Fp8ValueBytes.
+  size_t fp8_values = 0, fp8_values_bytes = 0;
 };
 
 // Workspace of a backward, carved in this order from one buffer.
@@ -152,11 +155,18 @@ int TensorCoreInstance(const Problem& problem);
 // (HEAD_DIMS in generate_kernels.py, which writes one file per instance under instances/), or 0.
 int FastHeadDimFor(int head_dim_qk, int head_dim_v);
 
-// Whether TMA can describe a tensor of 16-bit elements seen as [batch][heads][rows][cols] with
+// Whether TMA can describe a tensor of 16-bit (or 8-bit) elements seen as [batch][heads][rows][cols] with
 // these element strides (16-byte aligned base, head dim innermost, walked strides 16-byte
 // multiples below 2^40 bytes, sizes in range). EncodeQkvTensorMap asks the same before encoding.
+// element_bytes: 2, or 1 for FP8 tensors.
 bool TmaDescribesTensor(uintptr_t address, int64_t stride_b, int64_t stride_h, int64_t stride_s,
-                        int64_t stride_d, int64_t rows, int64_t heads, int64_t batch);
+                        int64_t stride_d, int64_t rows, int64_t heads, int64_t batch,
+                        int element_bytes = 2);
+
+// Why flash's FP8 forward cannot run an FP8 problem (config.qkv_dtype FP8_E4M3) on this device,
+// or empty when it can (the tensors TMA must describe are asked in PlanForward). PlanCheck refuses
+// an FP8 problem with this reason; the backward is never flash's (training problems included).
+std::string Fp8ForwardRefusal(const Problem& problem, const DeviceFacts& device);
 
 // Whether flash runs the problem at all on this device (the forward, and the backward when
 // config.is_training): what check() returns. Equal to the status of PlanForward (and

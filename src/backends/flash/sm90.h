@@ -75,6 +75,18 @@ Status LaunchWgmmaBackward(const FlashParams& p, cudaStream_t stream, bool* laun
 bool EncodeQkvTensorMap(void* map, const TensorArg& t, bool bf16, int64_t rows, int cols,
                         int heads, int batch, int box_rows);
 
+// EncodeQkvTensorMap for e4m3 elements (1 byte): boxes of 128 columns (128 bytes, one swizzle
+// block) x box_rows rows. The FP8 forward's q, k and V^T (its workspace).
+bool EncodeFp8TensorMap(void* map, const TensorArg& t, int64_t rows, int cols, int heads,
+                        int batch, int box_rows);
+
+// The FP8 (e4m3) forward at instance kHeadDim (128; head dims up to it, head_dim_v a multiple of
+// 16) when the planner chose it (planner.cpp's Fp8ForwardRefusal): zeroes amax_s and amax_o,
+// writes V^T into p.fp8.value_t (the pre-pass), then runs WgmmaForwardKernel<Fp8E4m3, ...>.
+// *launched = false (nothing launched) where its own guards refuse the params.
+template <int kHeadDim>
+Status LaunchWgmmaForwardFp8(const FlashParams& p, cudaStream_t stream, bool* launched);
+
 // EncodeQkvTensorMap for a page pool of paged K/V (p.k or p.v when p.paged.page_table is set):
 // [num_pages][heads_kv][page_size rows][cols] with the pool's strides (stride_b from page to
 // page), boxes of box_rows rows. Also false when TMA cannot describe the pool.

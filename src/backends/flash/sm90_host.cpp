@@ -47,13 +47,16 @@ PFN_cuTensorMapEncodeTiled_v12000 EncodeTiledEntryPoint() {
 
 }  // namespace
 
-bool EncodeQkvTensorMap(void* map, const TensorArg& t, bool bf16, int64_t rows, int cols,
-                        int heads, int batch, int box_rows) {
-  constexpr int64_t kElement = 2;
+namespace {
+
+// EncodeQkvTensorMap for elements of kElement bytes of the TMA type `type`, boxes of box_cols
+// columns (128 bytes: one swizzle block).
+bool EncodeTensorMap(void* map, const TensorArg& t, CUtensorMapDataType type, int64_t kElement,
+                     int64_t rows, int cols, int heads, int batch, int box_cols, int box_rows) {
   constexpr int64_t kStrideLimit = int64_t{1} << 40;
   if (t.data == nullptr || cols < 1 ||
       !TmaDescribesTensor(reinterpret_cast<uintptr_t>(t.data), t.stride_b, t.stride_h, t.stride_s,
-                          t.stride_d, rows, heads, batch))
+                          t.stride_d, rows, heads, batch, static_cast<int>(kElement)))
     return false;
   // Strides of the axes that are walked (size > 1) must be 16-byte multiples and non-negative;
   // an axis of size 1 is never stepped, and gets a harmless valid stride.
@@ -76,16 +79,32 @@ bool EncodeQkvTensorMap(void* map, const TensorArg& t, bool bf16, int64_t rows, 
   if (!stride_bytes(t.stride_s, rows, &strides[0]) || !stride_bytes(t.stride_h, heads, &strides[1]) ||
       !stride_bytes(t.stride_b, batch, &strides[2]))
     return false;
-  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows),
+                             1, 1};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
   PFN_cuTensorMapEncodeTiled_v12000 encode = EncodeTiledEntryPoint();
   if (encode == nullptr) return false;
   const CUresult result = encode(
-      static_cast<CUtensorMap*>(map),
-      bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, t.data, dims,
-      strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      static_cast<CUtensorMap*>(map), type, 4, t.data, dims, strides, box, element_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
       CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return result == CUDA_SUCCESS;
+}
+
+}  // namespace
+
+bool EncodeQkvTensorMap(void* map, const TensorArg& t, bool bf16, int64_t rows, int cols,
+                        int heads, int batch, int box_rows) {
+  return EncodeTensorMap(
+      map, t, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, rows,
+      cols, heads, batch, 64, box_rows);
+}
+
+bool EncodeFp8TensorMap(void* map, const TensorArg& t, int64_t rows, int cols, int heads,
+                        int batch, int box_rows) {
+  // e4m3 bytes as UINT8 (TMA copies bytes; the zero fill is 0x00 = +0 in e4m3).
+  return EncodeTensorMap(map, t, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, rows, cols, heads, batch, 128,
+                         box_rows);
 }
 
 bool EncodeLaunchTensorMap(void* map, const FlashParams& p, const TensorArg& t, bool query_side,
@@ -109,6 +128,7 @@ bool WgmmaCompiled() { return false; }
 bool EncodeQkvTensorMap(void*, const TensorArg&, bool, int64_t, int, int, int, int) {
   return false;
 }
+bool EncodeFp8TensorMap(void*, const TensorArg&, int64_t, int, int, int, int) { return false; }
 bool EncodeLaunchTensorMap(void*, const FlashParams&, const TensorArg&, bool, int, int, bool) {
   return false;
 }

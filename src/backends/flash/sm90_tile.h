@@ -51,11 +51,17 @@ inline bool Sm90ScoresFor(bool bias_tensor, bool alibi, bool softcap, bool dropo
 }
 
 // kLongKeys (d64 only, sm90.h's Sm90ForwardKeysPerStep): d128's configuration at d64.
-template <int kHeadDim, bool kLongKeys = false>
+// kElementBytes: 2 (float16/bfloat16), or 1 for the FP8 (e4m3) forward, at d128 only: a row of
+// Q or K is then 128 bytes, one 128-byte swizzle block (one TMA box of 128 columns), and V is
+// read transposed (V^T, keys contiguous: fp8 wgmma has no transpose bit, both operands are
+// K-major; see Sm90Fp8ValueKeyOfColumn below).
+template <int kHeadDim, bool kLongKeys = false, int kElementBytes = 2>
 struct Sm90FwdTile {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
                 "wgmma forward: head dims 64, 128 and 256");
   static_assert(!kLongKeys || kHeadDim == 64, "the long-key tile is d64's");
+  static_assert(kElementBytes == 2 || (kElementBytes == 1 && kHeadDim == 128 && !kLongKeys),
+                "the FP8 forward's tile is d128's");
   static constexpr bool kTwoBlocks = kHeadDim == 64 && !kLongKeys;
   static constexpr int kBlockM = 128;  // 2 consumer warpgroups x 64 rows
   // d64: 64 keys per step and two blocks per SM (registers for 2 x 384 threads), so that one
@@ -91,12 +97,52 @@ struct Sm90FwdTile {
   // short next to the step's two products, and each consumer's softmax already runs under its
   // own O += P V (not yet measured here with turns on).
   static constexpr bool kPingPong = kHeadDim <= 128;
-  static constexpr int kColBlocks = kHeadDim / 64;       // 64-column (128-byte) swizzle blocks
-  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
-  static constexpr int kKvBytes = kBlockN * kHeadDim * 2;  // one K or V stage
+  // 128-byte swizzle blocks of a Q/K row, each loaded as one TMA box of kBoxCols columns.
+  static constexpr int kColBlocks = kHeadDim * kElementBytes / 128;
+  static constexpr int kBoxCols = 128 / kElementBytes;
+  // Keys per wgmma of O += P V (its K): 16 for 16-bit operands, 32 for FP8 (m64nNk32).
+  static constexpr int kKeysPerValueMma = 32 / kElementBytes;
+  static constexpr int kQBytes = kBlockM * kHeadDim * kElementBytes;
+  static constexpr int kKvBytes = kBlockN * kHeadDim * kElementBytes;  // one K or V (V^T) stage
   static constexpr int kBarrierOffset = kQBytes + 2 * kStages * kKvBytes;
   static constexpr int kBarriers = 2 + 4 * kStages;  // q_full, fix, k/v full, k/v empty
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;  // + alignment slack
 };
+
+// The FP8 forward's O += P V (fwd_kernel_sm90.cuh, Element Fp8E4m3): P is the register A operand
+// of wgmma m64nNk32 .e4m3, V^T the K-major B operand (keys contiguous in each row of d), written
+// by a pre-pass into the call's workspace. The A fragment of m64nNk32 (8-bit types; PTX ISA,
+// "Register Fragments" of wgmma, the layout of mma.m16n8k32's 8-bit A per warp) gives lane
+// 4 g + c of a warp, for rows g and g + 8 of its 16, the K positions {4c .. 4c + 3} (registers
+// 0 and 1) and {16 + 4c .. 19 + 4c} (registers 2 and 3) of each 32-wide K step; the S
+// accumulator (m64nNk32 and k16 alike: the mma.sync C fragment per 8-column slice) gives the same
+// lane the keys {2c, 2c + 1, 8 + 2c, 9 + 2c, 16 + 2c, 17 + 2c, 24 + 2c, 25 + 2c} of each 32 keys.
+// Instead of moving P between lanes, the keys of every 32-key block of V^T are stored in the
+// order P's registers hold them: K position 4c + i (i < 4) holds key (i < 2 ? 2c + i : 8 + 2c +
+// i - 2), and position 16 + 4c + i key 16 + the same. The sum over the keys does not depend on
+// their order as long as P and V^T agree. The map is a permutation of [0, 32) (every key once).
+// Used by the pre-pass (device) and tests/cpu (host): one definition.
+#if defined(__CUDACC__)
+#define FUSEDATTN_SM90_TILE_HD __host__ __device__ __forceinline__
+#else
+#define FUSEDATTN_SM90_TILE_HD inline
+#endif
+constexpr int kSm90Fp8KeyBlock = 32;
+// The key (0..31, inside its 32-key block) at K position `column` (0..31) of V^T.
+FUSEDATTN_SM90_TILE_HD constexpr int Sm90Fp8ValueKeyOfColumn(int column) {
+  return (column & 16) + ((column & 3) < 2 ? 2 * ((column & 15) >> 2) + (column & 3)
+                                           : 8 + 2 * ((column & 15) >> 2) + (column & 3) - 2);
+}
+// Keys per row of the V^T workspace: the keys rounded up to the FP8 forward's key tile (128),
+// zero past the sequence's keys.
+FUSEDATTN_SM90_TILE_HD constexpr long long Sm90Fp8ValueKeys(long long max_seqlen_kv) {
+  return (max_seqlen_kv + 127) / 128 * 128;
+}
+// Bytes of the V^T workspace: [batch][heads_kv][128 rows of d][Sm90Fp8ValueKeys] e4m3.
+FUSEDATTN_SM90_TILE_HD constexpr long long Sm90Fp8ValueBytes(long long batch, long long heads_kv,
+                                                             long long max_seqlen_kv) {
+  return batch * heads_kv * 128 * Sm90Fp8ValueKeys(max_seqlen_kv);
+}
+#undef FUSEDATTN_SM90_TILE_HD
 
 }  // namespace fusedattn::flash

@@ -213,6 +213,37 @@ FUSEDATTN_WGMMA(Half, 256, "f16", FUSEDATTN_WGMMA_ACC128, FUSEDATTN_WGMMA_ACC128
 FUSEDATTN_WGMMA(Bfloat16, 256, "bf16", FUSEDATTN_WGMMA_ACC128, FUSEDATTN_WGMMA_ACC128_LIST,
                 "%128", "%129", "%130", "%131", "%132", "%133", "%134")
 #undef FUSEDATTN_WGMMA
+
+// FP8 (e4m3 x e4m3, float32 accumulators): m64n128k32, the FP8 forward's S = Q K^T (128 keys)
+// and O += P V (d128). FP8 wgmma has no transpose bits: both operands are K-major (Q and K rows,
+// and V^T with the keys contiguous). SS: A and B from shared memory; RS: A from registers (four
+// .b32 of four e4m3 each: the m16n8k32 8-bit A fragment of this warp's 16 rows, sm90_tile.h's
+// Sm90Fp8ValueKeyOfColumn). The transpose arguments of the 16-bit interface must be 0.
+template <>
+struct Wgmma<Fp8E4m3, 128> {
+  template <int kTransA, int kTransB>
+  static __device__ __forceinline__ void SS(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
+                                            bool accumulate) {
+    static_assert(kTransA == 0 && kTransB == 0, "FP8 wgmma reads K-major operands only");
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
+                 FUSEDATTN_WGMMA_ACC64_LIST "}, %64, %65, p, 1, 1;\n}\n"
+                 : FUSEDATTN_WGMMA_ACC64(d)
+                 : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)));
+  }
+  template <int kTransB>
+  static __device__ __forceinline__ void RS(float (&d)[64], const uint32_t (&a)[4],
+                                            uint64_t desc_b, bool accumulate) {
+    static_assert(kTransB == 0, "FP8 wgmma reads K-major operands only");
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
+                 FUSEDATTN_WGMMA_ACC64_LIST "}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+                 : FUSEDATTN_WGMMA_ACC64(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b),
+                   "r"(int(accumulate)));
+  }
+};
+
 #undef FUSEDATTN_WGMMA_ACC32
 #undef FUSEDATTN_WGMMA_ACC64
 #undef FUSEDATTN_WGMMA_ACC40
@@ -232,6 +263,20 @@ struct Wgmma {
                                             bool) {}
 };
 #endif
+
+// Two floats rounded to e4m3 (cvt.rn.satfinite: nearest, ties to even, saturated to +-448, NaN
+// stays NaN), lo in the low byte: fusedattn.h's Q8_e4m3.
+__device__ __forceinline__ uint32_t PackE4m3x2(float lo, float hi) {
+  unsigned short bits = 0;
+#if FUSEDATTN_SM90_DEVICE
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(bits) : "f"(hi), "f"(lo));
+#endif
+  return bits;
+}
+// Four floats as four e4m3 bytes of one register, x0 in the lowest byte.
+__device__ __forceinline__ uint32_t PackE4m3x4(float x0, float x1, float x2, float x3) {
+  return PackE4m3x2(x0, x1) | (PackE4m3x2(x2, x3) << 16);
+}
 
 // ---- mbarriers ----
 
