@@ -34,9 +34,22 @@ SpeedOrder OrderByMeasuredSpeed(const Problem& p, int sm, bool training,
                                 const std::vector<MeasuredSpeed>& table, const char* source) {
   SpeedOrder order;
   if (p.paged) {
+    // Measured side by side on an H200 (bench/results/decode-paged-cudnn-nvidia-h200-2026-11-28,
+    // decode_bench --quick: sq 1, bf16 d128 GQA 32/8, b 1..128, skv 512..131072, pages of 16
+    // and 64): cuDNN's paged SDPA forward moved 1.13-1.52x the bytes per second of flash's paged
+    // decode kernel at all ten points. Chunked prefill (more than one query row) against a paged
+    // cache has not been timed on cuDNN: flash's Hopper forward stays first there.
+    if (sm == 90 && p.config.max_seqlen_q == 1) {
+      order.measured = true;
+      order.basis = "measured cudnn faster: paged decode (one query row), cuDNN's paged SDPA "
+                    "forward 1.13-1.52x flash's decode kernel in GB/s at sm_90 bfloat16 d128 "
+                    "GQA, pages 16/64 (decode-paged-cudnn-nvidia-h200-2026-11-28)";
+      return order;
+    }
     order.flash_first = true;
-    order.basis = "flash first for paged K/V: cuDNN's paged SDPA forward is the second backend, "
-                  "taken where flash refuses, until the two are measured side by side";
+    order.basis = "flash first for paged K/V (chunked prefill, or decode on a GPU other than "
+                  "sm_90): cuDNN's paged SDPA forward is the second backend there, not timed "
+                  "against flash's kernels on such problems yet";
     return order;
   }
   if (const char* why = OutsideTheTable(p)) {

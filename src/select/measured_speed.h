@@ -10,9 +10,9 @@
 // padding, THD, paged K/V, bias, ALiBi, softcap, dropout, sinks, score modifier, window or
 // deterministic mode: those run other kernels than the ones measured) whose sequence lengths are
 // within one octave of a measured point. Everything else keeps the default order (cuDNN first),
-// and explain says which of the two happened; except paged K/V, which puts flash first: its paged
-// kernels came first and are tested on GPUs, cuDNN's paged SDPA forward is the second backend
-// (issue 21) until both are measured.
+// and explain says which of the two happened; except paged K/V (issue 21): paged decode (one
+// query row) on sm_90 puts cuDNN's paged SDPA forward first (measured faster than flash's decode
+// kernel), other paged problems (chunked prefill, other GPUs) put flash first, unmeasured.
 #pragma once
 
 #include <cstdint>

@@ -108,7 +108,7 @@ std::vector<fusedattn_backend> PreferenceOrder(const Problem& p, SpeedOrder* spe
   if (p.device == Device::kCpu) return {FUSEDATTN_BACKEND_REFERENCE};
   // small_seq refuses anything but sq = 1 against a short K/V at once; cuDNN and our flash
   // kernels run nearly everything else, in the order their measured speed gives for this problem
-  // (measured_speed.h), cuDNN first where nothing was measured (flash first for paged K/V);
+  // (measured_speed.h), cuDNN first where nothing was measured (paged K/V: measured_speed.h);
   // the reference runs on CUDA tensors only when forced (it copies everything to the host).
   SpeedOrder order = OrderByMeasuredSpeed(p, CurrentDeviceComputeCapability(),
                                           p.config.is_training != 0);

@@ -127,16 +127,31 @@ TEST(MeasuredSpeed, VariantsTheTableDoesNotMeasureKeepTheDefaultOrderAndSayWhy) 
   }
 }
 
-// Paged K/V is outside the measured classes, and flash (whose paged kernels came first) goes
-// before cuDNN's paged SDPA forward, the second backend, saying so.
-TEST(MeasuredSpeed, PagedKvPutsFlashFirstUntilMeasured) {
+// Paged decode (one query row) on sm_90 was measured: cuDNN's paged forward first, saying so.
+TEST(MeasuredSpeed, PagedDecodePutsCudnnFirstOnSm90) {
   fusedattn_config c = Plain(1024);
   c.max_seqlen_q = 1;
   c.page_size = 16;
   const SpeedOrder order = Order(c);
+  EXPECT_TRUE(order.measured);
+  EXPECT_FALSE(order.flash_first);
+  EXPECT_NE(order.basis.find("paged decode"), std::string::npos) << order.basis;
+}
+
+// Chunked prefill against a paged cache, and paged decode on another GPU, were not measured:
+// flash (whose paged kernels came first) goes before cuDNN's paged SDPA forward, saying so.
+TEST(MeasuredSpeed, OtherPagedProblemsPutFlashFirstUntilMeasured) {
+  fusedattn_config c = Plain(1024);
+  c.max_seqlen_q = 8;
+  c.page_size = 16;
+  SpeedOrder order = Order(c);
   EXPECT_FALSE(order.measured);
   EXPECT_TRUE(order.flash_first);
   EXPECT_NE(order.basis.find("paged K/V"), std::string::npos) << order.basis;
+  c.max_seqlen_q = 1;
+  order = Order(c, /*sm=*/80);
+  EXPECT_FALSE(order.measured);
+  EXPECT_TRUE(order.flash_first);
 }
 
 TEST(MeasuredSpeed, TheCompiledInTableIsWellFormed) {

@@ -19,6 +19,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <functional>
@@ -29,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "backends/cudnn/cudnn_backend.h"
 #include "fusedattn/fusedattn.h"
 #include "fusedattn/fusedattn.hpp"
 #include "gpu/cudnn_run.h"
@@ -36,6 +39,7 @@
 #include "gpu/expect_close.h"
 #include "gpu/paged_pools.h"
 #include "gpu/skip.h"
+#include "testing/scoped_env.h"
 #include "testing/tensors.h"
 
 namespace fusedattn::testing {
@@ -345,6 +349,38 @@ TEST(CudnnPagedPlans, AnotherPoolBuildsItsPlanOnce) {
   RunOptions second = first;
   second.expect_no_new_plans = true;
   RunAndCompare(c, o, second);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Automatic selection
+// ---------------------------------------------------------------------------------------------
+
+// Paged decode (one query row) on sm_90: cuDNN's paged forward goes first (measured faster than
+// flash's decode kernel, select/measured_speed.cpp); a chunked prefill keeps flash first.
+TEST(CudnnPagedSelection, AutoPicksCudnnForPagedDecodeOnSm90AndFlashForChunkedPrefill) {
+  SKIP_UNLESS_BACKEND_RUNS(FUSEDATTN_BACKEND_CUDNN);
+  int device = 0, major = 0, minor = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (major != 9 || minor != 0) GTEST_SKIP() << "the measured order is sm_90's";
+  // Built in the call: with a background build, selection would take flash until the plan is
+  // ready (README "Background builds").
+  ScopedEnv env(&cudnn::ReloadSettings);
+  env.set("FUSEDATTN_CUDNN_BACKGROUND_BUILD", "0");
+  fusedattn_config c = PagedConfig(8, 2, 1, 1000, 128, 16);
+  c.backend = FUSEDATTN_BACKEND_AUTO;
+  char msg[4096];
+  fusedattn_backend chosen = FUSEDATTN_BACKEND_AUTO;
+  ASSERT_EQ(fusedattn_get_backend(&c, &chosen, msg, sizeof msg), FUSEDATTN_SUCCESS) << msg;
+  EXPECT_EQ(chosen, FUSEDATTN_BACKEND_CUDNN) << msg;
+  char reason[512];
+  if (!fusedattn_backend_available(FUSEDATTN_BACKEND_FLASH, reason, sizeof reason)) return;
+  c = PagedConfig(8, 2, 64, 1000, 128, 16);
+  c.backend = FUSEDATTN_BACKEND_AUTO;
+  c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+  ASSERT_EQ(fusedattn_get_backend(&c, &chosen, msg, sizeof msg), FUSEDATTN_SUCCESS) << msg;
+  EXPECT_EQ(chosen, FUSEDATTN_BACKEND_FLASH) << msg;
 }
 
 // ---------------------------------------------------------------------------------------------
