@@ -69,15 +69,32 @@
  * formula above.
  *
  * Dropout mask: Philox4x32-10 with key (lo32(seed), hi32(seed)) and counter
- *   (j / 4, row, lo32(offset), hi32(offset)),  row = (b * heads_q + h) * max_seqlen_q + i,
- * gives four 32-bit words; element j uses word j % 4 (call it u). The element is kept when
+ *   (j' / 4, row, lo32(offset), hi32(offset)),
+ *   row = ((b + dropout_batch_offset) * H + h + dropout_head_offset) * R + i + dropout_row_offset,
+ *   j'  = j + dropout_key_offset,   H = dropout_heads (0: heads_q),   R = dropout_rows
+ *   (0: max_seqlen_q),
+ * gives four 32-bit words; element j uses word j' % 4 (call it u). The element is kept when
  *   u >= threshold,  threshold = min(floor(dropout * 2^32), 2^32 - 1).
- * (b is the sequence index also for THD; i and j are positions inside the sequence; the row
- * counter is 32 bits, so batch * heads_q * max_seqlen_q <= 2^32 when dropout is on.) Every backend
- * that implements dropout this way reproduces the reference's mask bit for bit: reference, flash
- * and small_seq. cuDNN draws from its own random stream instead: the same keep probability and
- * 1 / (1 - dropout) scaling, and one mask for a forward and its backward with the same seed and
- * offset, but not the reference's elements (force another backend where the bits must match).
+ * (b is the sequence index also for THD; i and j are positions inside the sequence.) The dropout_*
+ * position fields are 0 by default, and then row = (b * heads_q + h) * max_seqlen_q + i and
+ * j' = j. Otherwise they place the call in a larger problem, of H query heads and max_seqlen_q R,
+ * whose mask the call draws: element (b, h, i, j) of the call draws the bit of element
+ * (b + dropout_batch_offset, h + dropout_head_offset, i + dropout_row_offset,
+ * j + dropout_key_offset) of that problem. (Context parallelism runs a block of the whole
+ * sequence's queries and keys, or a group of its heads, as one call, and so draws the mask of
+ * the single-device call.) Each position field is in [0, 2^31 - 1]; dropout_heads is 0 or
+ * >= heads_q + dropout_head_offset, dropout_rows is 0 or >= max_seqlen_q + dropout_row_offset,
+ * and dropout_key_offset is a multiple of 4 (keys are drawn in groups of four, and the call's
+ * groups must be the larger problem's); anything else is INVALID_ARGUMENT naming the field,
+ * whatever the dropout. Without dropout they change nothing. The row counter is 32 bits, so
+ * (batch + dropout_batch_offset) * H * R <= 2^32 when dropout is on.
+ *
+ * Every backend that implements dropout this way reproduces the reference's mask bit for bit:
+ * reference, flash and small_seq (flash and small_seq at the default positions only: they refuse
+ * others, naming them, and the reference runs them). cuDNN draws from its own random stream
+ * instead: the same keep probability and 1 / (1 - dropout) scaling, and one mask for a forward
+ * and its backward with the same seed and offset, but not the reference's elements (force
+ * another backend where the bits must match); it refuses positions other than the default.
  *
  * ---------------------------------------------------------------------------------------------
  * FP8 attention (per-tensor scaling, as Transformer Engine's FP8 DotProductAttention trains)
@@ -423,8 +440,8 @@ typedef struct fusedattn_score_mod fusedattn_score_mod;
  * a score_mod graph is part of the problem (by its structure, never by its address). */
 typedef struct fusedattn_config {
   size_t struct_size; /* sizeof(fusedattn_config) as the caller compiled it (or an earlier
-                         layout's: 0.1.0's, the one that ends with score_mod, or
-                         the one that ends with page_size) */
+                         layout's: 0.1.0's, the one that ends with score_mod, the one
+                         that ends with page_size, or the one that ends with dqkv_dtype) */
 
   int32_t is_training; /* forward saves LSE and the backend must also support the backward */
   int64_t batch;
@@ -476,6 +493,14 @@ typedef struct fusedattn_config {
    * DEFAULT: o_dtype and qkv_dtype. Only an FP8 problem may set others (see "FP8 attention"). */
   fusedattn_dtype do_dtype;
   fusedattn_dtype dqkv_dtype;
+  /* Added after 0.1.0 (earlier layouts get 0): where this call's elements sit in a larger
+   * problem, for the dropout mask only (see "Dropout mask"). All 0: the call is the problem. */
+  int64_t dropout_batch_offset;
+  int64_t dropout_heads;       /* the larger problem's query heads; 0: heads_q */
+  int64_t dropout_head_offset;
+  int64_t dropout_rows;        /* the larger problem's max_seqlen_q; 0: max_seqlen_q */
+  int64_t dropout_row_offset;
+  int64_t dropout_key_offset;  /* a multiple of 4 */
 } fusedattn_config;
 
 #define FUSEDATTN_CONFIG_INIT                                                                   \
@@ -489,7 +514,9 @@ typedef struct fusedattn_config {
         FUSEDATTN_SOFTMAX_VANILLA, /*attn_scale*/ 0.0, /*softcap*/ 0.0, /*dropout*/ 0.0,        \
         /*deterministic*/ 0, /*return_lse*/ 0, /*return_max_logit*/ 0, FUSEDATTN_BACKEND_AUTO, \
         FUSEDATTN_DEVICE_AUTO, /*score_mod*/ NULL, /*page_size*/ 0, FUSEDATTN_DTYPE_DEFAULT,    \
-        FUSEDATTN_DTYPE_DEFAULT                                                                 \
+        FUSEDATTN_DTYPE_DEFAULT, /*dropout_batch_offset*/ 0, /*dropout_heads*/ 0,               \
+        /*dropout_head_offset*/ 0, /*dropout_rows*/ 0, /*dropout_row_offset*/ 0,                \
+        /*dropout_key_offset*/ 0                                                                \
   }
 
 #define FUSEDATTN_MAX_DIMS 4

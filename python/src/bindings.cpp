@@ -567,6 +567,12 @@ NB_MODULE(_C, m) {
   FUSEDATTN_FIELD(page_size)
   FUSEDATTN_FIELD(do_dtype)
   FUSEDATTN_FIELD(dqkv_dtype)
+  FUSEDATTN_FIELD(dropout_batch_offset)
+  FUSEDATTN_FIELD(dropout_heads)
+  FUSEDATTN_FIELD(dropout_head_offset)
+  FUSEDATTN_FIELD(dropout_rows)
+  FUSEDATTN_FIELD(dropout_row_offset)
+  FUSEDATTN_FIELD(dropout_key_offset)
 #undef FUSEDATTN_FIELD
   nb::list field_names;
   for (const std::string& f : fields) field_names.append(nb::str(f.c_str()));

@@ -6,10 +6,11 @@
 //
 // The schema keeps the scalars of a problem in one string and a list of ints (see
 // fusedattn/_torch.py's encode_problem): the string is built once per structure on the Python
-// side, and the ints (max_seqlen_q, max_seqlen_kv, dropout_seed) stay ints so that they may be
-// symbolic under torch.compile. A score modifier travels as its serialized graph
-// (fusedattn_score_mod_serialize): a string is a schema type and a constant of a compiled graph;
-// the graph is rebuilt once per distinct text and kept in a bounded cache.
+// side, and the ints (max_seqlen_q, max_seqlen_kv, dropout_seed, and the dropout positions when
+// a call has them) stay ints so that they may be symbolic under torch.compile. A score modifier
+// travels as its serialized graph (fusedattn_score_mod_serialize): a string is a schema type and
+// a constant of a compiled graph; the graph is rebuilt once per distinct text and kept in a
+// bounded cache.
 //
 // Errors raise the package's exception classes (fusedattn.InvalidArgumentError, ...) with the
 // library's message, also from the backward that the autograd engine runs.
@@ -305,6 +306,11 @@ fusedattn_format PoolFormat(fusedattn_format format) {
   return format == FUSEDATTN_FORMAT_THD ? FUSEDATTN_FORMAT_BSHD : format;
 }
 
+// The ints after [max_seqlen_q, max_seqlen_kv, dropout_seed] when a call places its dropout
+// mask in a larger problem (fusedattn/_torch.py's _position_ints): the config's dropout_*
+// position fields in their order. Absent: the default positions.
+constexpr size_t kDropoutPositions = 6;
+
 // The config of a call from the tensors' shapes and the options. page_table present: k and v
 // are pools of pages (PoolFormat), page_size read from their sequence axis, and max_seqlen_kv
 // (unless given) what the table holds.
@@ -325,8 +331,11 @@ fusedattn_config MakeConfig(const Options& o, const Tensor& q, const Tensor& k, 
                         : std::string("layout ") + LayoutName(o.format) + " has " +
                               std::to_string(rank)));
   }
-  if (ints.size() != 3)
-    FailInvalid("fusedattn::fwd/bwd: ints must be [max_seqlen_q, max_seqlen_kv, dropout_seed]");
+  if (ints.size() != 3 && ints.size() != 3 + kDropoutPositions)
+    FailInvalid("fusedattn::fwd/bwd: ints must be [max_seqlen_q, max_seqlen_kv, dropout_seed], "
+                "then optionally the six dropout positions (config.dropout_batch_offset, "
+                "dropout_heads, dropout_head_offset, dropout_rows, dropout_row_offset, "
+                "dropout_key_offset)");
   fusedattn_config c = FUSEDATTN_CONFIG_INIT;
   c.is_training = is_training ? 1 : 0;
   if (thd) {
@@ -381,6 +390,13 @@ fusedattn_config MakeConfig(const Options& o, const Tensor& q, const Tensor& k, 
   c.bias_requires_grad = o.bias_requires_grad && bias.has_value() ? 1 : 0;
   c.softmax_type = o.softmax;
   c.attn_scale = o.scale, c.softcap = o.softcap, c.dropout = o.dropout;
+  if (ints.size() == 3 + kDropoutPositions) {
+    int64_t* positions[kDropoutPositions] = {&c.dropout_batch_offset, &c.dropout_heads,
+                                             &c.dropout_head_offset,  &c.dropout_rows,
+                                             &c.dropout_row_offset,   &c.dropout_key_offset};
+    for (size_t i = 0; i < kDropoutPositions; ++i)
+      *positions[i] = ints[3 + i].guard_int(__FILE__, __LINE__);
+  }
   c.deterministic = o.deterministic ? 1 : 0;
   c.return_lse = return_lse ? 1 : 0;
   c.backend = o.backend;

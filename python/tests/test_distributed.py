@@ -51,12 +51,15 @@ def pools():
 
 def make_problem(*, layout="bshd", mask=None, window=(-1, -1), b=2, sq=32, skv=None, hq=4,
                  hkv=4, d=8, lengths_q=None, lengths_kv=None, softcap=0.0, softmax=None,
-                 alibi=False, seed=0, device="cpu", dtype=torch.float32):
+                 alibi=False, dropout_p=0.0, seed=0, device="cpu", dtype=torch.float32):
     """(whole tensors, problem arguments) of a random problem. THD takes lengths_q/kv (every one
-    a multiple of 2 x world) and gets cu_seqlens of the whole sequences."""
+    a multiple of 2 x world) and gets cu_seqlens of the whole sequences. dropout_p > 0 comes
+    with a dropout_seed, which the single-process call takes too."""
     g = torch.Generator().manual_seed(seed)
     skv = sq if skv is None else skv
     problem = dict(layout=layout, mask=mask, window=window, softcap=softcap)
+    if dropout_p > 0:
+        problem.update(dropout_p=dropout_p, dropout_seed=0x5EED0000 + seed)
     if layout == "thd":
         lengths_kv = lengths_q if lengths_kv is None else lengths_kv
         problem["cu_seqlens_q"] = np.concatenate(([0], np.cumsum(lengths_q))).tolist()
@@ -125,10 +128,10 @@ def assert_parts_match(parts, reference, problem, tolerance, what):
 
 
 def run_on_ranks(pools, world, mode, tensors, problem, backend="gloo", device="cpu",
-                 dtype="float32"):
+                 dtype="float32", **case):
     """Every rank's results of context_parallel_attention (+ backward) in a pool."""
     answers = pools(world, backend, device).run(dict(
-        mode=mode, dtype=dtype, problem=problem, **as_arrays(tensors)))
+        mode=mode, dtype=dtype, problem=problem, **as_arrays(tensors), **case))
     for rank, (status, payload) in enumerate(answers):
         if status != "ok":
             pytest.fail("rank %d of %d (%s) raised %s: %s\n%s" % (rank, world, mode, *payload))
@@ -226,12 +229,58 @@ def test_alibi_runs_under_all_to_all(pools, world):
 
 
 # ---------------------------------------------------------------------------------------------
+# Dropout: every block's call draws the single-device call's mask at its place (fusedattn.h,
+# "Dropout mask"), forward and backward, so the ranks' parts equal the single-process call with
+# the same seed. The kinds: the two plain masks, a window whose blocks start their keys inside a
+# chunk (moved down to a multiple of 4), bottom-right with more keys, and THD with sequences of
+# two lengths (the calls of equal ones, consecutive, are one) and an empty one.
+# ---------------------------------------------------------------------------------------------
+
+DROPOUT_KINDS = {  # per world size ("ring" takes key lengths that are multiples of 8 x world)
+    "none": lambda world: dict(mask=None),
+    "causal": lambda world: dict(mask="causal"),
+    "causal_window_5": lambda world: dict(mask="causal", window=(5, 0)),
+    "bottom_right_more_keys": lambda world: dict(mask="causal_bottom_right", sq=16, skv=64),
+    "thd": lambda world: dict(layout="thd", mask="causal",
+                              lengths_q=[8 * world, 8 * world, 16 * world, 0]),
+}
+
+
+@worlds
+@modes
+@pytest.mark.parametrize("kind", list(DROPOUT_KINDS))
+def test_dropout_matches_one_process_with_the_same_seed(pools, world, mode, kind):
+    check(pools, world, mode, dropout_p=0.3, **DROPOUT_KINDS[kind](world))
+
+
+@modes
+def test_dropout_without_a_seed_draws_one_for_every_rank(pools, mode):
+    # Each rank's Python random state differs (python_random_seed + rank); the ranks' parts
+    # still equal the single-process call with rank 0's draw: that seed was broadcast.
+    import random
+    tensors, problem = make_problem(mask="causal", dropout_p=0.3)
+    del problem["dropout_seed"]
+    parts = run_on_ranks(pools, 2, mode, tensors, problem, python_random_seed=1000)
+    rank_0 = dict(problem, dropout_seed=random.Random(1000).getrandbits(63))
+    assert_parts_match(parts, single_process(tensors, rank_0), rank_0, TOLERANCE["float32"],
+                       "%s with a broadcast seed" % mode)
+
+
+@pytest.mark.parametrize("mode", ["all_to_all", "all_gather"])
+def test_dropout_with_key_chunks_off_a_multiple_of_4_runs_outside_the_ring(pools, mode):
+    # 20 keys over 2 ranks: chunks of 5, which "ring" refuses (below); these modes' calls see
+    # the keys from the sequence's start.
+    check(pools, 2, mode, mask="causal", sq=20, dropout_p=0.3)
+
+
+# ---------------------------------------------------------------------------------------------
 # Refusals: the error says what is wrong and what is accepted, on every rank, before any transfer
 # ---------------------------------------------------------------------------------------------
 
 REFUSALS = [
-    dict(id="dropout", mode="ring", problem=dict(dropout_p=0.1),
-         error="NotSupportedError", says="dropout_offset cannot move them"),
+    dict(id="dropout_ring_key_chunks", mode="ring", kind=dict(sq=20),
+         problem=dict(dropout_p=0.1, dropout_seed=1), error="NotSupportedError",
+         says="multiples of 8 x world_size = 16"),
     dict(id="bias", mode="all_gather", problem=dict(bias_type="pre_scale"), bias=True,
          error="NotSupportedError", says="no bias tensor"),
     dict(id="alibi_in_ring", mode="ring", kind=dict(alibi=True),
@@ -314,8 +363,9 @@ def test_shard_refuses_a_length_that_does_not_split_into_2n_chunks():
 
 @modes
 @pytest.mark.parametrize("mask", [None, "causal"])
-def test_simulated_ranks_match_one_process(mode, mask):
-    tensors, problem = make_problem(mask=mask, softmax="sink")
+@pytest.mark.parametrize("dropout_p", [0.0, 0.3], ids=["no_dropout", "dropout"])
+def test_simulated_ranks_match_one_process(mode, mask, dropout_p):
+    tensors, problem = make_problem(mask=mask, softmax="sink", dropout_p=dropout_p)
     parts = cp.simulate(tensors["q"], tensors["k"], tensors["v"], 4, mode=mode,
                         d_o=tensors["d_o"], sinks=tensors["sinks"], **problem)
     assert_parts_match(parts, single_process(tensors, problem), problem, TOLERANCE["float32"],
@@ -334,6 +384,40 @@ def test_block_plan_of_a_causal_ring_runs_one_call_per_step_and_skips_nothing_it
         [(0, 32, 0, 32, "causal")]
     assert [(c.q_start, c.q_len, c.k_start, c.k_len, c.kwargs["mask"]) for c in other] == \
         [(16, 16, 0, 32, None)]
+
+
+def _dropout_plan(mask, window=(-1, -1)):
+    """Rank 0 of 2 over a sequence of 64 (chunks of 16: rank 0 holds [0, 16) and [48, 64),
+    rank 1 [16, 32) and [32, 48)), with dropout: (q_start, q_len, k_start, k_len, window,
+    dropout positions) of each call against rank 1's K/V."""
+    from fusedattn._problem import normalize_options
+    opts = normalize_options(layout="bshd", mask=mask, window=window, dropout_p=0.1,
+                             dropout_seed=1)
+    lengths = np.array([64])
+    prob = cp._Problem(opts, 0, 2, lengths, lengths, 4, torch.device("cpu"), None,
+                       dropout_rows=64)
+    return [(c.q_start, c.q_len, c.k_start, c.k_len, c.kwargs["window"],
+             c.kwargs["dropout_positions"]) for c in prob.plan(1)]
+
+
+def test_block_plan_with_dropout_gives_each_call_one_chunk_pair_and_its_place():
+    # Without a mask one call would cover the block; with dropout each pair of a query chunk
+    # and a key chunk is a call, whose rows and keys start at its chunks' places.
+    place = fusedattn.DropoutPositions
+    assert _dropout_plan(None) == [
+        (0, 16, 0, 16, (-1, -1), place(rows=64, row_offset=0, key_offset=16)),
+        (0, 16, 16, 16, (-1, -1), place(rows=64, row_offset=0, key_offset=32)),
+        (16, 16, 0, 16, (-1, -1), place(rows=64, row_offset=48, key_offset=16)),
+        (16, 16, 16, 16, (-1, -1), place(rows=64, row_offset=48, key_offset=32))]
+
+
+def test_block_plan_with_dropout_moves_a_calls_first_key_down_to_a_multiple_of_4():
+    # Causal, window 5: queries 48..52 see keys 43..47 of rank 1's chunk [32, 48). The call
+    # starts at key 40 instead (keys 40..42 taken in, hidden by its window: left 0 of a
+    # bottom-right band, d = i + 3 over 8 keys), so that its keys are the mask's groups of 4.
+    assert _dropout_plan("causal", (5, 0)) == [
+        (16, 5, 24, 8, (0, -1), fusedattn.DropoutPositions(rows=64, row_offset=48,
+                                                           key_offset=40))]
 
 
 # ---------------------------------------------------------------------------------------------

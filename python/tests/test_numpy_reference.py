@@ -101,6 +101,45 @@ def test_dropout_depends_on_the_seed_and_is_reproducible():
     assert not np.array_equal(a, c)
 
 
+def _block_of_whole(rng):
+    """A whole problem whose rows see only keys 5..11 (bottom-right causal, window 3: row i sees
+    keys i + 5 .. i + 8 of 12), and its block of sequence 1, heads 1..2 and keys 4..11 with the
+    block's place in the whole problem's dropout mask: the block holds every key its rows see."""
+    q = rng.standard_normal((2, 4, 4, 8)).astype(np.float32)
+    k, v = (rng.standard_normal((2, 12, 4, 8)).astype(np.float32) for _ in range(2))
+    d_o = rng.standard_normal((2, 4, 4, 8)).astype(np.float32)
+    problem = dict(mask="causal_bottom_right", window=(3, 0), dropout_p=0.4, dropout_seed=7)
+    place = fusedattn.DropoutPositions(batch_offset=1, heads=4, head_offset=1, key_offset=4)
+    block = tuple(np.ascontiguousarray(x) for x in
+                  (q[1:, :, 1:3], k[1:, 4:, 1:3], v[1:, 4:, 1:3], d_o[1:, :, 1:3]))
+    return (q, k, v, d_o), block, problem, place
+
+
+def test_dropout_positions_give_a_block_the_whole_problems_mask_at_its_place():
+    (q, k, v, d_o), (bq, bk, bv, bd_o), problem, place = _block_of_whole(np.random.default_rng(3))
+    o, lse = fusedattn.attention(q, k, v, return_lse=True, **problem)
+    grads = fusedattn.attention_backward(d_o, q, k, v, o, lse, **problem)
+    bo, blse = fusedattn.attention(bq, bk, bv, return_lse=True, dropout_positions=place,
+                                   **problem)
+    bgrads = fusedattn.attention_backward(bd_o, bq, bk, bv, bo, blse, dropout_positions=place,
+                                          **problem)
+    # The same terms summed in the same order (float64 in the reference): equal, not close.
+    assert np.array_equal(bo, o[1:, :, 1:3]) and np.array_equal(blse, lse[1:, 1:3])
+    assert np.array_equal(bgrads.dq, grads.dq[1:, :, 1:3])
+    assert np.array_equal(bgrads.dk, grads.dk[1:, 4:, 1:3])
+    assert np.array_equal(bgrads.dv, grads.dv[1:, 4:, 1:3])
+    # At its own positions the block draws another mask.
+    assert not np.array_equal(fusedattn.attention(bq, bk, bv, **problem), bo)
+
+
+def test_dropout_positions_are_checked_by_the_library_naming_the_field():
+    q, k, v, kwargs = Case("d", dropout_p=0.5).make("float32")
+    with pytest.raises(fusedattn.InvalidArgumentError, match="config.dropout_key_offset = 6"):
+        fusedattn.attention(q, k, v, dropout_positions=dict(key_offset=6), **kwargs)
+    with pytest.raises(fusedattn.InvalidArgumentError, match="unknown field"):
+        fusedattn.attention(q, k, v, dropout_positions=dict(key=4), **kwargs)
+
+
 def test_fully_masked_rows_give_zero_output_and_negative_infinite_lse():
     q, k, v, kwargs = Case("m", sq=6, skv=3, mask="causal_bottom_right").make("float32")
     o, lse = fusedattn.attention(q, k, v, return_lse=True, **kwargs)

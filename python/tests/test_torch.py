@@ -190,6 +190,29 @@ def test_features_match_the_oracle(feature, device, dtype):
         assert relative_error(to_np(leaves["sinks"].grad), dsink) < TOLERANCE[dtype]
 
 
+def test_dropout_positions_give_a_block_the_whole_problems_mask_through_autograd():
+    # A whole problem whose rows see only keys 5..11 (bottom-right causal, window 3), and its
+    # block of sequence 1, heads 1..2 and keys 4..11 placed in the whole problem's dropout mask:
+    # the torch op carries the place to the forward and to the backward that autograd runs.
+    g = torch.Generator().manual_seed(5)
+    q, d_o = (torch.randn(2, 4, 4, 8, generator=g) for _ in range(2))
+    k, v = (torch.randn(2, 12, 4, 8, generator=g) for _ in range(2))
+    problem = dict(mask="causal_bottom_right", window=(3, 0), dropout_p=0.4, dropout_seed=7)
+    place = fusedattn.DropoutPositions(batch_offset=1, heads=4, head_offset=1, key_offset=4)
+    whole = [x.clone().requires_grad_() for x in (q, k, v)]
+    o, lse = fusedattn.attention(*whole, return_lse=True, **problem)
+    o.backward(d_o)
+    block = [x[1:, :, 1:3].clone().requires_grad_() for x in (q,)] + \
+        [x[1:, 4:, 1:3].clone().requires_grad_() for x in (k, v)]
+    bo, blse = fusedattn.attention(*block, return_lse=True, dropout_positions=place, **problem)
+    bo.backward(d_o[1:, :, 1:3])
+    # The reference sums the same terms in the same order: equal, not close.
+    assert torch.equal(bo, o[1:, :, 1:3]) and torch.equal(blse, lse[1:, 1:3])
+    assert torch.equal(block[0].grad, whole[0].grad[1:, :, 1:3])
+    for b, w in zip(block[1:], whole[1:]):
+        assert torch.equal(b.grad, w.grad[1:, 4:, 1:3])
+
+
 @needs_cuda
 def test_cuda_fully_masked_rows_are_zero_without_nan():
     q = torch.randn(1, 64, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)

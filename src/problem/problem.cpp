@@ -95,6 +95,11 @@ std::string Problem::describe() const {
     s += Format(" softmax=%s", SoftmaxName(c.softmax_type));
   if (c.softcap > 0) s += Format(" softcap=%g", c.softcap);
   if (c.dropout > 0) s += Format(" dropout=%g", c.dropout);
+  if (has_dropout_positions())
+    s += Format(" dropout_positions(b+%lld h+%lld/%lld i+%lld/%lld j+%lld)",
+                (long long)c.dropout_batch_offset, (long long)c.dropout_head_offset,
+                (long long)dropout_heads(), (long long)c.dropout_row_offset,
+                (long long)dropout_rows(), (long long)c.dropout_key_offset);
   if (c.is_training) s += " training";
   if (paged) s += Format(" paged(page_size=%lld)", (long long)c.page_size);
   if (fp8)
@@ -127,13 +132,15 @@ ProblemKey KeyOf(const Problem& p) {
                     DoubleBits(c.dropout), int64_t{c.deterministic}, int64_t{c.return_lse},
                     int64_t{c.return_max_logit}, int64_t{c.backend},
                     static_cast<int64_t>(p.device), c.page_size, int64_t{c.do_dtype},
-                    int64_t{c.dqkv_dtype}})
+                    int64_t{c.dqkv_dtype}, c.dropout_batch_offset, c.dropout_heads,
+                    c.dropout_head_offset, c.dropout_rows, c.dropout_row_offset,
+                    c.dropout_key_offset})
     w[n++] = v;
   // The score_mod by structure (its hash here; operator== compares the graphs), never by the
   // address of the handle in the config.
   w[n++] = p.score_mod ? static_cast<int64_t>(p.score_mod->hash().lo) : 0;
   key.score_mod = p.score_mod;
-  static_assert(35 <= ProblemKey::kWords, "ProblemKey too small");
+  static_assert(41 <= ProblemKey::kWords, "ProblemKey too small");
   return key;
 }
 
@@ -252,25 +259,66 @@ bool FloatNormalOrZero(double x) {
   return x == 0.0 || (std::fabs(x) >= FLT_MIN && std::fabs(x) <= FLT_MAX);
 }
 
+// The dropout position fields (fusedattn.h, "Dropout mask"), whatever the dropout: each in
+// [0, kMaxDim], the larger problem's heads and rows holding the call's, keys in groups of four.
+Status CheckDropoutPositions(const fusedattn_config& c) {
+  const struct {
+    const char* name;
+    int64_t value;
+  } fields[] = {{"config.dropout_batch_offset", c.dropout_batch_offset},
+                {"config.dropout_heads", c.dropout_heads},
+                {"config.dropout_head_offset", c.dropout_head_offset},
+                {"config.dropout_rows", c.dropout_rows},
+                {"config.dropout_row_offset", c.dropout_row_offset},
+                {"config.dropout_key_offset", c.dropout_key_offset}};
+  for (const auto& f : fields)
+    if (f.value < 0 || f.value > kMaxDim)
+      return InvalidArgument("%s = %lld must be in [0, %lld] (a position in the larger problem "
+                             "whose dropout mask the call draws; 0 is the default)",
+                             f.name, (long long)f.value, (long long)kMaxDim);
+  const int64_t heads = c.dropout_heads ? c.dropout_heads : c.heads_q;
+  if (heads < c.heads_q + c.dropout_head_offset)
+    return InvalidArgument(
+        "config.dropout_heads = %lld (0: heads_q) is less than heads_q + dropout_head_offset = "
+        "%lld + %lld: the call's heads must lie inside the larger problem's",
+        (long long)c.dropout_heads, (long long)c.heads_q, (long long)c.dropout_head_offset);
+  const int64_t rows = c.dropout_rows ? c.dropout_rows : c.max_seqlen_q;
+  if (rows < c.max_seqlen_q + c.dropout_row_offset)
+    return InvalidArgument(
+        "config.dropout_rows = %lld (0: max_seqlen_q) is less than max_seqlen_q + "
+        "dropout_row_offset = %lld + %lld: the call's rows must lie inside the larger problem's",
+        (long long)c.dropout_rows, (long long)c.max_seqlen_q, (long long)c.dropout_row_offset);
+  if (c.dropout_key_offset % 4 != 0)
+    return InvalidArgument(
+        "config.dropout_key_offset = %lld is not a multiple of 4: the dropout mask draws keys in "
+        "groups of four, and the call's groups must be the larger problem's",
+        (long long)c.dropout_key_offset);
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status MakeProblem(const fusedattn_config* user, bool has_cuda_device, Problem* problem) {
   if (user == nullptr) return InvalidArgument("config is NULL");
   if (problem == nullptr) return InvalidArgument("problem is NULL");
   // The layouts callers may have compiled against: 0.1.0's ended where score_mod begins, the
-  // next one where page_size begins; such callers get the defaults of the later fields.
+  // next ones where page_size, do_dtype and dropout_batch_offset begin; such callers get the
+  // defaults of the later fields.
   constexpr size_t kConfigSize_0_1 = offsetof(fusedattn_config, score_mod);
   constexpr size_t kConfigSizeScoreMod = offsetof(fusedattn_config, page_size);
   constexpr size_t kConfigSizePaged = offsetof(fusedattn_config, do_dtype);
+  constexpr size_t kConfigSizeFp8 = offsetof(fusedattn_config, dropout_batch_offset);
   if (user->struct_size != sizeof(fusedattn_config) && user->struct_size != kConfigSize_0_1 &&
-      user->struct_size != kConfigSizeScoreMod && user->struct_size != kConfigSizePaged)
+      user->struct_size != kConfigSizeScoreMod && user->struct_size != kConfigSizePaged &&
+      user->struct_size != kConfigSizeFp8)
     return InvalidArgument(
         "config.struct_size = %llu but this library's fusedattn_config has %llu bytes (or %llu "
-        "as in version 0.1.0, %llu with score_mod, %llu with page_size): initialize the config "
-        "with FUSEDATTN_CONFIG_INIT and the header of this library",
+        "as in version 0.1.0, %llu with score_mod, %llu with page_size, %llu with the FP8 "
+        "dtypes): initialize the config with FUSEDATTN_CONFIG_INIT and the header of this "
+        "library",
         (unsigned long long)user->struct_size, (unsigned long long)sizeof(fusedattn_config),
         (unsigned long long)kConfigSize_0_1, (unsigned long long)kConfigSizeScoreMod,
-        (unsigned long long)kConfigSizePaged);
+        (unsigned long long)kConfigSizePaged, (unsigned long long)kConfigSizeFp8);
 
   Problem p;
   p.config = FUSEDATTN_CONFIG_INIT;
@@ -443,14 +491,32 @@ Status MakeProblem(const fusedattn_config* user, bool has_cuda_device, Problem* 
                            c.softcap, static_cast<double>(FLT_MIN), static_cast<double>(FLT_MAX));
   if (!(c.dropout >= 0.0 && c.dropout < 1.0))
     return InvalidArgument("config.dropout = %g must be in [0, 1)", c.dropout);
+  FUSEDATTN_RETURN_IF_ERROR(CheckDropoutPositions(c));
   if (c.dropout > 0.0) {
+    const int64_t heads = c.dropout_heads ? c.dropout_heads : c.heads_q;
+    const int64_t seq = c.dropout_rows ? c.dropout_rows : c.max_seqlen_q;
     int64_t rows = 0;
-    if (MulOverflows(c.batch, c.heads_q, &rows) || MulOverflows(rows, c.max_seqlen_q, &rows) ||
-        rows > (int64_t{1} << 32))
+    if (MulOverflows(c.batch + c.dropout_batch_offset, heads, &rows) ||
+        MulOverflows(rows, seq, &rows) || rows > (int64_t{1} << 32)) {
+      if (c.dropout_batch_offset == 0 && c.dropout_heads == 0 && c.dropout_rows == 0)
+        return InvalidArgument(
+            "config.dropout = %g with batch * heads_q * max_seqlen_q = %lld * %lld * %lld rows: "
+            "the dropout counter addresses at most 2^32 rows",
+            c.dropout, (long long)c.batch, (long long)c.heads_q, (long long)c.max_seqlen_q);
       return InvalidArgument(
-          "config.dropout = %g with batch * heads_q * max_seqlen_q = %lld * %lld * %lld rows: "
-          "the dropout counter addresses at most 2^32 rows",
-          c.dropout, (long long)c.batch, (long long)c.heads_q, (long long)c.max_seqlen_q);
+          "config.dropout = %g with (batch + dropout_batch_offset) * heads * rows = (%lld + "
+          "%lld) * %lld * %lld rows (heads: config.dropout_heads or heads_q, rows: "
+          "config.dropout_rows or max_seqlen_q): the dropout counter addresses at most 2^32 rows",
+          c.dropout, (long long)c.batch, (long long)c.dropout_batch_offset, (long long)heads,
+          (long long)seq);
+    }
+    // The canonical form: a field that says the default is the default (one problem, one key).
+    if (c.dropout_heads == c.heads_q) c.dropout_heads = 0;
+    if (c.dropout_rows == c.max_seqlen_q) c.dropout_rows = 0;
+  } else {
+    // Without dropout the positions change nothing: the problem is the one without them.
+    c.dropout_batch_offset = c.dropout_heads = c.dropout_head_offset = 0;
+    c.dropout_rows = c.dropout_row_offset = c.dropout_key_offset = 0;
   }
   if (p.paged && c.is_training)
     return InvalidArgument(

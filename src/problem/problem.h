@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/band.h"
+#include "common/philox.h"
 #include "common/status.h"
 #include "fusedattn/fusedattn.h"
 
@@ -72,6 +73,29 @@ struct Problem {
   int64_t group_size() const { return config.heads_q / config.heads_kv; }
   double scale() const { return config.attn_scale; }
   bool has_dropout() const { return config.dropout > 0.0; }
+  // The dropout mask's place in a larger problem (fusedattn.h, "Dropout mask"). Normalized: all
+  // 0 without dropout, and dropout_heads / dropout_rows 0 where they are heads_q / max_seqlen_q,
+  // so that any field set means the call draws another mask than it would at its own positions.
+  bool has_dropout_positions() const {
+    const auto& c = config;
+    return c.dropout_batch_offset || c.dropout_heads || c.dropout_head_offset || c.dropout_rows ||
+           c.dropout_row_offset || c.dropout_key_offset;
+  }
+  int64_t dropout_heads() const {
+    return config.dropout_heads ? config.dropout_heads : config.heads_q;
+  }
+  int64_t dropout_rows() const {
+    return config.dropout_rows ? config.dropout_rows : config.max_seqlen_q;
+  }
+  // The dropout stream of row i of head h of sequence b, and the key its element j draws
+  // (DropoutRow::Keep(dropout_key(j))), at the problem's positions.
+  DropoutRow dropout_row(uint64_t seed, uint64_t offset, int64_t b, int64_t h, int64_t i) const {
+    const auto& c = config;
+    return MakeDropoutRow(seed, offset, DropoutRow::Threshold(c.dropout),
+                          b + c.dropout_batch_offset, h + c.dropout_head_offset,
+                          i + c.dropout_row_offset, dropout_heads(), dropout_rows());
+  }
+  int64_t dropout_key(int64_t j) const { return j + config.dropout_key_offset; }
   bool has_softcap() const { return config.softcap > 0.0; }
   bool needs_lse() const { return config.is_training || config.return_lse; }
   bool has_score_mod() const { return score_mod != nullptr; }
@@ -99,7 +123,7 @@ struct Problem {
 // else changes their artifact), never on addresses. A score_mod enters by its structure: the
 // last word holds its hash, and equality compares the graphs themselves.
 struct ProblemKey {
-  static constexpr size_t kWords = 35;
+  static constexpr size_t kWords = 41;
   std::array<int64_t, kWords> words{};
   std::shared_ptr<const flex::ScoreMod> score_mod;
   bool operator==(const ProblemKey& other) const;

@@ -100,9 +100,16 @@ bool Visible(const fusedattn_config& c, int64_t i, int64_t j, int64_t sq, int64_
 bool DropoutKeeps(const fusedattn_config& c, uint64_t seed, uint64_t offset, int64_t b, int64_t h,
                   int64_t i, int64_t j) {
   if (c.dropout == 0.0) return true;
-  // key (lo32(seed), hi32(seed)); counter (j / 4, row, lo32(offset), hi32(offset)) with
-  // row = (b * heads_q + h) * max_seqlen_q + i.
-  const uint64_t row = static_cast<uint64_t>((b * c.heads_q + h) * c.max_seqlen_q + i);
+  // key (lo32(seed), hi32(seed)); counter (j' / 4, row, lo32(offset), hi32(offset)) with
+  // row = ((b + dropout_batch_offset) * H + h + dropout_head_offset) * R + i + dropout_row_offset,
+  // j' = j + dropout_key_offset, H = dropout_heads (0: heads_q), R = dropout_rows (0:
+  // max_seqlen_q); word j' % 4.
+  const int64_t heads = c.dropout_heads ? c.dropout_heads : c.heads_q;
+  const int64_t rows = c.dropout_rows ? c.dropout_rows : c.max_seqlen_q;
+  const uint64_t row = static_cast<uint64_t>(
+      ((b + c.dropout_batch_offset) * heads + h + c.dropout_head_offset) * rows + i +
+      c.dropout_row_offset);
+  j += c.dropout_key_offset;
   Philox4 counter{static_cast<uint32_t>(j / 4), static_cast<uint32_t>(row),
                   static_cast<uint32_t>(offset & 0xFFFFFFFFu), static_cast<uint32_t>(offset >> 32)};
   Philox4 r = Philox4x32_10(counter, static_cast<uint32_t>(seed & 0xFFFFFFFFu),

@@ -136,6 +136,21 @@ TEST(CudnnPreCheck, RefusesWhatCudnnSdpaLacksNamingFieldAndFlash) {
   }
 }
 
+// cuDNN draws dropout from its own stream: a call placed in a larger problem's mask (config
+// dropout_*, context parallelism) is refused, naming the positions and the reference.
+TEST(CudnnPreCheck, RefusesDropoutPositionsNamingThemAndTheReference) {
+  fusedattn_config c = BaseConfig();
+  c.dropout = 0.1, c.is_training = 1;
+  EXPECT_TRUE(PreCheck(MakeCuda(c)).ok()) << "dropout at the call's own positions runs";
+  c.dropout_head_offset = 4, c.dropout_heads = 8, c.dropout_key_offset = 24;
+  Status s = PreCheck(MakeCuda(c));
+  EXPECT_EQ(s.code(), FUSEDATTN_ERROR_NOT_SUPPORTED);
+  EXPECT_NE(s.message().find("dropout positions (context parallelism"), std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("own random stream"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("the reference runs them"), std::string::npos) << s.message();
+}
+
 TEST(CudnnPreCheck, LeavesSupportedFeaturesToCudnn) {
   std::vector<fusedattn_config> configs;
   fusedattn_config c = BaseConfig();

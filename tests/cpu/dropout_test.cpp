@@ -282,6 +282,181 @@ TEST(DropoutMask, AnOffsetDifferingOnlyInItsHighWordDrawsAnotherMask) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Dropout positions (config.dropout_*; fusedattn.h "Dropout mask"): a call placed in a larger
+// problem draws that problem's mask at its place, which is how context parallelism runs dropout.
+// ---------------------------------------------------------------------------------------------
+
+// Every position field set (and the larger problem's heads and rows): the spec's rule with them
+// (brute_force::DropoutKeeps), bit for bit, and another mask than at the call's own positions.
+TEST(DropoutPositions, MaskMatchesTheSpecRuleBitForBit) {
+  MaskProblem own = OneHotProblem(MaskConfig(), {});
+  fusedattn_config c = MaskConfig();
+  c.dropout_batch_offset = 2, c.dropout_heads = 9, c.dropout_head_offset = 5;
+  c.dropout_rows = 20, c.dropout_row_offset = 7, c.dropout_key_offset = 12;
+  MaskProblem placed = OneHotProblem(c, {});
+  ReadMask r = RunAndReadMask(placed);
+  EXPECT_EQ(r.visible_count, 3 * 4 * 6 * 13);
+  EXPECT_EQ(r.mismatches_with_spec, 0);
+  EXPECT_NEAR(DifferentFraction(r, RunAndReadMask(own)), 2 * 0.3 * 0.7, 0.1);
+}
+
+// THD: b + dropout_batch_offset is the larger problem's sequence, i and j positions inside it.
+TEST(DropoutPositions, InThdMatchTheSpecRuleBitForBit) {
+  fusedattn_config c = MaskConfig();
+  c.q_format = c.kv_format = c.o_format = c.do_format = c.dqkv_format = FUSEDATTN_FORMAT_THD;
+  c.mask = FUSEDATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
+  c.dropout_batch_offset = 1, c.dropout_rows = 16, c.dropout_row_offset = 10;
+  c.dropout_key_offset = 4;
+  TensorOptions o;
+  o.thd_gaps = true;
+  o.len_q = {6, 2, 5}, o.len_kv = {13, 9, 5};
+  MaskProblem m = OneHotProblem(c, o);
+  ReadMask r = RunAndReadMask(m);
+  EXPECT_GT(r.visible_count, 0);
+  EXPECT_EQ(r.mismatches_with_spec, 0);
+}
+
+// The point of the fields: a block of the whole problem (sequence 1 of 3, query heads 2..3 of 4,
+// rows 2..4 of 6, keys 4..11 of 13), run as its own call with its place given, keeps exactly the
+// elements the whole problem's call keeps there. Read from both calls' outputs, no oracle.
+TEST(DropoutPositions, ABlockKeepsTheWholeProblemsElementsAtItsPlace) {
+  MaskProblem whole = OneHotProblem(MaskConfig(), {});
+  const ReadMask all = RunAndReadMask(whole);
+  fusedattn_config c = MaskConfig();
+  c.batch = 1, c.heads_q = 2, c.heads_kv = 1, c.max_seqlen_q = 3, c.max_seqlen_kv = 8;
+  c.dropout_batch_offset = 1, c.dropout_heads = 4, c.dropout_head_offset = 2;
+  c.dropout_rows = 6, c.dropout_row_offset = 2, c.dropout_key_offset = 4;
+  MaskProblem block = OneHotProblem(c, {});
+  block.tensors.dropout_seed = whole.tensors.dropout_seed;  // one seed and offset: one mask
+  block.tensors.dropout_offset = whole.tensors.dropout_offset;
+  const ReadMask part = RunAndReadMask(block);
+  ASSERT_EQ(part.visible_count, 2 * 3 * 8);
+  int64_t differ = 0;
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t i = 0; i < 3; ++i)
+      for (int64_t j = 0; j < 8; ++j) {
+        const size_t in_block = static_cast<size_t>((h * 3 + i) * 8 + j);
+        const size_t in_whole = static_cast<size_t>(((1 * 4 + h + 2) * 6 + i + 2) * 13 + j + 4);
+        differ += part.kept[in_block] != all.kept[in_whole];
+      }
+  EXPECT_EQ(differ, 0) << "of " << part.visible_count << " elements";
+}
+
+// A whole problem whose rows see only keys 5..11 (bottom-right causal with window_left 3: row i
+// sees keys i + 5 .. i + 8 of 12), and the block of sequence 1 of 2, heads 1..2 of 4 and keys
+// 4..11, with rows [row0, row0 + rows): the block holds every key its rows see, under the same
+// mask, so with the whole problem's dropout mask at its place its call computes exactly the
+// whole call's O, LSE and dQ of those rows, and (all rows) dK and dV of its keys. float32,
+// compared bit for bit: the reference sums the same terms in the same order.
+struct BlockOfWhole {
+  ProblemTensors whole, block;
+};
+
+BlockOfWhole RunBlockOfWhole(int64_t row0, int64_t rows) {
+  fusedattn_config c = FUSEDATTN_CONFIG_INIT;
+  c.batch = 2, c.heads_q = 4, c.heads_kv = 4, c.max_seqlen_q = 4, c.max_seqlen_kv = 12;
+  c.head_dim_qk = 8, c.head_dim_v = 8;
+  c.qkv_dtype = c.o_dtype = FUSEDATTN_DTYPE_FLOAT32;
+  c.device = FUSEDATTN_DEVICE_CPU;
+  c.mask = FUSEDATTN_MASK_CAUSAL_BOTTOM_RIGHT, c.window_left = 3;
+  c.dropout = 0.4, c.is_training = 1;
+  BlockOfWhole r{MakeProblemTensors(c, {}), {}};
+  EXPECT_TRUE(test::Forward(c, r.whole.fwd_args()).ok());
+  EXPECT_TRUE(test::Backward(c, r.whole.bwd_args()).ok());
+
+  fusedattn_config b = c;
+  b.batch = 1, b.heads_q = b.heads_kv = 2, b.max_seqlen_q = rows, b.max_seqlen_kv = 8;
+  b.dropout_batch_offset = 1, b.dropout_heads = 4, b.dropout_head_offset = 1;
+  b.dropout_rows = 4, b.dropout_row_offset = row0, b.dropout_key_offset = 4;
+  r.block = MakeProblemTensors(b, {});
+  ProblemTensors& w = r.whole;
+  ProblemTensors& k = r.block;
+  k.dropout_seed = w.dropout_seed, k.dropout_offset = w.dropout_offset;
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t x = 0; x < 8; ++x) {
+      for (int64_t i = 0; i < rows; ++i) {
+        k.q.set(k.q.offset_of({0, i, h, x}), w.q.at({1, row0 + i, h + 1, x}));
+        k.d_o.set(k.d_o.offset_of({0, i, h, x}), w.d_o.at({1, row0 + i, h + 1, x}));
+      }
+      for (int64_t j = 0; j < 8; ++j) {
+        k.k.set(k.k.offset_of({0, j, h, x}), w.k.at({1, j + 4, h + 1, x}));
+        k.v.set(k.v.offset_of({0, j, h, x}), w.v.at({1, j + 4, h + 1, x}));
+      }
+    }
+  test::Result fwd = test::Forward(b, k.fwd_args());
+  EXPECT_TRUE(fwd.ok()) << test::StatusText(fwd);
+  test::Result bwd = test::Backward(b, k.bwd_args());
+  EXPECT_TRUE(bwd.ok()) << test::StatusText(bwd);
+  return r;
+}
+
+// Elements of the block's rows that differ from the whole problem's: O, LSE and dQ.
+int64_t RowsDiffer(const BlockOfWhole& r, int64_t row0, int64_t rows) {
+  const ProblemTensors& w = r.whole;
+  const ProblemTensors& k = r.block;
+  int64_t differ = 0;
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t i = 0; i < rows; ++i) {
+      differ += k.lse.at({0, h, i}) != w.lse.at({1, h + 1, row0 + i});
+      for (int64_t x = 0; x < 8; ++x) {
+        differ += k.o.at({0, i, h, x}) != w.o.at({1, row0 + i, h + 1, x});
+        differ += k.dq.at({0, i, h, x}) != w.dq.at({1, row0 + i, h + 1, x});
+      }
+    }
+  return differ;
+}
+
+TEST(DropoutPositions, ABlockHoldingAllItsRowsSeeGivesTheWholeCallsOutputsAndGradients) {
+  const BlockOfWhole r = RunBlockOfWhole(0, 4);
+  EXPECT_EQ(RowsDiffer(r, 0, 4), 0);
+  int64_t differ = 0;
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t j = 0; j < 8; ++j)
+      for (int64_t x = 0; x < 8; ++x) {
+        differ += r.block.dk.at({0, j, h, x}) != r.whole.dk.at({1, j + 4, h + 1, x});
+        differ += r.block.dv.at({0, j, h, x}) != r.whole.dv.at({1, j + 4, h + 1, x});
+      }
+  EXPECT_EQ(differ, 0);
+  // The whole problem's keys 0..3 are seen by no row: the block left out nothing.
+  for (int64_t j = 0; j < 4; ++j) EXPECT_EQ(r.whole.dk.at({1, j, 1, 0}), 0.0) << "key " << j;
+}
+
+TEST(DropoutPositions, ABlockOfRowsGivesTheWholeCallsRowsWithARowOffset) {
+  const BlockOfWhole r = RunBlockOfWhole(2, 2);
+  EXPECT_EQ(RowsDiffer(r, 2, 2), 0);
+}
+
+// Without dropout the fields change nothing: a call with them gives the bytes of one without.
+TEST(DropoutPositions, WithoutDropoutChangeNothing) {
+  fusedattn_config c = MaskConfig();
+  c.dropout = 0.0, c.head_dim_qk = 8, c.head_dim_v = 8;
+  c.qkv_dtype = c.o_dtype = FUSEDATTN_DTYPE_FLOAT32;
+  c.device = FUSEDATTN_DEVICE_CPU;
+  ProblemTensors plain = MakeProblemTensors(c, {});
+  ProblemTensors placed = plain;
+  fusedattn_config p = c;
+  p.dropout_batch_offset = 1, p.dropout_heads = 8, p.dropout_head_offset = 4;
+  p.dropout_rows = 12, p.dropout_row_offset = 6, p.dropout_key_offset = 8;
+  ASSERT_TRUE(test::Forward(c, plain.fwd_args()).ok());
+  ASSERT_TRUE(test::Forward(p, placed.fwd_args()).ok());
+  EXPECT_TRUE(test::SameBytes(plain.o, placed.o));
+}
+
+// Callers compiled before the fields existed pass the shorter struct_size: accepted, and the
+// call draws its mask at its own positions (what lies past struct_size is never read).
+TEST(DropoutPositions, ConfigOfTheEarlierLayoutDrawsAtTheCallsOwnPositions) {
+  MaskProblem own = OneHotProblem(MaskConfig(), {});
+  fusedattn_config earlier = MaskConfig();
+  earlier.struct_size = offsetof(fusedattn_config, dropout_batch_offset);
+  earlier.dropout_key_offset = 3;  // invalid, were it read
+  earlier.dropout_row_offset = 5;
+  MaskProblem old = OneHotProblem(earlier, {});  // (it keeps the struct_size)
+  ReadMask r = RunAndReadMask(old);
+  EXPECT_EQ(r.visible_count, 3 * 4 * 6 * 13);
+  EXPECT_EQ(DifferentFraction(r, RunAndReadMask(own)), 0.0);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Statistics on a large problem. With q = 0, V = 1 and head_dim_v = 1, each output is
 // O = (1 / n) sum_j keep_j / (1 - p): the number of kept keys of the row is O (1 - p) n.
 // ---------------------------------------------------------------------------------------------

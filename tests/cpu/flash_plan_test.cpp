@@ -1467,6 +1467,35 @@ TEST(FlashPlanFp8, TheFp8TileIsOneSwizzleBlockPerRow) {
   EXPECT_LE(Tile::kSmemBytes, 227 * 1024);
 }
 
+// ---- Dropout positions (context parallelism) ----
+
+// A call placed in a larger problem's dropout mask (config.dropout_*, fusedattn.h "Dropout
+// mask") is refused: the kernels number rows and keys from the call's own positions. The
+// reference runs it; the same problem at its own positions runs here.
+TEST(FlashPlanCheck, RefusesDropoutPositionsNamingThemAndTheReference) {
+  fusedattn_config c = Config();
+  c.dropout = 0.1, c.is_training = 1;
+  ASSERT_TRUE(PlanCheck(Make(c), H100()).ok()) << "dropout at the call's own positions runs";
+  for (auto edit : {+[](fusedattn_config* c) { c->dropout_key_offset = 256; },
+                    +[](fusedattn_config* c) { c->dropout_row_offset = 256, c->dropout_rows = 512; },
+                    +[](fusedattn_config* c) { c->dropout_head_offset = 4, c->dropout_heads = 8; },
+                    +[](fusedattn_config* c) { c->dropout_batch_offset = 1; }}) {
+    fusedattn_config placed = c;
+    edit(&placed);
+    const Status s = PlanCheck(Make(placed), H100());
+    EXPECT_EQ(s.code(), FUSEDATTN_ERROR_NOT_SUPPORTED);
+    EXPECT_TRUE(Contains(s.message(), "dropout positions (context parallelism")) << s.message();
+    EXPECT_TRUE(Contains(s.message(), "the reference runs them")) << s.message();
+  }
+}
+
+// Without dropout the positions change nothing (the problem normalizes them away): no refusal.
+TEST(FlashPlanCheck, TakesDropoutPositionsWithoutDropout) {
+  fusedattn_config c = Config();
+  c.dropout_key_offset = 256, c.dropout_row_offset = 256, c.dropout_rows = 512;
+  EXPECT_TRUE(PlanCheck(Make(c), H100()).ok());
+}
+
 }  // namespace
 }  // namespace fusedattn::flash
 

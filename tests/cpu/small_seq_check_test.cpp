@@ -111,6 +111,19 @@ TEST(SmallSeqCheck, RefusesHostTensors) {
   ExpectRefused(c, "CUDA tensors only");
 }
 
+// Dropout at the call's own positions runs here; placed in a larger problem's mask (config
+// dropout_*, context parallelism) it is refused, naming the positions and the reference.
+TEST(SmallSeqCheck, RefusesDropoutPositionsNamingThemAndTheReference) {
+  SKIP_WITHOUT_SMALL_SEQ();
+  fusedattn_config c = SmallSeqConfig(1, 16, 128);
+  c.dropout = 0.1;
+  fusedattn::Status s = Check(c);
+  EXPECT_TRUE(s.ok()) << s.message();
+  c.dropout_key_offset = 16, c.dropout_row_offset = 3, c.dropout_rows = 4;
+  ExpectRefused(c, "dropout positions (context parallelism");
+  ExpectRefused(c, "the reference runs them");
+}
+
 TEST(SmallSeqCheck, BackwardWorkspaceHoldsOnlyWhatCrossesWarps) {
   SKIP_WITHOUT_SMALL_SEQ();
 #ifdef FUSEDATTN_WITH_SMALL_SEQ

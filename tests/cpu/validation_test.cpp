@@ -253,6 +253,38 @@ std::vector<ConfigCase> ConfigCases() {
          c.max_seqlen_q = 2, c.max_seqlen_kv = 1, c.head_dim_qk = c.head_dim_v = 1;
        },
        invalid, {"config.dropout = 0.25", "65536 * 65536 * 2", "2^32"}},
+      // The dropout positions (fusedattn.h, "Dropout mask") are checked whatever the dropout
+      // (kFull has none): a bad one is a caller's error before it matters.
+      {"DropoutBatchOffsetNegative", full, [](auto& c) { c.dropout_batch_offset = -1; }, invalid,
+       {"config.dropout_batch_offset = -1"}},
+      {"DropoutHeadsNegative", full, [](auto& c) { c.dropout_heads = -4; }, invalid,
+       {"config.dropout_heads = -4"}},
+      {"DropoutHeadOffsetNegative", full, [](auto& c) { c.dropout_head_offset = -2; }, invalid,
+       {"config.dropout_head_offset = -2"}},
+      {"DropoutRowsNegative", full, [](auto& c) { c.dropout_rows = -5; }, invalid,
+       {"config.dropout_rows = -5"}},
+      {"DropoutRowOffsetNegative", full, [](auto& c) { c.dropout_row_offset = -3; }, invalid,
+       {"config.dropout_row_offset = -3"}},
+      {"DropoutKeyOffsetNegative", full, [](auto& c) { c.dropout_key_offset = -4; }, invalid,
+       {"config.dropout_key_offset = -4"}},
+      {"DropoutKeyOffsetAboveLimit", full,
+       [](auto& c) { c.dropout_key_offset = int64_t{1} << 31; }, invalid,
+       {"config.dropout_key_offset = 2147483648"}},
+      {"DropoutKeyOffsetNotMultipleOf4", full, [](auto& c) { c.dropout_key_offset = 6; },
+       invalid, {"config.dropout_key_offset = 6", "multiple of 4"}},
+      {"DropoutHeadsFewerThanTheCallsHeads", full, [](auto& c) { c.dropout_heads = 3; }, invalid,
+       {"config.dropout_heads = 3", "heads_q + dropout_head_offset = 4 + 0"}},
+      {"DropoutHeadOffsetPastTheDefaultHeads", full, [](auto& c) { c.dropout_head_offset = 1; },
+       invalid, {"config.dropout_heads = 0", "heads_q + dropout_head_offset = 4 + 1"}},
+      {"DropoutRowOffsetPastTheRows", full,
+       [](auto& c) { c.dropout_rows = 8, c.dropout_row_offset = 4; }, invalid,
+       {"config.dropout_rows = 8", "max_seqlen_q + dropout_row_offset = 5 + 4"}},
+      {"DropoutPositionsRowCounterOverflow", Base::kAlibi,
+       [](auto& c) {
+         c.dropout = 0.25, c.dropout_batch_offset = 65535, c.dropout_heads = 65536;
+         c.dropout_rows = 65536;
+       },
+       invalid, {"config.dropout = 0.25", "(2 + 65535) * 65536 * 65536", "2^32"}},
       {"DeterministicNotBool", full, [](auto& c) { c.deterministic = -1; }, invalid,
        {"config.deterministic = -1"}},
       {"ReturnLseNotBool", full, [](auto& c) { c.return_lse = 2; }, invalid,

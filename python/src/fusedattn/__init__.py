@@ -23,7 +23,7 @@ from . import _C
 from . import _flex as flex
 from ._api import (attention, attention_backward, backends, backward, cudnn_version, explain,
                    forward, version, workspace_size)
-from ._problem import config_dict, make_config
+from ._problem import DropoutPositions, config_dict, make_config
 from ._run import Gradients
 from ._sdpa import scaled_dot_product_attention
 from .flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
@@ -34,6 +34,7 @@ __all__ = ["attention", "attention_backward", "explain", "backends", "version", 
            "flex", "scaled_dot_product_attention", "flash_attn_func", "flash_attn_varlen_func",
            "flash_attn_with_kvcache",
            "forward", "backward", "make_config", "config_dict", "workspace_size", "Gradients",
+           "DropoutPositions",
            "Error",
            "InvalidArgumentError", "NotSupportedError", "OutOfMemoryError"]
 

@@ -46,7 +46,8 @@ def attention(q, k, v, *, layout="bshd", mask=None, window=(-1, -1), bias=None,
               dropout_p=0.0, dropout_seed=None, scale=None, cu_seqlens_q=None,
               cu_seqlens_kv=None, seq_offsets_q=None, seq_offsets_kv=None, max_seqlen_q=None,
               max_seqlen_kv=None, deterministic=False, backend="auto", return_lse=False,
-              score_mod=None, mask_mod=None, page_table=None, seqlens_kv=None):
+              score_mod=None, mask_mod=None, page_table=None, seqlens_kv=None,
+              dropout_positions=None):
     """Scaled dot-product attention, o = softmax(scale * q k^T + bias) v, as specified in
     include/fusedattn/fusedattn.h.
 
@@ -61,7 +62,10 @@ def attention(q, k, v, *, layout="bshd", mask=None, window=(-1, -1), bias=None,
     window: (left, right), -1 unbounded; an int w is (w, w). bias: [1|b, 1|h, sq, skv] added
     before ("pre_scale") or after ("post_scale") the scale and softcap. alibi_slopes: float32
     [heads_q]. sinks: float32 [heads_q] learnable sink logits (softmax "sink"); softmax
-    "off_by_one" adds a zero logit. dropout_p with dropout_seed (random when None). scale:
+    "off_by_one" adds a zero logit. dropout_p with dropout_seed (random when None);
+    dropout_positions: a DropoutPositions (or a dict of its fields) that places the call in a
+    larger problem whose dropout mask it draws (context parallelism; default: the call's own
+    positions; the reference backend runs it, the GPU backends refuse it for now). scale:
     default 1/sqrt(head_dim). cu_seqlens_q/kv, seq_offsets_q/kv: int32 [batch + 1] (int64 and
     lists are converted). backend: "auto" or a backend's name (see fusedattn.backends()).
 
@@ -96,7 +100,8 @@ def attention(q, k, v, *, layout="bshd", mask=None, window=(-1, -1), bias=None,
             q, k, v, layout, mask, window, bias, bias_type, alibi_slopes, softcap, sinks,
             softmax, dropout_p, dropout_seed, scale, cu_seqlens_q, cu_seqlens_kv, seq_offsets_q,
             seq_offsets_kv, max_seqlen_q, max_seqlen_kv, deterministic, backend, return_lse,
-            score_mod, mask_mod, page_table=page_table, seqlens_kv=seqlens_kv)
+            score_mod, mask_mod, page_table=page_table, seqlens_kv=seqlens_kv,
+            dropout_positions=dropout_positions)
     arrays = _numpy_or_refuse(q, "attention")
     options, inputs = _problem(dict(
         layout=layout, mask=mask, window=window, bias=bias, bias_type=bias_type,
@@ -104,7 +109,8 @@ def attention(q, k, v, *, layout="bshd", mask=None, window=(-1, -1), bias=None,
         dropout_p=dropout_p, dropout_seed=dropout_seed, scale=scale, cu_seqlens_q=cu_seqlens_q,
         cu_seqlens_kv=cu_seqlens_kv, seq_offsets_q=seq_offsets_q, seq_offsets_kv=seq_offsets_kv,
         max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv, deterministic=deterministic,
-        backend=backend, page_table=page_table, seqlens_kv=seqlens_kv))
+        backend=backend, page_table=page_table, seqlens_kv=seqlens_kv,
+        dropout_positions=dropout_positions))
     mod = _flex.as_score_mod(score_mod, mask_mod)
     try:
         o, lse = run_forward(arrays, q, k, v, options, numpy_inputs(inputs),
@@ -145,7 +151,8 @@ def attention_backward(d_o, q, k, v, o, lse, *, bias_requires_grad=None, score_m
 _PROBLEM_ARGS = ("layout", "mask", "window", "bias", "bias_type", "alibi_slopes", "softcap",
                  "sinks", "softmax", "dropout_p", "dropout_seed", "scale", "cu_seqlens_q",
                  "cu_seqlens_kv", "seq_offsets_q", "seq_offsets_kv", "max_seqlen_q",
-                 "max_seqlen_kv", "deterministic", "backend", "page_table", "seqlens_kv")
+                 "max_seqlen_kv", "deterministic", "backend", "page_table", "seqlens_kv",
+                 "dropout_positions")
 
 
 def _problem(args):
@@ -161,7 +168,8 @@ def _problem(args):
         has_sinks=get("sinks") is not None, softmax=get("softmax"),
         dropout_p=get("dropout_p", 0.0), dropout_seed=get("dropout_seed"), scale=get("scale"),
         max_seqlen_q=get("max_seqlen_q"), max_seqlen_kv=get("max_seqlen_kv"),
-        deterministic=get("deterministic", False), backend=get("backend", "auto"))
+        deterministic=get("deterministic", False), backend=get("backend", "auto"),
+        dropout_positions=get("dropout_positions"))
     inputs = Inputs(get("bias"), get("alibi_slopes"), get("sinks"), get("cu_seqlens_q"),
                     get("cu_seqlens_kv"), get("seq_offsets_q"), get("seq_offsets_kv"),
                     get("page_table"), get("seqlens_kv"))

@@ -5,6 +5,7 @@ Enum names come from the extension (_C.Format, _C.Mask, ...), which mirrors fuse
 here re-declares them. Framework-neutral: shapes are tuples, tensors are not touched.
 """
 
+import operator
 import random
 from collections import namedtuple
 
@@ -30,13 +31,57 @@ _AXES = {"bshd": "[batch, seqlen, heads, head_dim]", "sbhd": "[seqlen, batch, he
 _BSH = {"bshd": (0, 1, 2), "sbhd": (1, 0, 2), "bhsd": (0, 2, 1)}
 
 
+class DropoutPositions(namedtuple("DropoutPositions", [
+        "batch_offset", "heads", "head_offset", "rows", "row_offset", "key_offset"],
+        defaults=(0, 0, 0, 0, 0, 0))):
+    """Where a call's elements sit in a larger problem, for the dropout mask only: the config
+    fields dropout_batch_offset, dropout_heads, ... (fusedattn.h, "Dropout mask"). Element
+    (b, h, i, j) of the call draws the bit of element (b + batch_offset, h + head_offset,
+    i + row_offset, j + key_offset) of a problem of `heads` query heads (0: the call's heads_q)
+    and max_seqlen_q `rows` (0: the call's). key_offset is a multiple of 4. All 0 (the default):
+    the call is the whole problem. Context parallelism (fusedattn.distributed) sets them so that
+    every block's call draws the single-device call's mask."""
+
+    __slots__ = ()
+
+
+DEFAULT_DROPOUT_POSITIONS = DropoutPositions()
+
+
+def checked_dropout_positions(value):
+    """A DropoutPositions from None (the default), a DropoutPositions or a dict of its fields.
+    The values are checked by the library (INVALID_ARGUMENT naming the config field)."""
+    if value is None:
+        return DEFAULT_DROPOUT_POSITIONS
+    if isinstance(value, dict):
+        unknown = sorted(set(value) - set(DropoutPositions._fields))
+        if unknown:
+            raise InvalidArgumentError("dropout_positions: unknown field(s) %s (fields: %s)"
+                                       % (", ".join(unknown), ", ".join(DropoutPositions._fields)))
+        value = DropoutPositions(**value)
+    if not isinstance(value, DropoutPositions):
+        raise InvalidArgumentError("dropout_positions = %r must be a fusedattn.DropoutPositions "
+                                   "or a dict of its fields (%s)"
+                                   % (value, ", ".join(DropoutPositions._fields)))
+    ints = []
+    for name, n in zip(DropoutPositions._fields, value):
+        try:
+            if isinstance(n, bool):
+                raise TypeError
+            ints.append(int(operator.index(n)))
+        except TypeError:
+            raise InvalidArgumentError("dropout_positions.%s = %r must be an int"
+                                       % (name, n)) from None
+    return DropoutPositions(*ints)
+
+
 class Options(namedtuple("Options", [
         "layout", "mask", "window_left", "window_right", "bias_type", "softcap", "softmax",
         "dropout_p", "dropout_seed", "scale", "max_seqlen_q", "max_seqlen_kv", "deterministic",
-        "backend"])):
+        "backend", "dropout_positions"], defaults=(DEFAULT_DROPOUT_POSITIONS,))):
     """The scalar arguments of a problem, normalized: names checked, None replaced by the
     library's encoding (scale 0 = 1/sqrt(head_dim), max_seqlen 0 = from the shapes, window -1 =
-    unbounded)."""
+    unbounded, dropout_positions the default DropoutPositions)."""
 
 
 def _window(window):
@@ -60,7 +105,8 @@ def _window(window):
 def normalize_options(layout="bshd", mask=None, window=(-1, -1), bias_type="post_scale",
                       has_bias=False, has_alibi=False, softcap=0.0, has_sinks=False, softmax=None,
                       dropout_p=0.0, dropout_seed=None, scale=None, max_seqlen_q=None,
-                      max_seqlen_kv=None, deterministic=False, backend="auto"):
+                      max_seqlen_kv=None, deterministic=False, backend="auto",
+                      dropout_positions=None):
     layout = str(layout).lower()
     if layout not in LAYOUTS:
         raise InvalidArgumentError("layout = %r is not one of %s" % (layout, ", ".join(LAYOUTS)))
@@ -99,7 +145,8 @@ def normalize_options(layout="bshd", mask=None, window=(-1, -1), bias_type="post
     return Options(layout, mask, window_left, window_right, bias_type, float(softcap),
                    softmax_name, dropout_p, int(dropout_seed or 0),
                    0.0 if scale is None else float(scale),
-                   int(max_seqlen_q or 0), int(max_seqlen_kv or 0), bool(deterministic), backend)
+                   int(max_seqlen_q or 0), int(max_seqlen_kv or 0), bool(deterministic), backend,
+                   checked_dropout_positions(dropout_positions))
 
 
 # page_size: 0 for contiguous K/V, else the pages' length (paged K/V).
@@ -274,7 +321,12 @@ def build_config(dims, options, dtype, device="auto", is_training=False, return_
         bias_requires_grad=bias_requires_grad, softmax_type=options.softmax,
         attn_scale=options.scale, softcap=options.softcap, dropout=options.dropout_p,
         deterministic=options.deterministic, return_lse=return_lse, backend=options.backend,
-        device=device)
+        device=device, **dropout_fields(options.dropout_positions))
+
+
+def dropout_fields(positions):
+    """The config fields (dropout_batch_offset=..., ...) of a DropoutPositions."""
+    return {"dropout_" + name: int(n) for name, n in zip(DropoutPositions._fields, positions)}
 
 
 def add_layout_hint(error, layout, q, k):

@@ -219,7 +219,8 @@ def _float32(t, name):
 def attention(q, k, v, layout, mask, window, bias, bias_type, alibi_slopes, softcap, sinks,
               softmax, dropout_p, dropout_seed, scale, cu_seqlens_q, cu_seqlens_kv,
               seq_offsets_q, seq_offsets_kv, max_seqlen_q, max_seqlen_kv, deterministic, backend,
-              return_lse, score_mod, mask_mod, page_table=None, seqlens_kv=None):
+              return_lse, score_mod, mask_mod, page_table=None, seqlens_kv=None,
+              dropout_positions=None):
     """fusedattn.attention for torch tensors (the arguments in its order; see there). Under
     torch.compile or CUDA-graph capture give max_seqlen_q/kv for "thd" (else cu_seqlens are
     read on the host) and a dropout_seed when dropout_p > 0. Paged K/V (page_table) needs no
@@ -239,8 +240,11 @@ def attention(q, k, v, layout, mask, window, bias, bias_type, alibi_slopes, soft
         except TypeError:  # an unhashable argument (a window given as a list): not cached
             options, prefix = _options(*key)
     seed = 0
+    ints_tail = ()
     if options.dropout_p > 0:
         seed = dropout_seed if dropout_seed is not None else random.getrandbits(63)
+    if dropout_positions is not None:
+        ints_tail = _position_ints(_problem.checked_dropout_positions(dropout_positions))
     if sinks is not None:
         sinks = _float32(sinks, "sinks")
     if alibi_slopes is not None:
@@ -282,7 +286,7 @@ def attention(q, k, v, layout, mask, window, bias, bias_type, alibi_slopes, soft
     try:
         o, lse = fwd(q, k, v, bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_kv,
                      seq_offsets_q, seq_offsets_kv, page_table, seqlens_kv, mod_tensors, problem,
-                     text, [max_q, max_kv, seed])
+                     text, [max_q, max_kv, seed, *ints_tail])
     except InvalidArgumentError as error:
         _problem.add_layout_hint(error, layout, q, k)
         raise
@@ -306,13 +310,20 @@ def attention_backward(d_o, q, k, v, o, lse, options, inputs, bias_requires_grad
         _float32(_detached(inputs.sink_logits), "sinks"), cu_q, cu_kv,
         _int32(inputs.seq_offsets_q, "seq_offsets_q", q),
         _int32(inputs.seq_offsets_kv, "seq_offsets_kv", q),
-        mod_tensors, problem, text, [max_q, max_kv, options.dropout_seed])
+        mod_tensors, problem, text,
+        [max_q, max_kv, options.dropout_seed, *_position_ints(options.dropout_positions)])
     grads = Gradients(dq, dk, dv, dbias if bias_requires_grad else None,
                       dsink if options.softmax == "learnable_sink" else None)
     if mod is not None:
         slot_grads = [g if t.requires_grad else None for (t, _), g in zip(mod.slots, d_mods)]
         grads.dscore_mod = gradients_by_name(mod, slot_grads)
     return grads
+
+
+def _position_ints(positions):
+    """The ops' ints after [max_seqlen_q, max_seqlen_kv, dropout_seed]: the six dropout
+    positions (torch_ops.cpp's MakeConfig), or none at the default positions."""
+    return () if positions == _problem.DEFAULT_DROPOUT_POSITIONS else tuple(positions)
 
 
 def _detached(t):

@@ -36,20 +36,38 @@ on CPU tensors). The result equals the single-device call up to rounding: blocks
 float32 (a block's output is rounded to q's dtype first), and dK/dV/dQ are summed over blocks in
 float32.
 
+Dropout (dropout_p > 0) draws the single-device call's mask, so the result equals the
+single-device call with the same dropout_seed up to rounding, forward and backward. Every
+block's call gives the library its place in the whole problem (fusedattn.DropoutPositions, the
+config's dropout_* fields; fusedattn.h, "Dropout mask"): "ring" and "all_gather" the positions
+of its first query and first key inside the sequence (and, for THD, the index of its first
+sequence), "all_to_all" its head group's first head; the backward's calls give the same. Every
+rank uses one seed: dropout_seed, or one drawn on the group's first rank and broadcast when it
+is None. What it costs: a call then covers one chunk of queries and one chunk of keys (a
+non-causal "ring" block takes four calls instead of one), and THD sequences whose chunks start
+at different positions take a call each; "ring" needs key lengths that are multiples of
+8 x world_size (the mask draws keys in groups of four from the sequence's start, and a call's
+first key must be at one of them: it is moved down to one inside its chunk, the keys taken in
+hidden by its window). Only the reference backend runs these calls for now: flash and
+small_seq refuse dropout positions until their kernels take them, and cuDNN draws its own
+random stream. CPU tensors take it as always; CUDA tensors need backend="reference" (it copies
+to the host and back: correct, not fast), else the calls are refused, naming every backend's
+reason.
+
 Gradients of replicated parameters (sinks) are this rank's part (the loss terms of its own tokens
 and, under all_to_all, its own heads), as for the weights of every other layer under context
 parallelism: the data-parallel gradient reduction over the context-parallel ranks sums them
 (Megatron's "dp_cp" group).
 
-Not supported, with the reason in the error: dropout (the library's Philox counter is keyed by a
-row's and a key's positions inside the call, which a block's call cannot shift to the global
-ones: a C API change), a bias tensor (a [sq, skv] tensor of the whole sequence on every rank
-defeats the purpose), ALiBi in "ring" and "all_gather" (its distance uses the call's own
-positions; "all_to_all" runs it), score_mod / mask_mod (they read the call's positions and
-heads), seq_offsets_q/kv (THD with gaps) and padding masks on dense layouts (use "thd").
+Not supported, with the reason in the error: a bias tensor (a [sq, skv] tensor of the whole
+sequence on every rank defeats the purpose), ALiBi in "ring" and "all_gather" (its distance
+uses the call's own positions; "all_to_all" runs it), score_mod / mask_mod (they read the
+call's positions and heads), seq_offsets_q/kv (THD with gaps) and padding masks on dense
+layouts (use "thd").
 """
 
 import math
+import random
 from collections import OrderedDict, namedtuple
 
 import numpy as np
@@ -58,7 +76,7 @@ import torch.distributed as dist
 
 from . import _C, _api
 from ._errors import InvalidArgumentError, NotSupportedError
-from ._problem import normalize_options
+from ._problem import DropoutPositions, normalize_options
 
 __all__ = ["context_parallel_attention", "shard", "unshard", "simulate", "MODES"]
 
@@ -320,14 +338,26 @@ def _coverings(nq, nk):
 
 # One library call of a block: per sequence in it (THD: every sequence with rows in this call;
 # dense: the one), the first local row and the number of rows, the first key of the block and
-# the number of keys; the bottom-right window (left, right).
-_CallSpec = namedtuple("_CallSpec", "q_start q_len k_start k_len left right")
+# the number of keys; the bottom-right window (left, right). Planned for dropout (positions),
+# also the index of its first sequence and the positions inside the sequence of its first row
+# and first key, the same for every sequence of the call (else None).
+_CallSpec = namedtuple("_CallSpec", "q_start q_len k_start k_len left right seq0 q_pos k_pos",
+                       defaults=(None, None, None))
 
 
-def _plan_block(q_pieces, kv_pieces, lo, hi):
+def _plan_block(q_pieces, kv_pieces, lo, hi, positions=False):
     """The calls that compute the attention of the q pieces over the kv pieces: one per
-    rectangle of a covering and distinct window, fewest calls per sequence."""
+    rectangle of a covering and distinct window, fewest calls per sequence.
+
+    positions (dropout): every call lies inside one q piece and one kv piece, so that its rows
+    and keys are the sequence's at a constant offset, which the call's dropout positions give
+    (the library draws the whole problem's mask there); a call's first key is moved down to a
+    multiple of 4 of the sequence (the positions' key offset must be one: the mask draws keys in
+    groups of four) by taking in up to 3 more keys of its piece, which its window hides; and a
+    THD call holds consecutive sequences whose calls start at the same positions."""
     coverings = _coverings(len(q_pieces), len(kv_pieces))
+    if positions:
+        coverings = coverings[-1:]  # the finest: one rectangle per piece pair
     solved = {}
     for covering in coverings:
         for rect in covering:
@@ -357,12 +387,35 @@ def _plan_block(q_pieces, kv_pieces, lo, hi):
             r0, rows, k0, keys, left, right = _trim(m, n, a, b)
             q_start = q_pieces[qs].local + r0
             k_start = kv_pieces[ks].local + k0
+            if positions:
+                q_pos = q_pieces[qs].start + r0
+                k_pos = kv_pieces[ks].start + k0
+                with np.errstate(invalid="ignore"):
+                    more = np.where(members, np.mod(k_pos, 4), 0)
+                    if (more > k0)[members].any():  # _check_dropout_split refuses these
+                        raise NotSupportedError("dropout: a block's keys start off a multiple "
+                                                "of 4 at the start of a chunk")
+                    # Keys taken in on the left stay hidden when the window's left side is
+                    # bounded: k0 > 0 here, so the band starts at the trimmed rectangle's
+                    # diagonal r0 >= 0 and left = keys - rows - r0 (what _trim writes, except
+                    # for one row, where it writes -1: unbounded hides nothing there).
+                    left = np.where(more > 0, keys - rows - r0, left)
+                k_start, keys, k_pos = k_start - more, keys + more, k_pos - more
             windows = np.stack((left, right), axis=1)[members]
             for window in np.unique(windows, axis=0):
                 group = members & (left == window[0]) & (right == window[1])
-                calls.append(_CallSpec(*(x[group].astype(np.int64) for x in
-                                         (q_start, rows, k_start, keys)),
-                                       int(window[0]), int(window[1])))
+                fields = [x[group].astype(np.int64) for x in (q_start, rows, k_start, keys)]
+                if not positions:
+                    calls.append(_CallSpec(*fields, int(window[0]), int(window[1])))
+                    continue
+                seqs = np.flatnonzero(group)
+                q_at, k_at = q_pos[group], k_pos[group]
+                breaks = np.flatnonzero((np.diff(seqs) != 1) | (np.diff(q_at) != 0) |
+                                        (np.diff(k_at) != 0)) + 1
+                for run in np.split(np.arange(seqs.size), breaks):
+                    calls.append(_CallSpec(*(f[run] for f in fields), int(window[0]),
+                                           int(window[1]), int(seqs[run[0]]),
+                                           int(q_at[run[0]]), int(k_at[run[0]])))
     return calls
 
 
@@ -394,7 +447,7 @@ class _DenseCall:
     """A call on rows [q_start, q_start + q_len) of the local queries and keys [k_start, ...)
     of the block (views along the sequence axis; the same for every batch entry)."""
 
-    def __init__(self, spec, layout):
+    def __init__(self, spec, layout, dropout_rows):
         self.q_start, self.q_len = int(spec.q_start[0]), int(spec.q_len[0])
         self.k_start, self.k_len = int(spec.k_start[0]), int(spec.k_len[0])
         self.seq_dim = _SEQ_DIM[layout]
@@ -403,6 +456,9 @@ class _DenseCall:
         else:
             mask = None
         self.kwargs = dict(layout=layout, mask=mask, window=(spec.left, spec.right))
+        if spec.q_pos is not None:  # dropout: the whole sequence's mask at the call's place
+            self.kwargs["dropout_positions"] = DropoutPositions(
+                rows=dropout_rows, row_offset=spec.q_pos, key_offset=spec.k_pos)
 
     def rows(self, x):
         return x.narrow(self.seq_dim, self.q_start, self.q_len)
@@ -432,7 +488,7 @@ class _PackedCall:
     cu_seqlens and seq_offsets (the library writes only those rows; dQ/dK/dV are zero
     elsewhere)."""
 
-    def __init__(self, spec, device, total_q):
+    def __init__(self, spec, device, total_q, dropout_rows):
         def int32(x):
             return torch.from_numpy(np.asarray(x, dtype=np.int32)).to(device)
         zero = np.zeros((1,), dtype=np.int64)
@@ -445,6 +501,11 @@ class _PackedCall:
             seq_offsets_kv=int32(np.concatenate((spec.k_start,
                                                  spec.k_start[-1:] + spec.k_len[-1:]))),
             max_seqlen_q=int(spec.q_len.max()), max_seqlen_kv=int(spec.k_len.max()))
+        if spec.q_pos is not None:  # dropout: sequence seq0 + b of the whole problem, at the
+            # call's place in it (the same for each of its sequences)
+            self.kwargs["dropout_positions"] = DropoutPositions(
+                batch_offset=spec.seq0, rows=dropout_rows, row_offset=spec.q_pos,
+                key_offset=spec.k_pos)
         # The rows this call writes (the others' LSE is left at 0 by the operator).
         marks = np.zeros((total_q + 1,), dtype=np.int64)
         np.add.at(marks, spec.q_start, 1)
@@ -486,7 +547,7 @@ class _Problem:
     the plans of the blocks (cached across calls: a model's layers share them)."""
 
     def __init__(self, opts, rank, world, lengths_q, lengths_kv, heads_q, device, softmax,
-                 group=None):
+                 group=None, dropout_rows=0):
         self.opts, self.layout, self.thd = opts, opts.layout, opts.layout == "thd"
         self.rank, self.world, self.group = rank, world, group
         self.seq_dim, self.head_dim = _SEQ_DIM[self.layout], _HEAD_DIM[self.layout]
@@ -494,6 +555,12 @@ class _Problem:
         self.heads_q, self.device = heads_q, device
         self.library = dict(softcap=opts.softcap, scale=opts.scale or None,
                             deterministic=opts.deterministic, backend=opts.backend)
+        # Dropout: the seed (the same on every rank) and the whole problem's max_seqlen_q, which
+        # numbers the mask's rows (fusedattn.h, "Dropout mask"); every call gives its place.
+        self.dropout = opts.dropout_p > 0
+        self.dropout_rows = int(dropout_rows) if self.dropout else 0
+        if self.dropout:
+            self.library.update(dropout_p=opts.dropout_p, dropout_seed=opts.dropout_seed)
         # The whole problem's own arguments (all_to_all runs it as it is, on a head group).
         self.whole = dict(layout=self.layout, mask=opts.mask,
                           window=(opts.window_left, opts.window_right), softmax=softmax)
@@ -512,13 +579,22 @@ class _Problem:
             return torch.zeros((self.heads_q,), dtype=torch.float32, device=self.device)
         return None
 
+    def head_group_dropout(self, rank):
+        """all_to_all: the dropout positions of head group `rank`'s call over the whole
+        sequence (its heads are the whole problem's from rank * heads_q / N), as arguments."""
+        if not self.dropout:
+            return {}
+        return dict(dropout_positions=DropoutPositions(
+            heads=self.heads_q, head_offset=rank * (self.heads_q // self.world),
+            rows=self.dropout_rows))
+
     def plan(self, kv_rank):
         """The calls of this rank's queries against the K/V that rank kv_rank holds (ring), or
         against the whole gathered K/V in global order (kv_rank None: all_gather)."""
         o = self.opts
         key = (self.rank, self.world, kv_rank, tuple(self.lengths_q.tolist()),
                tuple(self.lengths_kv.tolist()), o.mask, o.window_left, o.window_right,
-               self.layout, str(self.device))
+               self.layout, str(self.device), self.dropout, self.dropout_rows)
 
         def make():
             lo, hi = _band(o, self.lengths_q, self.lengths_kv)
@@ -529,11 +605,11 @@ class _Problem:
                                     np.zeros(self.lengths_kv.shape))]
             else:
                 kv_pieces = _pieces(self.lengths_kv, kv_rank, self.world)
-            specs = _plan_block(q_pieces, kv_pieces, lo, hi)
+            specs = _plan_block(q_pieces, kv_pieces, lo, hi, positions=self.dropout)
             if self.thd:
                 total_q = int(self.lengths_q.sum()) // self.world
-                return [_PackedCall(s, self.device, total_q) for s in specs]
-            return [_DenseCall(s, self.layout) for s in specs]
+                return [_PackedCall(s, self.device, total_q, self.dropout_rows) for s in specs]
+            return [_DenseCall(s, self.layout, self.dropout_rows) for s in specs]
         return _cached(_PLAN_CACHE, key, make)
 
 
@@ -937,7 +1013,8 @@ def _ulysses_attention(prob, q, k, v, sinks, alibi_slopes, return_lse):
     o_all, lse_all = _api.attention(q_all, k_all, v_all, return_lse=True,
                                     sinks=_head_group(sinks, rank, world),
                                     alibi_slopes=_head_group(alibi_slopes, rank, world),
-                                    **prob.library, **prob.whole)
+                                    **prob.library, **prob.whole,
+                                    **prob.head_group_dropout(rank))
     o = _AllToAll.apply(o_all, False, group, sd, hd, order_q)
     lse = None
     if return_lse:  # [batch, heads, seq] or [tokens, heads]: heads on axis 1 in both
@@ -969,8 +1046,10 @@ def context_parallel_attention(q, k, v, *, group=None, mode="ring", layout="bshd
     softcap, sinks / softmax, scale, GQA (heads_kv dividing heads_q), THD with cu_seqlens_q /
     cu_seqlens_kv of the whole sequences (read on the host; every length a multiple of 2N;
     max_seqlen_q/kv, when given, must cover them), deterministic, backend; alibi_slopes under
-    "all_to_all". dropout_p > 0, bias, score_mod / mask_mod and seq_offsets_q/kv raise
-    NotSupportedError saying why.
+    "all_to_all"; dropout_p with dropout_seed (the single-device call's mask; None: drawn on
+    the group's first rank and broadcast; "ring" needs key lengths that are multiples of
+    8 x world_size; see the module's docstring). bias, score_mod / mask_mod and
+    seq_offsets_q/kv raise NotSupportedError saying why.
 
     Returns this rank's part of o (q's layout and dtype), or (o, lse) with return_lse (lse:
     this rank's part, float32 [batch, heads_q, seq_local] or [tokens_local, heads_q], not
@@ -985,6 +1064,8 @@ def context_parallel_attention(q, k, v, *, group=None, mode="ring", layout="bshd
                 "torch.distributed.init_process_group first, or pass group")
         group = dist.group.WORLD
     rank, world = dist.get_rank(group), dist.get_world_size(group)
+    if dropout_p and float(dropout_p) > 0 and dropout_seed is None:
+        dropout_seed = _agreed_seed(group, q.device)
     prob = _make_problem(q, k, v, mode, rank, world, group, dict(
         layout=layout, mask=mask, window=window, softcap=softcap, sinks=sinks, softmax=softmax,
         scale=scale, alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q,
@@ -1002,6 +1083,14 @@ def context_parallel_attention(q, k, v, *, group=None, mode="ring", layout="bshd
     else:
         o, lse = _ulysses_attention(prob, q, k, v, sinks, alibi_slopes, return_lse)
     return (o, lse) if return_lse else o
+
+
+def _agreed_seed(group, device):
+    """A dropout seed drawn on the group's first rank and broadcast: every rank's calls draw one
+    mask (fusedattn.attention draws its own seed for dropout_seed=None, which differs by rank)."""
+    seed = torch.tensor([random.getrandbits(63)], dtype=torch.int64, device=device)
+    dist.broadcast(seed, dist.get_global_rank(group, 0), group=group)
+    return int(seed.item())
 
 
 def simulate(q, k, v, world_size, *, mode="ring", d_o=None, ranks=None, **problem):
@@ -1022,6 +1111,8 @@ def simulate(q, k, v, world_size, *, mode="ring", d_o=None, ranks=None, **proble
         raise InvalidArgumentError("simulate: mode 'all_to_all' runs every rank (a rank's part "
                                    "of o comes from every head group)")
     ranks = list(range(world_size)) if ranks is None else list(ranks)
+    if float(problem.get("dropout_p") or 0) > 0 and problem.get("dropout_seed") is None:
+        problem["dropout_seed"] = random.getrandbits(63)  # one seed for every rank
     layout = str(problem.get("layout", "bshd")).lower()
     split_q = _layout_split_args(layout, problem.get("cu_seqlens_q"))
     split_kv = _layout_split_args(layout, problem.get("cu_seqlens_kv"))
@@ -1110,7 +1201,8 @@ def _simulate_ulysses(probs, q, k, v, d_o, sinks, alibi_slopes, split_q, split_k
                 _head_slice(q, hd, r, world), _head_slice(k_rep, hd, r, world),
                 _head_slice(v_rep, hd, r, world), return_lse=True,
                 sinks=_head_group(sinks, r, world),
-                alibi_slopes=_head_group(alibi_slopes, r, world), **prob.library, **prob.whole)
+                alibi_slopes=_head_group(alibi_slopes, r, world), **prob.library, **prob.whole,
+                **prob.head_group_dropout(r))
             o_groups.append(o_r)
             lse_groups.append(lse_r.detach())
         o = torch.cat(o_groups, hd)
@@ -1152,9 +1244,8 @@ def _make_problem(q, k, v, mode, rank, world, group, args):
             raise InvalidArgumentError("context parallel attention takes torch tensors; %s is %s"
                                        % (name, type(t).__name__))
     get = args.get
-    _refuse_unsupported(mode, get("dropout_p", 0.0), get("bias"), get("alibi_slopes"),
-                        get("score_mod"), get("mask_mod"), get("seq_offsets_q"),
-                        get("seq_offsets_kv"))
+    _refuse_unsupported(mode, get("bias"), get("alibi_slopes"), get("score_mod"),
+                        get("mask_mod"), get("seq_offsets_q"), get("seq_offsets_kv"))
     known = {"layout", "mask", "window", "softcap", "sinks", "softmax", "scale", "alibi_slopes",
              "cu_seqlens_q", "cu_seqlens_kv", "max_seqlen_q", "max_seqlen_kv", "deterministic",
              "backend", "dropout_p", "dropout_seed", "bias", "bias_type", "seq_offsets_q",
@@ -1167,7 +1258,8 @@ def _make_problem(q, k, v, mode, rank, world, group, args):
         layout=get("layout", "bshd"), mask=get("mask"), window=get("window", (-1, -1)),
         softcap=get("softcap", 0.0), has_sinks=sinks is not None, softmax=get("softmax"),
         scale=get("scale"), has_alibi=get("alibi_slopes") is not None,
-        deterministic=get("deterministic", False), backend=get("backend", "auto"))
+        deterministic=get("deterministic", False), backend=get("backend", "auto"),
+        dropout_p=get("dropout_p", 0.0), dropout_seed=get("dropout_seed"))
     if opts.window_left < -1 or opts.window_right < -1:
         raise InvalidArgumentError("window = %r: each side is -1 (unbounded) or >= 0"
                                    % (get("window"),))
@@ -1186,19 +1278,46 @@ def _make_problem(q, k, v, mode, rank, world, group, args):
             "mode 'all_to_all' splits the heads over the ranks: heads_q = %d is not a multiple "
             "of the group's %d ranks (modes 'ring' and 'all_gather' take any head count)"
             % (heads_q, world))
+    dropout_rows = 0
+    if opts.dropout_p > 0:
+        dropout_rows = _check_dropout_split(mode, opts, lengths_q, lengths_kv, heads_q, world,
+                                            get("max_seqlen_q"))
     return _Problem(opts, rank, world, lengths_q, lengths_kv, heads_q, q.device,
-                    get("softmax"), group)
+                    get("softmax"), group, dropout_rows)
 
 
-def _refuse_unsupported(mode, dropout_p, bias, alibi_slopes, score_mod, mask_mod, seq_offsets_q,
+def _check_dropout_split(mode, opts, lengths_q, lengths_kv, heads_q, world, max_seqlen_q):
+    """The whole problem's max_seqlen_q, which numbers the dropout mask's rows (fusedattn.h,
+    'Dropout mask': the single-device call's; THD: max_seqlen_q as given, else the longest
+    sequence), after checking that the blocks' calls can draw that mask."""
+    rows = int(lengths_q[0]) if opts.layout != "thd" else \
+        int(max_seqlen_q or lengths_q.max(initial=0))
+    batch = lengths_q.shape[0] if opts.layout == "thd" else None
+    if batch is not None and batch * heads_q * rows > 2 ** 32:
+        raise InvalidArgumentError(
+            "dropout_p = %g with %d sequences * heads_q %d * max_seqlen_q %d rows: the dropout "
+            "counter addresses at most 2^32 rows" % (opts.dropout_p, batch, heads_q, rows))
+    if mode == "ring":
+        # A block's call starts its keys at a chunk's start or inside the chunk; the mask draws
+        # keys in groups of four from the sequence's start, so a call moves its first key down
+        # to a multiple of 4, which must stay in the chunk: chunks of a multiple of 4 tokens.
+        chunks = lengths_kv // (2 * world)
+        bad = chunks % 4 != 0
+        if bad.any():
+            b = int(np.argmax(bad))
+            raise NotSupportedError(
+                "dropout_p = %g under mode 'ring': %s has %d tokens, chunks of %d over 2 x %d "
+                "ranks, not a multiple of 4. Each K/V block's call draws the whole sequence's "
+                "dropout mask at its place, whose keys come in groups of four from the "
+                "sequence's start: the key lengths must be multiples of 8 x world_size = %d "
+                "(pad the sequences), or use mode 'all_gather' or 'all_to_all'"
+                % (opts.dropout_p, "the sequence" if opts.layout != "thd" else
+                   "sequence %d" % b, lengths_kv[b], chunks[b], world, 8 * world))
+    return rows
+
+
+def _refuse_unsupported(mode, bias, alibi_slopes, score_mod, mask_mod, seq_offsets_q,
                         seq_offsets_kv):
-    if dropout_p and float(dropout_p) > 0:
-        raise NotSupportedError(
-            "dropout_p = %r: context parallelism does not run dropout. The library's dropout "
-            "mask is Philox keyed by a row's and a key's positions inside the call (fusedattn.h, "
-            "'Dropout mask'), and dropout_offset cannot move them to the whole sequence's "
-            "positions, so a block's call would draw another mask than the single-device call"
-            % (dropout_p,))
     if bias is not None:
         raise NotSupportedError(
             "bias: context parallelism takes no bias tensor (one of [sq, skv] for the whole "

@@ -536,6 +536,12 @@ Status PreCheck(const Problem& p) {
   const auto& c = p.config;
   if (p.device != Device::kCuda)
     return NotSupported("runs on CUDA tensors only (config.device is CPU)");
+  if (p.has_dropout_positions())
+    return NotSupported(
+        "dropout positions (context parallelism: config.dropout_batch_offset, dropout_heads, "
+        "dropout_head_offset, dropout_rows, dropout_row_offset, dropout_key_offset): cuDNN draws "
+        "its dropout from its own random stream, which has no such positions (the reference "
+        "runs them)");
   if (p.paged) FUSEDATTN_RETURN_IF_ERROR(PagedPreCheck(p));
   if (p.has_score_mod()) FUSEDATTN_RETURN_IF_ERROR(ScoreModPreCheck(p));
   if (p.fp8) return Fp8PreCheck(p);

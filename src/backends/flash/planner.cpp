@@ -453,6 +453,11 @@ Status PlanCheck(const Problem& p, const DeviceFacts& d) {
   const auto& c = p.config;
   if (p.device != Device::kCuda)
     return NotSupported("runs on CUDA tensors only, and config.device is CPU");
+  if (p.has_dropout_positions())
+    return NotSupported(
+        "dropout positions (context parallelism: config.dropout_batch_offset, dropout_heads, "
+        "dropout_head_offset, dropout_rows, dropout_row_offset, dropout_key_offset): not yet on "
+        "flash's kernels; the reference runs them");
   if (p.fp8) {
     const std::string refusal = Fp8ForwardRefusal(p, d);
     if (!refusal.empty()) return NotSupported("%s", refusal.c_str());

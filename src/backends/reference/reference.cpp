@@ -530,7 +530,6 @@ Status ReferenceBackendImpl::forward(const Problem& p, const FwdTensors& t, void
 
   const ScoreParams sp = MakeScoreParams(p, bias.host(), t.bias, alibi.host(), t.alibi_stride);
   const float* sink_host = static_cast<const float*>(sinks.host());
-  const uint32_t threshold = DropoutRow::Threshold(c.dropout);
   const double keep_scale = 1.0 / (1.0 - c.dropout);
   const int64_t group = p.group_size();
 
@@ -580,11 +579,11 @@ Status ReferenceBackendImpl::forward(const Problem& p, const FwdTensors& t, void
           row_lse = mm + std::log(sum);
           DropoutRow drop{};
           if (c.dropout > 0)
-            drop = MakeDropoutRow(t.dropout_seed, t.dropout_offset, threshold, b, h, i, HQ, SQ);
+            drop = p.dropout_row(t.dropout_seed, t.dropout_offset, b, h, i);
           for (int64_t j = lo; j < hi; ++j) {
             if (!visible[j]) continue;
             double prob = std::exp(scores[j] - row_lse);
-            if (c.dropout > 0) prob = drop.Keep(j) ? prob * keep_scale : 0.0;
+            if (c.dropout > 0) prob = drop.Keep(p.dropout_key(j)) ? prob * keep_scale : 0.0;
             if (fp8.on) {
               amax_s = std::max(amax_s, prob);
               prob = fp8.QuantizeS(prob);
@@ -681,7 +680,6 @@ Status ReferenceBackendImpl::backward(const Problem& p, const BwdTensors& t, voi
 
   const ScoreParams sp = MakeScoreParams(p, bias.host(), t.bias, alibi.host(), t.alibi_stride);
   const float* sink_host = static_cast<const float*>(sinks.host());
-  const uint32_t threshold = DropoutRow::Threshold(c.dropout);
   const double keep_scale = 1.0 / (1.0 - c.dropout);
   const int64_t group = p.group_size();
 
@@ -723,7 +721,7 @@ Status ReferenceBackendImpl::backward(const Problem& p, const BwdTensors& t, voi
           gsink[h] -= std::exp(extra - row_lse) * delta;
         DropoutRow drop{};
         if (c.dropout > 0)
-          drop = MakeDropoutRow(t.dropout_seed, t.dropout_offset, threshold, b, h, i, HQ, SQ);
+          drop = p.dropout_row(t.dropout_seed, t.dropout_offset, b, h, i);
         if (mod.active()) mod.StartRow(b, h, i, lq, lkv);
         for (int64_t j = lo; j < hi; ++j) {
           LoadRow(t.k, k.host(), b, hk, j, seq.start_kv[b], DQK, krow.data());
@@ -737,7 +735,7 @@ Status ReferenceBackendImpl::backward(const Problem& p, const BwdTensors& t, voi
           if (mod.active() && !mod.Evaluate(j, s, &s)) continue;  // hidden by the mask_mod
           double prob = std::exp(s - row_lse);
           double keep = 1.0;
-          if (c.dropout > 0) keep = drop.Keep(j) ? keep_scale : 0.0;
+          if (c.dropout > 0) keep = drop.Keep(p.dropout_key(j)) ? keep_scale : 0.0;
           // dV += p' dO;  dP = dO . v (times the dropout factor);  dS = p (dP - D)
           double dp = 0;
           for (int64_t x = 0; x < DV; ++x) dp += dorow[x] * vrow[x];
