@@ -98,14 +98,13 @@ def run_case(rank, world, device, case):
     """This rank's part of one context-parallel call and its backward:
     case = dict(mode, dtype, problem (context_parallel_attention's keyword arguments, cu_seqlens
     as lists), q, k, v, d_o (the whole tensors, or with split=False every rank's part as it is),
-    sinks / alibi_slopes (or None), optionally python_random_seed: Python's random module is
-    seeded with it + rank first). Returns this rank's o, lse, dq, dk, dv and dsinks (its
+    sinks / alibi_slopes (or None), optionally torch_seed: torch's default generator is seeded
+    with it + rank first, so that every rank's draws differ). Returns this rank's o, lse, dq, dk, dv and dsinks (its
     share) as float32 NumPy arrays."""
-    import random
     import torch
     import fusedattn.distributed as cp
-    if "python_random_seed" in case:  # each rank its own Python random state
-        random.seed(case["python_random_seed"] + rank)
+    if "torch_seed" in case:  # each rank its own state of torch's default generator
+        torch.manual_seed(case["torch_seed"] + rank)
     dtype = getattr(torch, case["dtype"])
     problem = dict(case["problem"])
     layout = problem.get("layout", "bshd")

@@ -255,13 +255,15 @@ def test_dropout_matches_one_process_with_the_same_seed(pools, world, mode, kind
 
 @modes
 def test_dropout_without_a_seed_draws_one_for_every_rank(pools, mode):
-    # Each rank's Python random state differs (python_random_seed + rank); the ranks' parts
-    # still equal the single-process call with rank 0's draw: that seed was broadcast.
-    import random
+    # Each rank's torch generator differs (torch_seed + rank); the ranks' parts still equal the
+    # single-process call with rank 0's draw from torch's default generator: that seed was
+    # broadcast.
     tensors, problem = make_problem(mask="causal", dropout_p=0.3)
     del problem["dropout_seed"]
-    parts = run_on_ranks(pools, 2, mode, tensors, problem, python_random_seed=1000)
-    rank_0 = dict(problem, dropout_seed=random.Random(1000).getrandbits(63))
+    parts = run_on_ranks(pools, 2, mode, tensors, problem, torch_seed=1000)
+    draw = int(torch.randint(0, 2 ** 62, (), dtype=torch.int64,
+                             generator=torch.Generator().manual_seed(1000)))
+    rank_0 = dict(problem, dropout_seed=draw)
     assert_parts_match(parts, single_process(tensors, rank_0), rank_0, TOLERANCE["float32"],
                        "%s with a broadcast seed" % mode)
 
@@ -370,6 +372,35 @@ def test_simulated_ranks_match_one_process(mode, mask, dropout_p):
                         d_o=tensors["d_o"], sinks=tensors["sinks"], **problem)
     assert_parts_match(parts, single_process(tensors, problem), problem, TOLERANCE["float32"],
                        "simulated %s over 4 ranks" % mode)
+
+
+def test_simulated_seed_without_one_given_comes_from_torchs_generator():
+    # torch.manual_seed repeats it (and activation checkpointing, which restores torch's
+    # generators, recomputes the same mask).
+    tensors, problem = make_problem(mask="causal", dropout_p=0.3)
+    del problem["dropout_seed"]
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(7)
+        runs.append(cp.simulate(tensors["q"], tensors["k"], tensors["v"], 2, mode="ring",
+                                **problem))
+    for a, b in zip(*runs):
+        assert torch.equal(a["o"], b["o"])
+
+
+def test_all_gather_rank_whose_queries_see_no_key_takes_part_in_the_backward(pools):
+    # Bottom-right causal, 32 queries against 8 keys: only queries 24..31 see keys, and they
+    # are chunk 3 of 4, which rank 0 holds (with chunk 0); rank 1's chunks 1 and 2 see none.
+    # Rank 1's backward must still run the reduce-scatter of dK/dV (else rank 0 would wait for
+    # it), and its gradients are zeros.
+    tensors, problem = make_problem(mask="causal_bottom_right", b=1, sq=32, skv=8, hq=2, hkv=2)
+    parts = run_on_ranks(pools, 2, "all_gather", tensors, problem)
+    assert_parts_match(parts, single_process(tensors, problem), problem, TOLERANCE["float32"],
+                       "all_gather with a rank that sees no key")
+    sim = cp.simulate(tensors["q"], tensors["k"], tensors["v"], 2, mode="all_gather",
+                      d_o=tensors["d_o"], **problem)
+    assert_parts_match(sim, single_process(tensors, problem), problem, TOLERANCE["float32"],
+                       "simulated all_gather with a rank that sees no key")
 
 
 def test_block_plan_of_a_causal_ring_runs_one_call_per_step_and_skips_nothing_it_needs():

@@ -237,7 +237,8 @@ struct BwdTensors {
 };
 
 // Validates a config (every field) and normalizes it. Resolves device AUTO with has_cuda_device.
-// A config of 0.1.0's smaller struct_size is read with the later fields at their defaults.
+// A config of an earlier layout's smaller struct_size (fusedattn.h's struct_size comment lists
+// them) is read with the later fields at their defaults.
 Status MakeProblem(const fusedattn_config* config, bool has_cuda_device, Problem* problem);
 
 // Validates the tensors of a call against a problem (shapes, strides, dtypes, presence) and

@@ -23,7 +23,8 @@ Modes (communication through torch.distributed only):
   O and LSE (FlashAttention's backward identity: p = exp(s - LSE), D = dO . O), and the dK/dV of
   each block travel around the ring with it and arrive home after N hops. A block that the mask
   hides entirely is skipped; a block it hides in part runs on the rows and keys that see
-  something, with the library's mask and window that reproduce the band there.
+  something (with dropout, up to 3 keys more, below: hidden by the call's window), with the
+  library's mask and window that reproduce the band there.
 * "all_to_all" (DeepSpeed Ulysses): an all-to-all trades the sequence split for a head split,
   each rank attends over the whole sequence for heads_q / N heads, and an all-to-all trades back.
   heads_q must be a multiple of N (heads_kv that is not is repeated until it is: GQA/MQA).
@@ -32,7 +33,7 @@ Modes (communication through torch.distributed only):
 
 Every block's attention is fusedattn.attention(..., return_lse=True) and its backward
 fusedattn.attention_backward(..., o, lse): the C API, so any backend runs it (the reference backend
-on CPU tensors). The result equals the single-device call up to rounding: blocks are merged in
+on CPU tensors; with dropout, the backends that take dropout positions, below). The result equals the single-device call up to rounding: blocks are merged in
 float32 (a block's output is rounded to q's dtype first), and dK/dV/dQ are summed over blocks in
 float32.
 
@@ -43,8 +44,10 @@ config's dropout_* fields; fusedattn.h, "Dropout mask"): "ring" and "all_gather"
 of its first query and first key inside the sequence (and, for THD, the index of its first
 sequence), "all_to_all" its head group's first head; the backward's calls give the same. Every
 rank uses one seed: dropout_seed, or one drawn on the group's first rank and broadcast when it
-is None. What it costs: a call then covers one chunk of queries and one chunk of keys (a
-non-causal "ring" block takes four calls instead of one), and THD sequences whose chunks start
+is None (drawn from torch's default CPU generator, so torch.manual_seed repeats it and
+activation checkpointing, which restores torch's generators, recomputes the same mask). What it
+costs: a "ring" call then covers one chunk of queries and one chunk of keys (a non-causal block
+takes four calls instead of one; "all_gather" calls one chunk of queries against the whole K/V), and THD sequences whose chunks start
 at different positions take a call each; "ring" needs key lengths that are multiples of
 8 x world_size (the mask draws keys in groups of four from the sequence's start, and a call's
 first key must be at one of them: it is moved down to one inside its chunk, the keys taken in
@@ -67,7 +70,6 @@ layouts (use "thd").
 """
 
 import math
-import random
 from collections import OrderedDict, namedtuple
 
 import numpy as np
@@ -885,6 +887,21 @@ class _AllGatherSequence(torch.autograd.Function):
         return out, None, None, None, None
 
 
+class _NoKeySeen(torch.autograd.Function):
+    """Zeros of `shape` that depend on q, k and v with zero gradients: the output of a rank
+    whose queries see no key, kept in the autograd graph of the collectives before it."""
+
+    @staticmethod
+    def forward(ctx, shape, q, k, v):
+        ctx.save_for_backward(q, k, v)
+        return q.new_zeros(shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v = ctx.saved_tensors
+        return None, torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+
 def _attend_gathered(prob, q, k, v, sinks):
     """This rank's queries over the whole K/V (global order), through fusedattn.attention's
     autograd: (o, lse). Every query row is in one call (or in none: it sees no key), so the
@@ -893,6 +910,12 @@ def _attend_gathered(prob, q, k, v, sinks):
     lse_shape = _lse_shape(prob.layout, q)
     o_shape = tuple(q.shape[:-1]) + (v.shape[-1],)
     calls = prob.plan(None)
+    if not calls:
+        # None of this rank's queries sees a key: O = 0, LSE = -inf, but O must still depend on
+        # the gathered K/V so that this rank's backward runs _AllGatherSequence's reduce-scatter
+        # with the others (without it the others would wait for it forever).
+        return (_NoKeySeen.apply(o_shape, q, k, v),
+                torch.full(lse_shape, -_INF, device=q.device))
     if prob.thd:
         o, lse = q.new_zeros(o_shape), torch.full(lse_shape, -_INF, device=q.device)
         for call in calls:  # each writes its own rows (zeros elsewhere)
@@ -1085,10 +1108,18 @@ def context_parallel_attention(q, k, v, *, group=None, mode="ring", layout="bshd
     return (o, lse) if return_lse else o
 
 
+def _draw_seed():
+    """A dropout seed from torch's default CPU generator (as fusedattn's SDPA drop-in draws
+    them): torch.manual_seed repeats it, and torch.utils.checkpoint, which restores torch's
+    generators before it recomputes a forward, draws the same one again (Python's `random` would
+    give the recomputed forward another mask than the one whose loss is differentiated)."""
+    return int(torch.randint(0, 2 ** 62, (), dtype=torch.int64))
+
+
 def _agreed_seed(group, device):
     """A dropout seed drawn on the group's first rank and broadcast: every rank's calls draw one
     mask (fusedattn.attention draws its own seed for dropout_seed=None, which differs by rank)."""
-    seed = torch.tensor([random.getrandbits(63)], dtype=torch.int64, device=device)
+    seed = torch.tensor([_draw_seed()], dtype=torch.int64, device=device)
     dist.broadcast(seed, dist.get_global_rank(group, 0), group=group)
     return int(seed.item())
 
@@ -1112,7 +1143,7 @@ def simulate(q, k, v, world_size, *, mode="ring", d_o=None, ranks=None, **proble
                                    "of o comes from every head group)")
     ranks = list(range(world_size)) if ranks is None else list(ranks)
     if float(problem.get("dropout_p") or 0) > 0 and problem.get("dropout_seed") is None:
-        problem["dropout_seed"] = random.getrandbits(63)  # one seed for every rank
+        problem["dropout_seed"] = _draw_seed()  # one seed for every rank
     layout = str(problem.get("layout", "bshd")).lower()
     split_q = _layout_split_args(layout, problem.get("cu_seqlens_q"))
     split_kv = _layout_split_args(layout, problem.get("cu_seqlens_kv"))
