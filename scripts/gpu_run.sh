@@ -540,6 +540,20 @@ step_hopper_fp8() {
   return $rc
 }
 
+# The FP8 Hopper forward under Nsight Compute beside the BF16 one (issue 22: flash FP8 ran at
+# 0.62-0.78x cuDNN's FP8 on an H200, 2026-11-28; the arithmetic says neither its products nor its
+# exponentials alone explain ~2500 cycles per 128x128 tile): one launch of each Hopper forward
+# kernel (WgmmaForwardKernel, fp8 and bf16 flash lines of fp8_bench, d128 s16384 non-causal),
+# with the pipe utilization (tensor, MUFU/XU, FMA, ALU), the warp stall reasons and the
+# scheduler's issue rate; the report goes to $OUT/fp8_ncu.ncu-rep as well. About 1-2 minutes.
+step_fp8_ncu() {
+  ncu --kernel-name regex:WgmmaForwardKernel --launch-skip 2 --launch-count 4 \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
+    --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis \
+    --export "$OUT/fp8_ncu" --force-overwrite \
+    "$BUILD/bench/fp8_bench" --fp8 --seqlen 16384 --causal 0 --iters 2
+}
+
 # NATIVE_BENCHES: which of build/bench's programs to run (default: all of them).
 step_native_bench() {
   local names="${NATIVE_BENCHES:-flash_bench small_seq_bench cudnn_overhead fp8_bench}"
