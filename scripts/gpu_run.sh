@@ -542,12 +542,12 @@ step_hopper_fp8() {
 
 # The FP8 Hopper forward under Nsight Compute beside the BF16 one (issue 22: flash FP8 ran at
 # 0.62-0.78x cuDNN's FP8 on an H200, 2026-11-28; the arithmetic says neither its products nor its
-# exponentials alone explain ~2500 cycles per 128x128 tile): one launch of each Hopper forward
-# kernel (WgmmaForwardKernel, fp8 and bf16 flash lines of fp8_bench, d128 s16384 non-causal),
-# with the pipe utilization (tensor, MUFU/XU, FMA, ALU), the warp stall reasons and the
+# exponentials alone explain ~2500 cycles per 128x128 tile): every launch (up to 30) of the
+# Hopper forward kernel and of the FP8 V^T pre-pass in fp8_bench's fp8 and bf16 flash lines (d128
+# s16384 non-causal, warm-ups included), with the pipe utilization (tensor, MUFU/XU, FMA, ALU), the warp stall reasons and the
 # scheduler's issue rate; the report goes to $OUT/fp8_ncu.ncu-rep as well. About 1-2 minutes.
 step_fp8_ncu() {
-  ncu --kernel-name regex:WgmmaForwardKernel --launch-skip 2 --launch-count 4 \
+  ncu --kernel-name "regex:WgmmaForwardKernel|Fp8TransposeValuesKernel" --launch-count 30 \
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
     --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis \
     --export "$OUT/fp8_ncu" --force-overwrite \
