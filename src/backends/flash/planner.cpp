@@ -259,11 +259,13 @@ bool RowsAligned16(const TensorView& t) {
          t.stride_b % per16 == 0 && t.stride_h % per16 == 0 && t.stride_s % per16 == 0;
 }
 
-// Whether TMA can describe a q/k/v/dO tensor of 16-bit elements as the Hopper launchers encode it
-// (EncodeQkvTensorMap, sm90_host.cpp, asks the same): [batch][heads][rows][cols], THD as one
+// Whether TMA can describe a q/k/v/dO tensor of element_bytes-byte elements (2; the FP8 forward's
+// e4m3: 1) as the Hopper launchers encode it (EncodeQkvTensorMap and EncodeFp8TensorMap,
+// sm90_host.cpp, ask the same): [batch][heads][rows][cols], THD as one
 // batch of tokens; base and walked strides 16-byte multiples below 2^40 bytes; a tile's row
 // coordinate (box of at most 256 rows) inside int32.
-bool TmaDescribes(const TensorView& t, bool query_side, const Problem& p) {
+bool TmaDescribes(const TensorView& t, bool query_side, const Problem& p,
+                  int element_bytes = 2) {
   const auto& c = p.config;
   const int64_t rows = query_side ? (p.thd ? t.num_tokens : c.max_seqlen_q)
                                   : (p.thd ? t.num_tokens : c.max_seqlen_kv);
@@ -271,7 +273,8 @@ bool TmaDescribes(const TensorView& t, bool query_side, const Problem& p) {
   if (rows + kMaxBoxRows >= INT_MAX) return false;
   return TmaDescribesTensor(reinterpret_cast<uintptr_t>(t.data), t.stride_b, t.stride_h,
                             t.stride_s, t.stride_d, rows,
-                            query_side ? c.heads_q : c.heads_kv, p.thd ? 1 : c.batch);
+                            query_side ? c.heads_q : c.heads_kv, p.thd ? 1 : c.batch,
+                            element_bytes);
 }
 
 // TMA over a page pool of paged K/V: [num_pages][heads_kv][page_size][d] (sm90_host.cpp's
@@ -611,14 +614,8 @@ ForwardPlan PlanForward(const Problem& p, const FwdTensors& t, const DeviceFacts
   plan.variant = VariantOf(p);
   if (p.fp8) {  // PlanCheck: Fp8ForwardRefusal accepted it
     // q and k by TMA (1-byte elements), v by the pre-pass's 16-byte loads (the same conditions).
-    auto tma = [&](const TensorView& v, bool query_side) {
-      const int64_t rows = query_side ? c.max_seqlen_q : c.max_seqlen_kv;
-      return rows + 256 < INT_MAX &&
-             TmaDescribesTensor(reinterpret_cast<uintptr_t>(v.data), v.stride_b, v.stride_h,
-                                v.stride_s, v.stride_d, rows,
-                                query_side ? c.heads_q : c.heads_kv, c.batch, 1);
-    };
-    if (!tma(t.q, true) || !tma(t.k, false) || !tma(t.v, false)) {
+    if (!TmaDescribes(t.q, true, p, 1) || !TmaDescribes(t.k, false, p, 1) ||
+        !TmaDescribes(t.v, false, p, 1)) {
       plan.status = NotSupported(
           "flash's FP8 forward reads q and k by TMA and v with 16-byte loads: the head dim "
           "contiguous (stride 1), base pointers and strides 16-byte aligned");
