@@ -39,6 +39,7 @@ import torch.distributed as dist
 
 import fusedattn
 import fusedattn.distributed as cp
+from cp_timeline import summary as timeline_summary  # bench/, beside this script
 
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                  "NVSHMEM_DISABLE_NVLS": "1"}
@@ -295,19 +296,13 @@ def _profile(step, folder, rank, mode, s, world):
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    spans = [(e.time_range.start, e.time_range.end) for e in kernels]
-    comm = _union([(e.time_range.start, e.time_range.end) for e in kernels
-                   if "nccl" in e.name.lower()])
-    compute = _union([(e.time_range.start, e.time_range.end) for e in kernels
-                      if "nccl" not in e.name.lower()])
-    span = max(b for _, b in spans) - min(a for a, _ in spans)
-    busy = sum(b - a for a, b in compute)
-    summary = dict(rank=rank, gpu_span_ms=round(span / 1e3, 3),
-                   compute_busy_ms=round(busy / 1e3, 3),
-                   gpu_idle_ms=round((span - busy) / 1e3, 3),
-                   gpu_idle_fraction=round((span - busy) / span, 4) if span else None,
-                   nccl_in_flight_ms=round(sum(b - a for a, b in comm) / 1e3, 3))
+    timeline = timeline_summary([(e.time_range.start, e.time_range.end, e.name)
+                                 for e in prof.events()
+                                 if e.device_type == torch.autograd.DeviceType.CUDA])
+    summary = dict(rank=rank, gpu_span_ms=timeline["span_ms"],
+                   compute_busy_ms=timeline["compute_ms"], gpu_idle_ms=timeline["idle_ms"],
+                   gpu_idle_fraction=timeline["idle_fraction"],
+                   nccl_in_flight_ms=timeline["nccl_in_flight_ms"])
     print("profile", json.dumps(summary), flush=True)
     if rank == 0:
         os.makedirs(folder, exist_ok=True)
@@ -317,16 +312,6 @@ def _profile(step, folder, rank, mode, s, world):
             g.write(f.read())
         os.remove(path)
     return summary
-
-
-def _union(intervals):
-    out = []
-    for a, b in sorted(intervals):
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
 
 
 def main():

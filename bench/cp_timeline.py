@@ -41,6 +41,8 @@ def union(intervals):
 
 
 def summary(ks):
+    """The figures above of kernels ks, (start, end, name) in microseconds (cp_bench.py's profile
+    reports them too)."""
     t0 = min(a for a, _, _ in ks)
     t1 = max(b for _, b, _ in ks)
     compute = union([(a, b) for a, b, n in ks if "nccl" not in n.lower()])
@@ -48,7 +50,7 @@ def summary(ks):
     busy = sum(b - a for a, b in compute)
     return dict(span_ms=round((t1 - t0) / 1e3, 3), compute_ms=round(busy / 1e3, 3),
                 idle_ms=round((t1 - t0 - busy) / 1e3, 3),
-                idle_fraction=round((t1 - t0 - busy) / (t1 - t0), 4),
+                idle_fraction=round((t1 - t0 - busy) / (t1 - t0), 4) if t1 > t0 else None,
                 nccl_in_flight_ms=round(sum(b - a for a, b in nccl) / 1e3, 3),
                 nccl_kernels=sum(1 for *_, n in ks if "nccl" in n.lower()))
 
